@@ -1,0 +1,70 @@
+"""Small helpers to read fields from untrusted dicts with errors that name them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from core.errors import FormatError
+
+Doc = Mapping[str, Any]
+
+
+def field(doc: Doc, key: str, where: str, default: Any = ...) -> Any:
+    if not isinstance(doc, Mapping):
+        raise FormatError(f"{where}: expected an object, got {type(doc).__name__} {doc!r}")
+    if key not in doc:
+        if default is ...:
+            raise FormatError(f"{where}.{key}: missing")
+        return default
+    return doc[key]
+
+
+def number(doc: Doc, key: str, where: str, default: Any = ..., minimum: float = 0.0) -> float:
+    value = field(doc, key, where, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FormatError(f"{where}.{key}: expected a number, got {value!r}")
+    if value != value or value < minimum:  # NaN or below the minimum
+        raise FormatError(f"{where}.{key}: must be >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def integer(doc: Doc, key: str, where: str, default: Any = ..., minimum: int = 0) -> int:
+    value = field(doc, key, where, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FormatError(f"{where}.{key}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise FormatError(f"{where}.{key}: must be >= {minimum}, got {value!r}")
+    return value
+
+
+def text(doc: Doc, key: str, where: str, default: Any = ...) -> str:
+    value = field(doc, key, where, default)
+    if not isinstance(value, str) or not value:
+        raise FormatError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def read_document(path: str | Path) -> Any:
+    """Load JSON or YAML (by extension; YAML accepts JSON too)."""
+    p = Path(path)
+    try:
+        raw = p.read_text()
+    except OSError as e:
+        raise FormatError(f"cannot read {p}: {e.strerror or e}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(raw)
+        import yaml
+
+        return yaml.safe_load(raw)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise FormatError(f"{p}: not valid JSON: {e}") from None
+    except Exception as e:  # yaml.YAMLError and friends
+        raise FormatError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+
+
+def write_json(path: str | Path, doc: Any) -> None:
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")

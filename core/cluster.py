@@ -1,0 +1,262 @@
+"""Cluster specifications: device types, nodes, links and device ids ``NODE/TYPE:INDEX``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from core import _io
+from core.errors import FormatError
+
+DeviceId = str
+_ID = re.compile(r"^(?P<node>[^/\s]+)/(?P<type>[^:/\s]+):(?P<index>\d+)$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """A kind of device: peak FLOP/s, memory, memory bandwidth and on-demand price."""
+
+    name: str
+    flops: float
+    memory_gb: float
+    memory_bandwidth_gbps: float = 100.0
+    price_per_hour: float = 0.0
+
+    def __post_init__(self) -> None:
+        where = f"device_types.{self.name}"
+        for key in ("flops", "memory_gb", "memory_bandwidth_gbps"):
+            if not getattr(self, key) > 0:
+                raise FormatError(f"{where}.{key}: must be > 0, got {getattr(self, key)!r}")
+        if self.price_per_hour < 0:
+            raise FormatError(f"{where}.price_per_hour: must be >= 0, got {self.price_per_hour!r}")
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "flops": self.flops,
+            "memory_gb": self.memory_gb,
+            "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
+            "price_per_hour": self.price_per_hour,
+        }
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link class: bandwidth in Gbit/s and latency in microseconds."""
+
+    bandwidth_gbps: float
+    latency_us: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_gbps > 0:
+            raise FormatError(f"network.bandwidth_gbps: must be > 0, got {self.bandwidth_gbps!r}")
+        if self.latency_us < 0:
+            raise FormatError(f"network.latency_us: must be >= 0, got {self.latency_us!r}")
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8
+
+    def transfer_s(self, nbytes: float) -> float:
+        """One transfer: ``latency + bytes / bandwidth``."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Network:
+    intra_node: Link = Link(100.0, 5.0)
+    inter_node: Link = Link(10.0, 50.0)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine: how many devices of each type it holds."""
+
+    name: str
+    devices: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", MappingProxyType(dict(self.devices)))
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the cluster."""
+
+    id: DeviceId
+    node: str
+    type: str
+    index: int
+
+
+def parse_device_id(device_id: str) -> tuple[str, str, int]:
+    """``"n1/t4:0"`` -> ``("n1", "t4", 0)``; a clear error otherwise."""
+    m = _ID.match(device_id) if isinstance(device_id, str) else None
+    if not m:
+        raise FormatError(f"device id {device_id!r}: expected NODE/TYPE:INDEX, e.g. 'n1/t4:0'")
+    return m["node"], m["type"], int(m["index"])
+
+
+def device_id(node: str, type_: str, index: int) -> DeviceId:
+    return f"{node}/{type_}:{index}"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A heterogeneous cluster: device types, nodes and the two link classes."""
+
+    name: str
+    device_types: Mapping[str, DeviceType]
+    nodes: tuple[Node, ...]
+    network: Network = Network()
+    _devices: Mapping[DeviceId, Device] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_types", MappingProxyType(dict(self.device_types)))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes:
+            raise FormatError(f"cluster {self.name!r}.nodes: empty; a cluster needs >= 1 node")
+        seen: set[str] = set()
+        devices: dict[DeviceId, Device] = {}
+        for i, node in enumerate(self.nodes):
+            if not _NAME.match(node.name):
+                raise FormatError(f"nodes[{i}].name: {node.name!r} may hold only letters, "
+                                  "digits, '_', '.', '-'")  # fmt: skip
+            if node.name in seen:
+                raise FormatError(f"nodes[{i}].name: {node.name!r} appears twice")
+            seen.add(node.name)
+            for t, count in node.devices.items():
+                if t not in self.device_types:
+                    raise FormatError(
+                        f"nodes[{i}] ({node.name}).devices: unknown device type {t!r} "
+                        f"(known: {', '.join(sorted(self.device_types)) or 'none'})"
+                    )
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise FormatError(
+                        f"nodes[{i}] ({node.name}).devices.{t}: expected a count >= 0, "
+                        f"got {count!r}"
+                    )
+                for k in range(count):
+                    d = Device(device_id(node.name, t, k), node.name, t, k)
+                    devices[d.id] = d
+        if not devices:
+            raise FormatError(f"cluster {self.name!r}: no devices on any node")
+        object.__setattr__(self, "_devices", MappingProxyType(devices))
+
+    # --- devices ------------------------------------------------------------------------------
+
+    @property
+    def device_ids(self) -> tuple[DeviceId, ...]:
+        """Every device id, node by node, type by type (a stable order)."""
+        return tuple(self._devices)
+
+    def device(self, device_id: DeviceId) -> Device:
+        if device_id not in self._devices:
+            parse_device_id(device_id)  # a malformed id gets the format message
+            raise FormatError(
+                f"device id {device_id!r}: not in cluster {self.name!r} "
+                f"(devices: {', '.join(self.device_ids)})"
+            )
+        return self._devices[device_id]
+
+    def device_type(self, device_id: DeviceId) -> DeviceType:
+        return self.device_types[self.device(device_id).type]
+
+    def link(self, a: Iterable[DeviceId], b: Iterable[DeviceId]) -> Link:
+        """Inter-node if any pair of the two sets crosses nodes, else intra-node."""
+        nodes = {self.device(d).node for d in a} | {self.device(d).node for d in b}
+        return self.network.inter_node if len(nodes) > 1 else self.network.intra_node
+
+    def fastest_flops(self) -> float:
+        used = {d.type for d in self._devices.values()}
+        return max(self.device_types[t].flops for t in used)
+
+    def counts_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self._devices.values():
+            out[d.type] = out.get(d.type, 0) + 1
+        return out
+
+    # --- documents ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        net = self.network
+        return {
+            "name": self.name,
+            "device_types": {n: t.to_dict() for n, t in self.device_types.items()},
+            "nodes": [{"name": n.name, "devices": dict(n.devices)} for n in self.nodes],
+            "network": {
+                "intra_node": {"bandwidth_gbps": net.intra_node.bandwidth_gbps,
+                               "latency_us": net.intra_node.latency_us},
+                "inter_node": {"bandwidth_gbps": net.inter_node.bandwidth_gbps,
+                               "latency_us": net.inter_node.latency_us},
+            },
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ClusterSpec:
+        name = _io.text(doc, "name", "cluster")
+        types_doc = _io.field(doc, "device_types", "cluster")
+        if not isinstance(types_doc, Mapping) or not types_doc:
+            raise FormatError(f"cluster.device_types: expected a non-empty object, got {types_doc!r}")
+        types = {}
+        for t, d in types_doc.items():
+            where = f"device_types.{t}"
+            types[str(t)] = DeviceType(
+                name=str(t),
+                flops=_io.number(d, "flops", where),
+                memory_gb=_io.number(d, "memory_gb", where),
+                memory_bandwidth_gbps=_io.number(d, "memory_bandwidth_gbps", where, 100.0),
+                price_per_hour=_io.number(d, "price_per_hour", where, 0.0),
+            )
+        nodes_doc = _io.field(doc, "nodes", "cluster")
+        if not isinstance(nodes_doc, list):
+            raise FormatError(f"cluster.nodes: expected a list, got {nodes_doc!r}")
+        nodes = []
+        for i, n in enumerate(nodes_doc):
+            devs = _io.field(n, "devices", f"nodes[{i}]")
+            if not isinstance(devs, Mapping):
+                raise FormatError(f"nodes[{i}].devices: expected an object, got {devs!r}")
+            nodes.append(Node(_io.text(n, "name", f"nodes[{i}]"), {str(k): v for k, v in devs.items()}))
+        net_doc = _io.field(doc, "network", "cluster", {}) or {}
+        network = Network(
+            intra_node=_link(net_doc, "intra_node", Network.intra_node),
+            inter_node=_link(net_doc, "inter_node", Network.inter_node),
+        )
+        return cls(name, types, tuple(nodes), network)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        return cls.from_dict(_io.read_document(path))
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        if p.suffix.lower() == ".json":
+            _io.write_json(p, self.to_dict())
+        else:
+            import yaml
+
+            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _link(net_doc: Any, key: str, default: Link) -> Link:
+    d = _io.field(net_doc, key, "network", None)
+    if d is None:
+        return default
+    where = f"network.{key}"
+    return Link(
+        bandwidth_gbps=_io.number(d, "bandwidth_gbps", where, default.bandwidth_gbps),
+        latency_us=_io.number(d, "latency_us", where, default.latency_us),
+    )

@@ -1,0 +1,77 @@
+"""Hypothesis strategies for random profiles, clusters and plans (shared by core tests)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from core.plan import Plan, Schedule, Stage
+from core.profile import LayerProfile, LayerTiming, ModelProfile
+
+TYPES = ("cpu", "t4", "v100")
+
+
+@st.composite
+def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 12) -> ModelProfile:
+    n = draw(st.integers(min_layers, max_layers))
+    timed = draw(st.sets(st.sampled_from(TYPES)))
+    layers = []
+    for i in range(n):
+        succ: set[int] = set()
+        if i < n - 1:
+            succ.add(i + 1)
+            succ |= draw(st.sets(st.integers(i + 1, n - 1), max_size=2))
+        timings = {
+            t: LayerTiming(
+                draw(st.floats(0, 1e-2)), draw(st.floats(0, 2e-2)),
+                draw(st.floats(0, 1e-3)), draw(st.floats(0, 1e-3)),
+            )  # fmt: skip
+            for t in timed
+        }
+        layers.append(LayerProfile(
+            f"l{i}", "conv", draw(st.integers(0, 10**8)), draw(st.floats(0, 1e10)),
+            draw(st.integers(0, 10**7)), tuple(sorted(succ)), timings,
+        ))  # fmt: skip
+    return ModelProfile("random", (3, 8, 8), tuple(layers))
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> ClusterSpec:
+    types = {
+        t: DeviceType(t, draw(st.floats(1e9, 1e13)), draw(st.floats(0.5, 40)),
+                      draw(st.floats(10, 1000)), draw(st.floats(0, 3)))  # fmt: skip
+        for t in TYPES
+    }
+    nodes = []
+    for k in range(draw(st.integers(1, 3))):
+        counts = {t: draw(st.integers(0, 2)) for t in TYPES}
+        nodes.append(Node(f"n{k}", counts))
+    if sum(sum(n.devices.values()) for n in nodes) == 0:
+        nodes[0] = Node("n0", {"cpu": 1})
+    net = Network(Link(draw(st.floats(1, 200)), draw(st.floats(0, 20))),
+                  Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))))  # fmt: skip
+    return ClusterSpec("random", types, tuple(nodes), net)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def plans(draw: st.DrawFn, profile: ModelProfile, cluster: ClusterSpec, num_stages: int,
+          schedule: Schedule, batch: int) -> Plan:  # fmt: skip
+    n = len(profile)
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=num_stages - 1,
+                               max_size=num_stages - 1)))  # fmt: skip
+    bounds = [0, *cuts, n]
+    ids = list(draw(st.permutations(cluster.device_ids)))
+    extra = len(ids) - num_stages
+    stages, equal_mb = [], draw(st.sampled_from(divisors(batch)))
+    for s in range(num_stages):
+        r = 1 + draw(st.integers(0, min(extra, 2)))
+        extra -= r - 1
+        devices, ids = ids[:r], ids[r:]
+        mb = equal_mb if schedule is Schedule.ONE_F_ONE_B else \
+            draw(st.sampled_from(divisors(batch)))  # fmt: skip
+        stages.append(Stage((bounds[s], bounds[s + 1]), tuple(devices), mb))
+    return Plan(batch, tuple(stages), schedule)

@@ -1,0 +1,76 @@
+"""batch_eval agrees with simulate on random plans, profiles and clusters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.batch_eval import BatchEvaluator, PlanBatch
+from core.costmodel import simulate
+from core.errors import PlanError
+from core.plan import Plan, Schedule, Stage
+
+from .strategies import clusters, plans, profiles
+
+
+@st.composite
+def populations(draw: st.DrawFn) -> tuple:
+    profile = draw(profiles())
+    cluster = draw(clusters())
+    S = draw(st.integers(1, min(len(profile), len(cluster.device_ids), 4)))
+    schedule = draw(st.sampled_from(list(Schedule)))
+    batch = draw(st.sampled_from([1, 2, 4, 6, 8, 12, 16]))
+    pop = draw(st.lists(plans(profile, cluster, S, schedule, batch), min_size=1, max_size=6))
+    return profile, cluster, schedule, batch, pop
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(populations())
+def test_batch_eval_matches_simulate(case: tuple) -> None:
+    profile, cluster, schedule, batch, pop = case
+    result = BatchEvaluator(profile, cluster).evaluate(
+        PlanBatch.from_plans(pop, cluster), batch, schedule
+    )
+    for i, plan in enumerate(pop):
+        est = simulate(plan, profile, cluster)
+        assert result.batch_time_s[i] == pytest.approx(est.batch_time_s, rel=1e-9, abs=1e-300)
+        assert bool(result.fits[i]) == est.fits
+        assert result.cost_per_hour[i] == pytest.approx(est.cost_per_hour, rel=1e-12)
+        worst = max(st.memory_bytes / st.memory_capacity_bytes for st in est.stages)
+        assert result.memory_ratio[i] == pytest.approx(worst, rel=1e-9)
+
+
+def test_plan_batch_round_trips_plans(tmp_path: object) -> None:
+    from core.cluster import ClusterSpec, DeviceType, Node
+
+    c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 3}),))
+    p = Plan(8, (Stage((0, 2), ("n0/a:2",), 4), Stage((2, 5), ("n0/a:0", "n0/a:1"), 8)))
+    batch = PlanBatch.from_plans([p], c)
+    assert batch.plan(0, c, 8) == p
+
+
+def test_population_must_share_the_stage_count() -> None:
+    from core.cluster import ClusterSpec, DeviceType, Node
+
+    c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 2}),))
+    one = Plan(2, (Stage((0, 2), ("n0/a:0",), 2),))
+    two = Plan(2, (Stage((0, 1), ("n0/a:0",), 2), Stage((1, 2), ("n0/a:1",), 2)))
+    with pytest.raises(PlanError, match=r"one stage count, got \[1, 2\]"):
+        PlanBatch.from_plans([one, two], c)
+
+
+def test_bad_population_arrays_are_refused() -> None:
+    from core.cluster import ClusterSpec, DeviceType, Node
+    from core.profile import LayerProfile, ModelProfile
+
+    c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 2}),))
+    prof = ModelProfile("m", (1,), tuple(LayerProfile(f"l{i}", "fc", 1, 1.0, 1) for i in range(3)))
+    ev = BatchEvaluator(prof, c)
+    bad = PlanBatch(np.array([[0, 2]]), np.array([[3]]), np.array([[[0]]]))
+    with pytest.raises(PlanError, match="from 0 to 3 layers"):
+        ev.evaluate(bad, 6)
+    bad = PlanBatch(np.array([[0, 3]]), np.array([[4]]), np.array([[[0]]]))
+    with pytest.raises(PlanError, match="must divide global_batch 6"):
+        ev.evaluate(bad, 6)

@@ -1,0 +1,179 @@
+"""The cost model against the contract, on cases worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from core.costmodel import cut_bytes, simulate
+from core.plan import Plan, Schedule, Stage
+from core.profile import LayerProfile, LayerTiming, ModelProfile
+from core.schedules import gpipe_order, one_f_one_b_order, upstream_microbatch
+
+
+def chain(n: int, flops: float = 1e6, act: int = 100, params: int = 1000) -> ModelProfile:
+    layers = [
+        LayerProfile(f"l{i}", "fc", params, flops, act, (i + 1,) if i < n - 1 else ())
+        for i in range(n)
+    ]
+    return ModelProfile("chain", (3,), tuple(layers))
+
+
+def cluster(gb: float = 1.0) -> ClusterSpec:
+    return ClusterSpec(
+        "c",
+        {"a": DeviceType("a", 1e9, gb, 100.0, 1.0), "b": DeviceType("b", 5e8, gb, 50.0, 0.5)},
+        (Node("n0", {"a": 2}), Node("n1", {"a": 1, "b": 1})),
+    )
+
+
+def test_gpipe_order_is_all_forwards_then_all_backwards() -> None:
+    assert gpipe_order(4) == [("F", 0), ("F", 1), ("F", 2), ("F", 3),
+                              ("B", 0), ("B", 1), ("B", 2), ("B", 3)]  # fmt: skip
+
+
+def test_one_f_one_b_orders_for_three_stages_four_microbatches() -> None:
+    f, b = "F", "B"
+    assert one_f_one_b_order(4, 0, 3) == [(f, 0), (f, 1), (f, 2), (b, 0), (f, 3), (b, 1),
+                                          (b, 2), (b, 3)]  # fmt: skip
+    assert one_f_one_b_order(4, 1, 3) == [(f, 0), (f, 1), (b, 0), (f, 2), (b, 1), (f, 3),
+                                          (b, 2), (b, 3)]  # fmt: skip
+    assert one_f_one_b_order(4, 2, 3) == [(f, 0), (b, 0), (f, 1), (b, 1), (f, 2), (b, 2),
+                                          (f, 3), (b, 3)]  # fmt: skip
+
+
+def test_one_f_one_b_warmup_is_capped_by_microbatch_count() -> None:
+    assert one_f_one_b_order(1, 0, 4) == [("F", 0), ("B", 0)]
+
+
+def test_upstream_microbatch_is_the_one_holding_the_last_sample() -> None:
+    # stage s has microbatch 4, upstream 2: its microbatch 0 needs upstream 0 and 1
+    assert [upstream_microbatch(j, 4, 2) for j in range(2)] == [1, 3]
+    # microbatch 2 against 4 downstream: 0,0,1,1
+    assert [upstream_microbatch(j, 2, 4) for j in range(4)] == [0, 0, 1, 1]
+    assert [upstream_microbatch(j, 3, 2) for j in range(2)] == [1, 2]
+
+
+def test_two_stage_gpipe_on_paper() -> None:
+    """S=2, B=4, b=2 (M=2), one device each, across nodes.
+
+    F = 2 layers x 2 samples x 1e6 / 1e9 = 4 ms, backward 8 ms, both stages on type a.
+    Send: 50 us + 100 B x 2 / 1.25e9 B/s = 50.16 us.
+      s0: F0 0-4, F1 4-8; sends deliver 4.05016, 8.05016
+      s1: F0 4.05016-8.05016, F1 8.05016-12.05016, B0 -20.05016, B1 -28.05016
+      grads deliver 20.10032, 28.10032 (50.16 us each)
+      s0: B0 20.10032-28.10032, B1 28.10032-36.10032; update 4 x 2000 / 1e11 = 0.08 us
+    """
+    plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)))
+    est = simulate(plan, chain(4), cluster())
+    assert est.batch_time_s == pytest.approx(0.03610032 + 8e-8, rel=1e-12)
+    assert est.stages[1].end_s == pytest.approx(0.02805016 + 8e-8, rel=1e-12)
+    assert est.throughput == pytest.approx(4 / est.batch_time_s)
+    comm = 4 * 50.16e-6
+    assert est.comm_fraction == pytest.approx(comm / (comm + 4 * 0.012), rel=1e-12)
+    price = 2.0  # two devices of type a at $1/h
+    assert est.cost_per_hour == price
+    assert est.cost_per_batch == pytest.approx(price * est.batch_time_s / 3600)
+    kinds = [(e.stage, e.kind, e.microbatch) for e in est.timeline if e.kind in "FB"]
+    assert kinds[:2] == [(0, "F", 0), (0, "F", 1)]
+
+
+def test_unequal_microbatches_and_replicas() -> None:
+    """Stage 0: b=2 on one device; stage 1: b=4 over two replicas (2 samples each).
+
+    s1's forward 0 waits for s0's microbatch 1; s0's backwards 0 and 1 both wait for
+    s1's gradient 0. All-reduce over n1/a:0 + n0/a:1 crosses nodes:
+    2 x 1/2 x 2000 / 1.25e9 + 2 x 50 us = 101.6 us.
+    """
+    plan = Plan(8, (Stage((0, 2), ("n0/a:0",), 2),
+                    Stage((2, 4), ("n1/a:0", "n0/a:1"), 4)))  # fmt: skip
+    est = simulate(plan, chain(4), cluster())
+    assert est.stages[1].allreduce_s == pytest.approx(101.6e-6, rel=1e-12)
+    assert est.stages[1].end_s == pytest.approx(0.03605016 + 8e-8 + 101.6e-6, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.06010048 + 8e-8, rel=1e-12)
+    assert est.stages[0].microbatches == 4 and est.stages[1].microbatches == 2
+
+
+def test_slowest_replica_sets_stage_time() -> None:
+    plan = Plan(4, (Stage((0, 4), ("n1/a:0", "n1/b:0"), 4),))
+    est = simulate(plan, chain(4), cluster())
+    # b is half as fast: 4 layers x 2 samples x 1e6 / 5e8 = 16 ms forward
+    assert est.stages[0].forward_s == pytest.approx(0.016)
+    assert est.stages[0].backward_s == pytest.approx(0.032)
+    # intra-node all-reduce: 100 Gbit/s, 5 us; update on b's 50 GB/s
+    ar = 2 * 0.5 * 4000 / 12.5e9 + 2 * 5e-6
+    assert est.batch_time_s == pytest.approx(0.048 + 4 * 4000 / 50e9 + ar, rel=1e-12)
+
+
+def test_measured_timings_with_fixed_costs_take_precedence() -> None:
+    t = {"a": LayerTiming(fwd_s=1e-3, bwd_s=2e-3, fwd_fixed_s=5e-3, bwd_fixed_s=1e-2)}
+    layers = (LayerProfile("x", "conv", 0, 1e12, 0, (), t),)
+    plan = Plan(4, (Stage((0, 1), ("n0/a:0",), 2),))
+    est = simulate(plan, ModelProfile("m", (1,), layers), cluster())
+    assert est.stages[0].forward_s == pytest.approx(5e-3 + 2e-3)
+    assert est.batch_time_s == pytest.approx(2 * (7e-3 + 1.4e-2))
+
+
+def test_one_f_one_b_two_stages_on_paper() -> None:
+    """S=2, M=2 under 1F1B: s0 runs F0 F1 B0 B1 (warm-up 1), s1 runs F0 B0 F1 B1.
+
+    s1: F0 4.05016-8.05016, B0 -16.05016, F1 (s0's F1 delivered 8.05016) 16.05016-20.05016,
+        B1 -28.05016; s0: B0 waits grad 0 at 16.10032 -> 24.10032, B1 grad 1 at 28.10032
+        -> 36.10032.
+    """
+    plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)),
+                Schedule.ONE_F_ONE_B)  # fmt: skip
+    est = simulate(plan, chain(4), cluster())
+    b1 = [e for e in est.timeline if (e.stage, e.kind) == (1, "F")]
+    assert b1[1].start == pytest.approx(0.01605016, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.03610032 + 8e-8, rel=1e-12)
+    # memory: in-flight min(S - s, M) = 2 for stage 0, 1 for stage 1
+    assert est.stages[0].memory_bytes == 4 * 2000 + 2 * 2 * 200
+    assert est.stages[1].memory_bytes == 4 * 2000 + 1 * 2 * 200
+
+
+def test_skip_activations_are_relayed_across_cuts() -> None:
+    layers = (
+        LayerProfile("a", "conv", 0, 1.0, 10, (1, 3)),
+        LayerProfile("b", "conv", 0, 1.0, 20, (2,)),
+        LayerProfile("c", "conv", 0, 1.0, 40, (3,)),
+        LayerProfile("d", "add", 0, 1.0, 80, ()),
+    )
+    x = cut_bytes(ModelProfile("skip", (1,), layers))
+    assert list(x) == [0, 10, 10 + 20, 10 + 40, 0]
+
+
+def test_memory_overflow_is_reported_per_device() -> None:
+    big = chain(2, params=400_000_000)  # 2 x 4 x 400 MB = 3.2 GB > 1 GB
+    plan = Plan(2, (Stage((0, 2), ("n0/a:0",), 2),))
+    est = simulate(plan, big, cluster(gb=1.0))
+    assert not est.fits and not est.stages[0].fits
+    assert "n0/a:0" in est.not_fitting[0] and "> 1 GB" in est.not_fitting[0]
+    assert est.to_dict()["fits"] is False
+
+
+def test_gpipe_memory_counts_every_microbatch_in_flight() -> None:
+    plan = Plan(8, (Stage((0, 4), ("n0/a:0",), 2),))
+    est = simulate(plan, chain(4), cluster())
+    assert est.stages[0].memory_bytes == 4 * 4000 + 4 * 2 * 400
+
+
+def test_plan_must_match_the_profile() -> None:
+    plan = Plan(4, (Stage((0, 3), ("n0/a:0",), 2),))
+    with pytest.raises(ValueError, match="ends at 3 but profile 'chain' has 4 layers"):
+        simulate(plan, chain(4), cluster())
+
+
+def test_unknown_device_is_refused() -> None:
+    plan = Plan(4, (Stage((0, 4), ("n9/a:0",), 2),))
+    with pytest.raises(ValueError, match="unknown device 'n9/a:0'"):
+        simulate(plan, chain(4), cluster())
+
+
+def test_intra_node_link_when_all_on_one_node() -> None:
+    net = Network(intra_node=Link(8.0, 0.0), inter_node=Link(1.0, 0.0))
+    c = ClusterSpec("one", {"a": DeviceType("a", 1e9, 1.0)}, (Node("n0", {"a": 2}),), net)
+    plan = Plan(2, (Stage((0, 1), ("n0/a:0",), 2), Stage((1, 2), ("n0/a:1",), 2)))
+    est = simulate(plan, chain(2, act=1000), c)
+    sends = [e for e in est.timeline if e.kind == "send"]
+    assert sends[0].end - sends[0].start == pytest.approx(2000 / 1e9)
