@@ -23,12 +23,22 @@ def field(doc: Doc, key: str, where: str, default: Any = ...) -> Any:
 
 
 def number(doc: Doc, key: str, where: str, default: Any = ..., minimum: float = 0.0) -> float:
-    value = field(doc, key, where, default)
+    value = _yaml11_float(field(doc, key, where, default))
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise FormatError(f"{where}.{key}: expected a number, got {value!r}")
     if value != value or value < minimum:  # NaN or below the minimum
         raise FormatError(f"{where}.{key}: must be >= {minimum:g}, got {value!r}")
     return float(value)
+
+
+def _yaml11_float(value: Any) -> Any:
+    """PyYAML follows YAML 1.1, which reads ``2.0e11`` (no exponent sign) as a string."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def integer(doc: Doc, key: str, where: str, default: Any = ..., minimum: int = 0) -> int:

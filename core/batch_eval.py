@@ -51,8 +51,10 @@ class PlanBatch:
             raise PlanError("plans: empty population")
         S = plans[0].num_stages
         if any(p.num_stages != S for p in plans):
-            raise PlanError(f"plans: a population needs one stage count, got "
-                            f"{sorted({p.num_stages for p in plans})}")  # fmt: skip
+            raise PlanError(
+                f"plans: a population needs one stage count, got "
+                f"{sorted({p.num_stages for p in plans})}"
+            )
         index = {d: i for i, d in enumerate(cluster.device_ids)}
         R = max(st.replicas for p in plans for st in p.stages)
         bounds = np.array([[0] + [st.end for st in p.stages] for p in plans], dtype=np.int64)
@@ -64,8 +66,9 @@ class PlanBatch:
                 dev[i, s, : st.replicas] = [index[d] for d in st.devices]
         return cls(bounds, mb, dev)
 
-    def plan(self, i: int, cluster: ClusterSpec, global_batch: int,
-             schedule: Schedule = Schedule.GPIPE) -> Plan:  # fmt: skip
+    def plan(
+        self, i: int, cluster: ClusterSpec, global_batch: int, schedule: Schedule = Schedule.GPIPE
+    ) -> Plan:
         ids = cluster.device_ids
         stages = tuple(
             Stage(
@@ -122,8 +125,8 @@ class BatchEvaluator:
         self.fwd_ps = np.stack([_range_sums(c.fwd_per_sample) for c in costs])
         self.bwd_fixed = np.stack([_range_sums(c.bwd_fixed) for c in costs])
         self.bwd_ps = np.stack([_range_sums(c.bwd_per_sample) for c in costs])
-        self.params = _range_sums(np.array([float(l.params_bytes) for l in profile.layers]))
-        self.acts = _range_sums(np.array([float(l.activation_bytes) for l in profile.layers]))
+        self.params = _range_sums(np.array([float(x.params_bytes) for x in profile.layers]))
+        self.acts = _range_sums(np.array([float(x.activation_bytes) for x in profile.layers]))
         self.cuts = cut_bytes(profile)
         net = cluster.network
         self.link_lat = np.array([net.intra_node.latency_s, net.inter_node.latency_s])
@@ -156,8 +159,9 @@ class BatchEvaluator:
 
     # --- the whole model -------------------------------------------------------------------
 
-    def evaluate(self, batch: PlanBatch, global_batch: int,
-                 schedule: Schedule = Schedule.GPIPE) -> BatchResult:  # fmt: skip
+    def evaluate(
+        self, batch: PlanBatch, global_batch: int, schedule: Schedule = Schedule.GPIPE
+    ) -> BatchResult:
         """Batch time, memory fit and price of every plan of the population."""
         _check_batch(batch, len(self.profile), global_batch, schedule)
         S = batch.num_stages
@@ -174,8 +178,9 @@ class BatchEvaluator:
             last = np.zeros(fwd.shape)
             for mm in np.unique(m[:, 0]):
                 rows = np.flatnonzero(m[:, 0] == mm)
-                last[rows] = _one_f_one_b(fwd[rows], bwd[rows], x[rows], lat[rows],
-                                          bps[rows], b[rows], int(mm))  # fmt: skip
+                last[rows] = _one_f_one_b(
+                    fwd[rows], bwd[rows], x[rows], lat[rows], bps[rows], b[rows], int(mm)
+                )
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
         valid = batch.devices >= 0
         dev = np.where(valid, batch.devices, 0)
@@ -208,8 +213,15 @@ def _send(ready: FloatArray, link_free: FloatArray, cost: FloatArray) -> FloatAr
     return np.maximum(ready, link_free) + cost
 
 
-def _gpipe(fwd: FloatArray, bwd: FloatArray, x: FloatArray, lat: FloatArray, bps: FloatArray,
-           b: FloatArray, m: IntArray) -> FloatArray:  # fmt: skip
+def _gpipe(
+    fwd: FloatArray,
+    bwd: FloatArray,
+    x: FloatArray,
+    lat: FloatArray,
+    bps: FloatArray,
+    b: FloatArray,
+    m: IntArray,
+) -> FloatArray:
     """GPipe with per-stage microbatches: forward sweep down the stages, backward sweep up.
 
     Returns (P, S): the end of each stage's last backward.
@@ -225,7 +237,7 @@ def _gpipe(fwd: FloatArray, bwd: FloatArray, x: FloatArray, lat: FloatArray, bps
         cost = lat[:, s] + x[:, s] * b[:, s] / bps[:, s] if s < S - 1 else None
         for j in range(mmax):
             act = j < m[:, s]
-            dep = 0.0
+            dep: FloatArray | float = 0.0
             if s:
                 k = np.minimum(-(-(j + 1) * b[:, s] // b[:, s - 1]).astype(np.int64) - 1, mmax - 1)
                 dep = delivered[s - 1, rows, k]
@@ -258,8 +270,15 @@ def _gpipe(fwd: FloatArray, bwd: FloatArray, x: FloatArray, lat: FloatArray, bps
     return last
 
 
-def _one_f_one_b(fwd: FloatArray, bwd: FloatArray, x: FloatArray, lat: FloatArray,
-                 bps: FloatArray, b: FloatArray, m: int) -> FloatArray:  # fmt: skip
+def _one_f_one_b(
+    fwd: FloatArray,
+    bwd: FloatArray,
+    x: FloatArray,
+    lat: FloatArray,
+    bps: FloatArray,
+    b: FloatArray,
+    m: int,
+) -> FloatArray:
     """1F1B with equal microbatches and ``m`` of them: ops in one dependency-respecting order."""
     P, S = fwd.shape
     fwd_end = np.zeros((S, m, P))
@@ -286,16 +305,23 @@ def _one_f_one_b(fwd: FloatArray, bwd: FloatArray, x: FloatArray, lat: FloatArra
     return free.T.copy()
 
 
-def _topological_ops(S: int, m: int) -> list[tuple[int, str, int]]:
+def _topological_ops(S: int, m: int) -> list[tuple[int, str, int]]:  # (stage, "F"|"B", j)
     """All 1F1B ops of all stages in an order where every dependency comes first."""
     orders = [stage_order(Schedule.ONE_F_ONE_B, m, s, S) for s in range(S)]
-    pos, done, out = [0] * S, set(), []
+    pos = [0] * S
+    done: set[tuple[int, str, int]] = set()
+    out: list[tuple[int, str, int]] = []
     while len(out) < 2 * S * m:
         for s in range(S):
             while pos[s] < len(orders[s]):
                 kind, j = orders[s][pos[s]]
-                need = (s - 1, "F", j) if kind == "F" and s else \
-                    (s + 1, "B", j) if kind == "B" and s < S - 1 else None  # fmt: skip
+                need = (
+                    (s - 1, "F", j)
+                    if kind == "F" and s
+                    else (s + 1, "B", j)
+                    if kind == "B" and s < S - 1
+                    else None
+                )
                 if need is not None and need not in done:
                     break
                 done.add((s, kind, j))
@@ -305,10 +331,15 @@ def _topological_ops(S: int, m: int) -> list[tuple[int, str, int]]:
 
 
 def _check_batch(batch: PlanBatch, n_layers: int, global_batch: int, schedule: Schedule) -> None:
-    if batch.bounds.ndim != 2 or batch.microbatch.shape != (batch.size, batch.num_stages) \
-            or batch.devices.shape[:2] != (batch.size, batch.num_stages):  # fmt: skip
-        raise PlanError(f"population: inconsistent shapes bounds {batch.bounds.shape}, "
-                        f"microbatch {batch.microbatch.shape}, devices {batch.devices.shape}")  # fmt: skip
+    if (
+        batch.bounds.ndim != 2
+        or batch.microbatch.shape != (batch.size, batch.num_stages)
+        or batch.devices.shape[:2] != (batch.size, batch.num_stages)
+    ):
+        raise PlanError(
+            f"population: inconsistent shapes bounds {batch.bounds.shape}, "
+            f"microbatch {batch.microbatch.shape}, devices {batch.devices.shape}"
+        )
     if (batch.bounds[:, 0] != 0).any() or (batch.bounds[:, -1] != n_layers).any():
         raise PlanError(f"population.bounds: must run from 0 to {n_layers} layers")
     if (np.diff(batch.bounds, axis=1) <= 0).any():

@@ -132,8 +132,9 @@ class ClusterSpec:
         devices: dict[DeviceId, Device] = {}
         for i, node in enumerate(self.nodes):
             if not _NAME.match(node.name):
-                raise FormatError(f"nodes[{i}].name: {node.name!r} may hold only letters, "
-                                  "digits, '_', '.', '-'")  # fmt: skip
+                raise FormatError(
+                    f"nodes[{i}].name: {node.name!r} may hold only letters, digits, '_', '.', '-'"
+                )
             if node.name in seen:
                 raise FormatError(f"nodes[{i}].name: {node.name!r} appears twice")
             seen.add(node.name)
@@ -198,19 +199,25 @@ class ClusterSpec:
             "device_types": {n: t.to_dict() for n, t in self.device_types.items()},
             "nodes": [{"name": n.name, "devices": dict(n.devices)} for n in self.nodes],
             "network": {
-                "intra_node": {"bandwidth_gbps": net.intra_node.bandwidth_gbps,
-                               "latency_us": net.intra_node.latency_us},
-                "inter_node": {"bandwidth_gbps": net.inter_node.bandwidth_gbps,
-                               "latency_us": net.inter_node.latency_us},
+                "intra_node": {
+                    "bandwidth_gbps": net.intra_node.bandwidth_gbps,
+                    "latency_us": net.intra_node.latency_us,
+                },
+                "inter_node": {
+                    "bandwidth_gbps": net.inter_node.bandwidth_gbps,
+                    "latency_us": net.inter_node.latency_us,
+                },
             },
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, doc: Any) -> ClusterSpec:
         name = _io.text(doc, "name", "cluster")
         types_doc = _io.field(doc, "device_types", "cluster")
         if not isinstance(types_doc, Mapping) or not types_doc:
-            raise FormatError(f"cluster.device_types: expected a non-empty object, got {types_doc!r}")
+            raise FormatError(
+                f"cluster.device_types: expected a non-empty object, got {types_doc!r}"
+            )
         types = {}
         for t, d in types_doc.items():
             where = f"device_types.{t}"
@@ -229,7 +236,9 @@ class ClusterSpec:
             devs = _io.field(n, "devices", f"nodes[{i}]")
             if not isinstance(devs, Mapping):
                 raise FormatError(f"nodes[{i}].devices: expected an object, got {devs!r}")
-            nodes.append(Node(_io.text(n, "name", f"nodes[{i}]"), {str(k): v for k, v in devs.items()}))
+            nodes.append(
+                Node(_io.text(n, "name", f"nodes[{i}]"), {str(k): v for k, v in devs.items()})
+            )
         net_doc = _io.field(doc, "network", "cluster", {}) or {}
         network = Network(
             intra_node=_link(net_doc, "intra_node", Network.intra_node),

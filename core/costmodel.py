@@ -155,15 +155,20 @@ class _Simulation:
     def __init__(self, plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> None:
         self.plan, self.profile, self.cluster = plan, profile, cluster
         self.S = plan.num_stages
-        costs = {t: layer_costs(profile, cluster.device_types[t]) for t in
-                 {cluster.device(d).type for d in plan.devices}}  # fmt: skip
+        costs = {
+            t: layer_costs(profile, cluster.device_types[t])
+            for t in {cluster.device(d).type for d in plan.devices}
+        }
         self.fwd = [self._stage_time(s, costs, "fwd") for s in range(self.S)]
         self.bwd = [self._stage_time(s, costs, "bwd") for s in range(self.S)]
         cuts = cut_bytes(profile)
-        self.x = [float(cuts[st.end]) if s < self.S - 1 else 0.0 for s, st in
-                  enumerate(plan.stages)]  # fmt: skip
-        self.links = [cluster.link(plan.stages[s].devices, plan.stages[s + 1].devices)
-                      for s in range(self.S - 1)]  # fmt: skip
+        self.x = [
+            float(cuts[st.end]) if s < self.S - 1 else 0.0 for s, st in enumerate(plan.stages)
+        ]
+        self.links = [
+            cluster.link(plan.stages[s].devices, plan.stages[s + 1].devices)
+            for s in range(self.S - 1)
+        ]
         self.events: list[Event] = []
 
     def _stage_time(self, s: int, costs: dict[str, LayerCosts], kind: str) -> float:
@@ -173,14 +178,25 @@ class _Simulation:
         best = 0.0
         for d in stage.devices:
             c = costs[self.cluster.device(d).type]
-            fixed, per = (c.fwd_fixed, c.fwd_per_sample) if kind == "fwd" else \
-                (c.bwd_fixed, c.bwd_per_sample)  # fmt: skip
+            fixed, per = (
+                (c.fwd_fixed, c.fwd_per_sample)
+                if kind == "fwd"
+                else (c.bwd_fixed, c.bwd_per_sample)
+            )
             t = sum(float(fixed[i] + n * per[i]) for i in range(stage.start, stage.end))
             best = max(best, t)
         return best
 
-    def _send(self, s: int, link_free: list[float], ready: float, nbytes: float,
-              li: int, kind: EventKind, j: int) -> float:  # fmt: skip
+    def _send(
+        self,
+        s: int,
+        link_free: list[float],
+        ready: float,
+        nbytes: float,
+        li: int,
+        kind: EventKind,
+        j: int,
+    ) -> float:
         """Rule 7: one send on a directional link, after the previous one; returns delivery."""
         start = max(ready, link_free[li])
         end = start + self.links[li].transfer_s(nbytes)
@@ -214,7 +230,8 @@ class _Simulation:
                         fwd_end[s][j] = end
                         if s < S - 1:
                             delivered[s][j] = self._send(
-                                s, fwd_link, end, self.x[s] * b[s], s, "send", j)
+                                s, fwd_link, end, self.x[s] * b[s], s, "send", j
+                            )
                     else:
                         k = upstream_microbatch(j, b[s], b[s + 1]) if s < S - 1 else -1
                         if s < S - 1 and k not in grad_at[s + 1]:
@@ -224,9 +241,11 @@ class _Simulation:
                         last_bwd[s] = end
                         if s > 0:
                             grad_at[s][j] = self._send(
-                                s, grad_link, end, self.x[s - 1] * b[s], s - 1, "grad", j)
-                    self.events.append(Event(s, kind, j, end - (self.fwd[s] if kind == "F"
-                                                                else self.bwd[s]), end))
+                                s, grad_link, end, self.x[s - 1] * b[s], s - 1, "grad", j
+                            )
+                    self.events.append(
+                        Event(s, kind, j, end - (self.fwd[s] if kind == "F" else self.bwd[s]), end)
+                    )
                     free[s] = end
                     pos[s] += 1
                     remaining -= 1
@@ -243,7 +262,7 @@ class _Simulation:
             if e.kind in ("send", "grad"):
                 transfer[e.stage] += e.end - e.start
         for s, st in enumerate(plan.stages):
-            layers = profile.layers[st.start:st.end]
+            layers = profile.layers[st.start : st.end]
             params = float(sum(layer.params_bytes for layer in layers))
             acts = float(sum(layer.activation_bytes for layer in layers))
             types = [cluster.device_type(d) for d in st.devices]
@@ -251,37 +270,60 @@ class _Simulation:
             allreduce = 0.0
             if st.replicas > 1:
                 r, link = st.replicas, cluster.link(st.devices, st.devices)
-                allreduce = 2 * (r - 1) / r * params / link.bytes_per_s + 2 * (r - 1) * link.latency_s
+                allreduce = (
+                    2 * (r - 1) / r * params / link.bytes_per_s + 2 * (r - 1) * link.latency_s
+                )
             self.events.append(Event(s, "update", -1, last_bwd[s], last_bwd[s] + update))
             if allreduce:
-                self.events.append(Event(s, "allreduce", -1, last_bwd[s] + update,
-                                         last_bwd[s] + update + allreduce))  # fmt: skip
+                self.events.append(
+                    Event(
+                        s, "allreduce", -1, last_bwd[s] + update, last_bwd[s] + update + allreduce
+                    )
+                )
             in_flight = m[s] if plan.schedule is Schedule.GPIPE else min(self.S - s, m[s])
             memory = 4.0 * params + in_flight * (st.microbatch / st.replicas) * acts
             capacity = min(t.memory_bytes for t in types)
             for d, t in zip(st.devices, types, strict=True):
                 if memory > t.memory_bytes:
-                    problems.append(f"stage {s} on {d}: needs {memory / 1e9:.3f} GB > "
-                                    f"{t.memory_gb:g} GB of {t.name}")  # fmt: skip
-            stages.append(StageEstimate(
-                index=s, layers=st.layers, devices=st.devices, microbatch=st.microbatch,
-                microbatches=m[s], forward_s=self.fwd[s], backward_s=self.bwd[s],
-                compute_s=m[s] * (self.fwd[s] + self.bwd[s]), transfer_s=transfer[s],
-                boundary_bytes=self.x[s], update_s=update, allreduce_s=allreduce,
-                end_s=last_bwd[s] + update + allreduce, memory_bytes=memory,
-                memory_capacity_bytes=capacity, fits=memory <= capacity,
-            ))  # fmt: skip
+                    problems.append(
+                        f"stage {s} on {d}: needs {memory / 1e9:.3f} GB > "
+                        f"{t.memory_gb:g} GB of {t.name}"
+                    )
+            stages.append(
+                StageEstimate(
+                    index=s,
+                    layers=st.layers,
+                    devices=st.devices,
+                    microbatch=st.microbatch,
+                    microbatches=m[s],
+                    forward_s=self.fwd[s],
+                    backward_s=self.bwd[s],
+                    compute_s=m[s] * (self.fwd[s] + self.bwd[s]),
+                    transfer_s=transfer[s],
+                    boundary_bytes=self.x[s],
+                    update_s=update,
+                    allreduce_s=allreduce,
+                    end_s=last_bwd[s] + update + allreduce,
+                    memory_bytes=memory,
+                    memory_capacity_bytes=capacity,
+                    fits=memory <= capacity,
+                )
+            )
         batch_time = max(st.end_s for st in stages)
         price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
         comm, comp = sum(transfer), sum(st.compute_s for st in stages)
         cost_batch = price * batch_time / 3600.0
         return Estimate(
-            global_batch=plan.global_batch, schedule=plan.schedule,
+            global_batch=plan.global_batch,
+            schedule=plan.schedule,
             batch_time_s=batch_time,
             throughput=plan.global_batch / batch_time if batch_time > 0 else float("inf"),
-            cost_per_hour=price, cost_per_batch=cost_batch,
+            cost_per_hour=price,
+            cost_per_batch=cost_batch,
             cost_per_sample=cost_batch / plan.global_batch,
             comm_fraction=comm / (comm + comp) if comm + comp > 0 else 0.0,
-            fits=not problems, not_fitting=tuple(problems), stages=tuple(stages),
+            fits=not problems,
+            not_fitting=tuple(problems),
+            stages=tuple(stages),
             timeline=tuple(sorted(self.events, key=lambda e: (e.start, e.stage))),
-        )  # fmt: skip
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from core.errors import FormatError, PlanError
 from core.profile import ModelProfile
 
 
-class Schedule(str, Enum):
+class Schedule(StrEnum):
     """Order of a stage's forward and backward operations."""
 
     GPIPE = "gpipe"
@@ -46,8 +46,11 @@ class Stage:
         return len(self.devices)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "devices": list(self.devices),
-                "microbatch": self.microbatch}  # fmt: skip
+        return {
+            "layers": list(self.layers),
+            "devices": list(self.devices),
+            "microbatch": self.microbatch,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,9 @@ class Plan:
         """M_s = B / b_s."""
         return self.global_batch // self.stages[s].microbatch
 
-    def validate(self, profile: ModelProfile | None = None,
-                 cluster: ClusterSpec | None = None) -> None:  # fmt: skip
+    def validate(
+        self, profile: ModelProfile | None = None, cluster: ClusterSpec | None = None
+    ) -> None:
         """Check the plan against a profile (layer count) and a cluster (device ids)."""
         if profile is not None and self.num_layers != len(profile):
             raise PlanError(
@@ -149,8 +153,11 @@ def _stage_from_dict(doc: Any, where: str) -> Stage:
 
 
 def _check_plan(plan: Plan) -> None:
-    if isinstance(plan.global_batch, bool) or not isinstance(plan.global_batch, int) \
-            or plan.global_batch < 1:  # fmt: skip
+    if (
+        isinstance(plan.global_batch, bool)
+        or not isinstance(plan.global_batch, int)
+        or plan.global_batch < 1
+    ):
         raise PlanError(f"plan.global_batch: must be an integer >= 1, got {plan.global_batch!r}")
     if not plan.stages:
         raise PlanError("plan.stages: empty; a plan needs >= 1 stage")
@@ -177,9 +184,11 @@ def _check_plan(plan: Plan) -> None:
             except FormatError as e:
                 raise PlanError(f"stages[{i}].devices: {e}") from None
             if d in seen:
-                raise PlanError(f"stages[{i}].devices: device {d!r} already used by "
-                                f"stages[{seen[d]}]" if seen[d] != i else
-                                f"stages[{i}].devices: device {d!r} listed twice")  # fmt: skip
+                raise PlanError(
+                    f"stages[{i}].devices: device {d!r} already used by stages[{seen[d]}]"
+                    if seen[d] != i
+                    else f"stages[{i}].devices: device {d!r} listed twice"
+                )
             seen[d] = i
         mb = stage.microbatch
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
@@ -200,8 +209,9 @@ def _check_plan(plan: Plan) -> None:
 def uniform_stages(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
     """Split ``n_layers`` into ``n_stages`` contiguous ranges of (nearly) equal length."""
     if not 1 <= n_stages <= n_layers:
-        raise PlanError(f"n_stages: must be in [1, {n_layers}] for {n_layers} layers, "
-                        f"got {n_stages}")  # fmt: skip
+        raise PlanError(
+            f"n_stages: must be in [1, {n_layers}] for {n_layers} layers, got {n_stages}"
+        )
     bounds = [round(k * n_layers / n_stages) for k in range(n_stages + 1)]
     return [(bounds[k], bounds[k + 1]) for k in range(n_stages)]
 

@@ -7,6 +7,7 @@ fixed cost per call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,20 @@ from core import _io
 from core.errors import FormatError
 
 OPS: tuple[str, ...] = (
-    "conv", "relu", "pool", "fc", "pad", "norm", "embedding", "attention",
-    "dropout", "add", "concat", "flatten", "other",
-)  # fmt: skip
+    "conv",
+    "relu",
+    "pool",
+    "fc",
+    "pad",
+    "norm",
+    "embedding",
+    "attention",
+    "dropout",
+    "add",
+    "concat",
+    "flatten",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -100,16 +112,18 @@ class LayerProfile:
         timings = _io.field(doc, "timings", where, {})
         if not isinstance(timings, Mapping):
             raise FormatError(f"{where}.timings: expected an object, got {timings!r}")
+        op = _io.text(doc, "op", where)
+        if op not in OPS:
+            raise FormatError(f"{where}.op: unknown op {op!r} (one of {', '.join(OPS)})")
         return cls(
             name=name,
-            op=_io.text(doc, "op", where),
+            op=op,
             params_bytes=int(_io.number(doc, "params_bytes", where)),
             flops=_io.number(doc, "flops", where),
             activation_bytes=int(_io.number(doc, "activation_bytes", where)),
             successors=tuple(succ),
             timings={
-                str(t): LayerTiming.from_dict(v, f"{where}.timings.{t}")
-                for t, v in timings.items()
+                str(t): LayerTiming.from_dict(v, f"{where}.timings.{t}") for t, v in timings.items()
             },
         )
 
@@ -128,15 +142,16 @@ class ModelProfile:
         if not self.layers:
             raise FormatError(f"profile {self.name!r}.layers: empty; a model needs >= 1 layer")
         if any(d <= 0 for d in self.input_shape):
-            raise FormatError(f"profile {self.name!r}.input_shape: sizes must be > 0, "
-                              f"got {list(self.input_shape)}")  # fmt: skip
+            raise FormatError(
+                f"profile {self.name!r}.input_shape: sizes must be > 0, "
+                f"got {list(self.input_shape)}"
+            )
         n = len(self.layers)
         for i, layer in enumerate(self.layers):
             for s in layer.successors:
                 if not 0 <= s < n:
                     raise FormatError(
-                        f"layers[{i}] ({layer.name!r}).successors: index {s} out of range "
-                        f"[0, {n})"
+                        f"layers[{i}] ({layer.name!r}).successors: index {s} out of range [0, {n})"
                     )
         cycle = _find_cycle([layer.successors for layer in self.layers])
         if cycle:
@@ -178,11 +193,8 @@ class ModelProfile:
                 f"timings for {device_type!r}: {len(timings)} entries for {len(self)} layers"
             )
         layers = [
-            LayerProfile(
-                l.name, l.op, l.params_bytes, l.flops, l.activation_bytes, l.successors,
-                {**l.timings, device_type: t},
-            )  # fmt: skip
-            for l, t in zip(self.layers, timings, strict=True)
+            dataclasses.replace(layer, timings={**layer.timings, device_type: t})
+            for layer, t in zip(self.layers, timings, strict=True)
         ]
         return ModelProfile(self.name, self.input_shape, tuple(layers))
 
@@ -221,8 +233,10 @@ class ModelProfile:
 
     def text_library(self) -> str:
         """TAPP's parameter library: one line per layer, sizes in MB and GFLOPs."""
-        head = f"{'index':>5}  {'name':<32} {'op':<10} {'params_MB':>10} {'GFLOPs':>10} " \
-               f"{'act_MB':>10}  next"  # fmt: skip
+        head = (
+            f"{'index':>5}  {'name':<32} {'op':<10} {'params_MB':>10} {'GFLOPs':>10} "
+            f"{'act_MB':>10}  next"
+        )
         lines = [f"# {self.name} input {list(self.input_shape)} (sizes per sample)", head]
         for i, layer in enumerate(self.layers):
             nxt = ",".join(str(s) for s in layer.successors) or "-"

@@ -1,0 +1,4 @@
+"""Importers of third-party model profiles into :class:`core.profile.ModelProfile`.
+
+- :mod:`core.formats.pipedream`: PipeDream's ``graph.txt`` (``load_pipedream``).
+"""

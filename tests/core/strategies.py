@@ -23,23 +23,37 @@ def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 12) -> Mode
             succ |= draw(st.sets(st.integers(i + 1, n - 1), max_size=2))
         timings = {
             t: LayerTiming(
-                draw(st.floats(0, 1e-2)), draw(st.floats(0, 2e-2)),
-                draw(st.floats(0, 1e-3)), draw(st.floats(0, 1e-3)),
-            )  # fmt: skip
+                draw(st.floats(0, 1e-2)),
+                draw(st.floats(0, 2e-2)),
+                draw(st.floats(0, 1e-3)),
+                draw(st.floats(0, 1e-3)),
+            )
             for t in timed
         }
-        layers.append(LayerProfile(
-            f"l{i}", "conv", draw(st.integers(0, 10**8)), draw(st.floats(0, 1e10)),
-            draw(st.integers(0, 10**7)), tuple(sorted(succ)), timings,
-        ))  # fmt: skip
+        layers.append(
+            LayerProfile(
+                f"l{i}",
+                "conv",
+                draw(st.integers(0, 10**8)),
+                draw(st.floats(0, 1e10)),
+                draw(st.integers(0, 10**7)),
+                tuple(sorted(succ)),
+                timings,
+            )
+        )
     return ModelProfile("random", (3, 8, 8), tuple(layers))
 
 
 @st.composite
 def clusters(draw: st.DrawFn) -> ClusterSpec:
     types = {
-        t: DeviceType(t, draw(st.floats(1e9, 1e13)), draw(st.floats(0.5, 40)),
-                      draw(st.floats(10, 1000)), draw(st.floats(0, 3)))  # fmt: skip
+        t: DeviceType(
+            t,
+            draw(st.floats(1e9, 1e13)),
+            draw(st.floats(0.5, 40)),
+            draw(st.floats(10, 1000)),
+            draw(st.floats(0, 3)),
+        )
         for t in TYPES
     }
     nodes = []
@@ -48,8 +62,10 @@ def clusters(draw: st.DrawFn) -> ClusterSpec:
         nodes.append(Node(f"n{k}", counts))
     if sum(sum(n.devices.values()) for n in nodes) == 0:
         nodes[0] = Node("n0", {"cpu": 1})
-    net = Network(Link(draw(st.floats(1, 200)), draw(st.floats(0, 20))),
-                  Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))))  # fmt: skip
+    net = Network(
+        Link(draw(st.floats(1, 200)), draw(st.floats(0, 20))),
+        Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))),
+    )
     return ClusterSpec("random", types, tuple(nodes), net)
 
 
@@ -58,11 +74,18 @@ def divisors(n: int) -> list[int]:
 
 
 @st.composite
-def plans(draw: st.DrawFn, profile: ModelProfile, cluster: ClusterSpec, num_stages: int,
-          schedule: Schedule, batch: int) -> Plan:  # fmt: skip
+def plans(
+    draw: st.DrawFn,
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    num_stages: int,
+    schedule: Schedule,
+    batch: int,
+) -> Plan:
     n = len(profile)
-    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=num_stages - 1,
-                               max_size=num_stages - 1)))  # fmt: skip
+    cuts = sorted(
+        draw(st.sets(st.integers(1, n - 1), min_size=num_stages - 1, max_size=num_stages - 1))
+    )
     bounds = [0, *cuts, n]
     ids = list(draw(st.permutations(cluster.device_ids)))
     extra = len(ids) - num_stages
@@ -71,7 +94,8 @@ def plans(draw: st.DrawFn, profile: ModelProfile, cluster: ClusterSpec, num_stag
         r = 1 + draw(st.integers(0, min(extra, 2)))
         extra -= r - 1
         devices, ids = ids[:r], ids[r:]
-        mb = equal_mb if schedule is Schedule.ONE_F_ONE_B else \
-            draw(st.sampled_from(divisors(batch)))  # fmt: skip
+        mb = (
+            equal_mb if schedule is Schedule.ONE_F_ONE_B else draw(st.sampled_from(divisors(batch)))
+        )
         stages.append(Stage((bounds[s], bounds[s + 1]), tuple(devices), mb))
     return Plan(batch, tuple(stages), schedule)

@@ -28,18 +28,50 @@ def cluster(gb: float = 1.0) -> ClusterSpec:
 
 
 def test_gpipe_order_is_all_forwards_then_all_backwards() -> None:
-    assert gpipe_order(4) == [("F", 0), ("F", 1), ("F", 2), ("F", 3),
-                              ("B", 0), ("B", 1), ("B", 2), ("B", 3)]  # fmt: skip
+    assert gpipe_order(4) == [
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("F", 3),
+        ("B", 0),
+        ("B", 1),
+        ("B", 2),
+        ("B", 3),
+    ]
 
 
 def test_one_f_one_b_orders_for_three_stages_four_microbatches() -> None:
     f, b = "F", "B"
-    assert one_f_one_b_order(4, 0, 3) == [(f, 0), (f, 1), (f, 2), (b, 0), (f, 3), (b, 1),
-                                          (b, 2), (b, 3)]  # fmt: skip
-    assert one_f_one_b_order(4, 1, 3) == [(f, 0), (f, 1), (b, 0), (f, 2), (b, 1), (f, 3),
-                                          (b, 2), (b, 3)]  # fmt: skip
-    assert one_f_one_b_order(4, 2, 3) == [(f, 0), (b, 0), (f, 1), (b, 1), (f, 2), (b, 2),
-                                          (f, 3), (b, 3)]  # fmt: skip
+    assert one_f_one_b_order(4, 0, 3) == [
+        (f, 0),
+        (f, 1),
+        (f, 2),
+        (b, 0),
+        (f, 3),
+        (b, 1),
+        (b, 2),
+        (b, 3),
+    ]
+    assert one_f_one_b_order(4, 1, 3) == [
+        (f, 0),
+        (f, 1),
+        (b, 0),
+        (f, 2),
+        (b, 1),
+        (f, 3),
+        (b, 2),
+        (b, 3),
+    ]
+    assert one_f_one_b_order(4, 2, 3) == [
+        (f, 0),
+        (b, 0),
+        (f, 1),
+        (b, 1),
+        (f, 2),
+        (b, 2),
+        (f, 3),
+        (b, 3),
+    ]
 
 
 def test_one_f_one_b_warmup_is_capped_by_microbatch_count() -> None:
@@ -85,8 +117,7 @@ def test_unequal_microbatches_and_replicas() -> None:
     s1's gradient 0. All-reduce over n1/a:0 + n0/a:1 crosses nodes:
     2 x 1/2 x 2000 / 1.25e9 + 2 x 50 us = 101.6 us.
     """
-    plan = Plan(8, (Stage((0, 2), ("n0/a:0",), 2),
-                    Stage((2, 4), ("n1/a:0", "n0/a:1"), 4)))  # fmt: skip
+    plan = Plan(8, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0", "n0/a:1"), 4)))
     est = simulate(plan, chain(4), cluster())
     assert est.stages[1].allreduce_s == pytest.approx(101.6e-6, rel=1e-12)
     assert est.stages[1].end_s == pytest.approx(0.03605016 + 8e-8 + 101.6e-6, rel=1e-12)
@@ -121,8 +152,9 @@ def test_one_f_one_b_two_stages_on_paper() -> None:
         B1 -28.05016; s0: B0 waits grad 0 at 16.10032 -> 24.10032, B1 grad 1 at 28.10032
         -> 36.10032.
     """
-    plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)),
-                Schedule.ONE_F_ONE_B)  # fmt: skip
+    plan = Plan(
+        4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)), Schedule.ONE_F_ONE_B
+    )
     est = simulate(plan, chain(4), cluster())
     b1 = [e for e in est.timeline if (e.stage, e.kind) == (1, "F")]
     assert b1[1].start == pytest.approx(0.01605016, rel=1e-12)

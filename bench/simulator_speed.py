@@ -1,0 +1,149 @@
+"""Evaluations per second: vectorised ``batch_eval`` against a Python loop over ``simulate``.
+
+A synthetic 50-layer chain with skips, S=4 stages, M=8 equal microbatches (GPipe and 1F1B)
+plus unequal microbatches (GPipe), a population of 10,000 random plans on the cloud-mix
+style cluster below. Prints a table and writes bench/results/simulator_speed.json.
+
+    .venv/bin/python -m bench.simulator_speed
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from core.batch_eval import BatchEvaluator, PlanBatch
+from core.cluster import ClusterSpec, DeviceType, Node
+from core.costmodel import simulate
+from core.plan import Schedule
+from core.profile import LayerProfile, ModelProfile
+
+RESULTS = Path(__file__).parent / "results"
+LAYERS, STAGES, BATCH, MICRO = 50, 4, 64, 8
+POPULATION, LOOP_SAMPLE = 10_000, 300
+
+
+def synthetic_profile(rng: np.random.Generator) -> ModelProfile:
+    layers = []
+    for i in range(LAYERS):
+        succ = (i + 1,) if i < LAYERS - 1 else ()
+        if i % 5 == 0 and i + 3 < LAYERS:
+            succ = (*succ, i + 3)  # a residual skip
+        layers.append(
+            LayerProfile(
+                f"l{i}",
+                "conv",
+                int(rng.integers(0, 5e6)),
+                float(rng.uniform(1e7, 1e9)),
+                int(rng.integers(1e4, 1e6)),
+                succ,
+            )
+        )
+    return ModelProfile("synthetic50", (3, 32, 32), tuple(layers))
+
+
+def cluster() -> ClusterSpec:
+    types = {
+        "cpu": DeviceType("cpu", 1e12, 64, 100, 0.4),
+        "t4": DeviceType("t4", 8.1e12, 16, 320, 0.53),
+        "v100": DeviceType("v100", 1.57e13, 16, 900, 3.06),
+    }
+    nodes = (Node("n0", {"v100": 2}), Node("n1", {"t4": 2, "cpu": 1}), Node("n2", {"t4": 2}))
+    return ClusterSpec("bench", types, nodes)
+
+
+def random_population(rng: np.random.Generator, n_dev: int, equal: bool) -> PlanBatch:
+    cuts = np.sort(
+        np.stack(
+            [rng.choice(np.arange(1, LAYERS), STAGES - 1, replace=False) for _ in range(POPULATION)]
+        ),
+        axis=1,
+    )
+    bounds = np.concatenate(
+        [np.zeros((POPULATION, 1), int), cuts, np.full((POPULATION, 1), LAYERS)], axis=1
+    )
+    perm = np.argsort(rng.random((POPULATION, n_dev)), axis=1)
+    devices = np.full((POPULATION, STAGES, 2), -1)
+    devices[:, :, 0] = perm[:, :STAGES]
+    two = rng.random(POPULATION) < 0.5  # half the plans replicate stage 0 on a fifth device
+    devices[two, 0, 1] = perm[two, STAGES]
+    if equal:
+        mb = np.full((POPULATION, STAGES), BATCH // MICRO)
+    else:
+        mb = rng.choice([4, 8, 16], size=(POPULATION, STAGES))
+    return PlanBatch(bounds, mb, devices)
+
+
+def measure(
+    ev: BatchEvaluator, pop: PlanBatch, schedule: Schedule, c: ClusterSpec, prof: ModelProfile
+) -> dict[str, float]:
+    ev.evaluate(pop, BATCH, schedule)  # warm-up
+    t0 = time.perf_counter()
+    res = ev.evaluate(pop, BATCH, schedule)
+    vec_s = time.perf_counter() - t0
+    plans = [pop.plan(i, c, BATCH, schedule) for i in range(LOOP_SAMPLE)]
+    t0 = time.perf_counter()
+    loop = [simulate(p, prof, c).batch_time_s for p in plans]
+    loop_s = time.perf_counter() - t0
+    err = float(np.max(np.abs(res.batch_time_s[:LOOP_SAMPLE] - loop) / np.array(loop)))
+    vec_rate, loop_rate = POPULATION / vec_s, LOOP_SAMPLE / loop_s
+    return {
+        "vectorised_plans_per_s": vec_rate,
+        "loop_plans_per_s": loop_rate,
+        "speedup": vec_rate / loop_rate,
+        "max_rel_diff": err,
+    }
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    prof, c = synthetic_profile(rng), cluster()
+    ev = BatchEvaluator(prof, c)
+    rows = {}
+    for label, schedule, equal in [
+        ("gpipe, M=8", Schedule.GPIPE, True),
+        ("1f1b, M=8", Schedule.ONE_F_ONE_B, True),
+        ("gpipe, unequal b in {4,8,16}", Schedule.GPIPE, False),
+    ]:
+        rows[label] = measure(
+            ev, random_population(rng, len(c.device_ids), equal), schedule, c, prof
+        )
+    table = Table(
+        title=f"batch_eval vs simulate loop — {LAYERS} layers, S={STAGES}, "
+        f"population {POPULATION:,} (loop timed on {LOOP_SAMPLE})"
+    )
+    for col in ("case", "batch_eval plans/s", "loop plans/s", "speed-up", "max rel diff"):
+        table.add_column(col, justify="right" if col != "case" else "left")
+    for label, r in rows.items():
+        table.add_row(
+            label,
+            f"{r['vectorised_plans_per_s']:,.0f}",
+            f"{r['loop_plans_per_s']:,.0f}",
+            f"{r['speedup']:.0f}x",
+            f"{r['max_rel_diff']:.1e}",
+        )
+    Console().print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {
+        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "layers": LAYERS,
+        "stages": STAGES,
+        "global_batch": BATCH,
+        "microbatches": MICRO,
+        "population": POPULATION,
+        "loop_sample": LOOP_SAMPLE,
+        "targets": {"plans_per_s": 100_000, "speedup": 50},
+        "cases": rows,
+    }
+    (RESULTS / "simulator_speed.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {RESULTS / 'simulator_speed.json'}")
+
+
+if __name__ == "__main__":
+    main()

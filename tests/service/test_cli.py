@@ -1,0 +1,158 @@
+"""The command line: JSON output, tables, Gantt charts and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.plan import Plan
+from core.profile import ModelProfile
+from service.cli import main
+from tests.core.test_formats import CLUSTER, PLAN, PROFILE
+
+
+def run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["pipeplan", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    cap = capsys.readouterr()
+    return int(e.value.code or 0), cap.out, cap.err
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    paths = {}
+    for name, doc in (("profile", PROFILE), ("cluster", CLUSTER), ("plan", PLAN)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(doc))
+    return paths
+
+
+def test_simulate_json_matches_the_cost_model(monkeypatch, capsys, files) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(
+        monkeypatch,
+        capsys,
+        "simulate",
+        "--profile",
+        str(files["profile"]),
+        "--cluster",
+        str(files["cluster"]),
+        "--plan",
+        str(files["plan"]),
+        "--json",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    est = simulate(
+        Plan.from_dict(PLAN), ModelProfile.from_dict(PROFILE), ClusterSpec.from_dict(CLUSTER)
+    )
+    assert doc["batch_time_s"] == est.batch_time_s
+    for key in ("throughput", "cost_per_hour", "cost_per_batch", "comm_fraction", "fits"):
+        assert key in doc
+    assert [s["memory_bytes"] for s in doc["stages"]] == [s.memory_bytes for s in est.stages]
+
+
+def test_simulate_table_and_gantt(monkeypatch, capsys, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    png = tmp_path / "g.png"
+    code, out, _ = run(
+        monkeypatch,
+        capsys,
+        "simulate",
+        "--profile",
+        str(files["profile"]),
+        "--cluster",
+        str(files["cluster"]),
+        "--plan",
+        str(files["plan"]),
+        "--gantt",
+        str(png),
+    )
+    assert code == 0
+    assert "batch time" in out and "n1/cpu:0" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_uniform_plan_on_a_preset(monkeypatch, capsys, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    saved = tmp_path / "u.json"
+    code, out, _ = run(
+        monkeypatch,
+        capsys,
+        "simulate",
+        "--profile",
+        str(files["profile"]),
+        "--cluster",
+        str(files["cluster"]),
+        "--uniform",
+        "3",
+        "--batch",
+        "8",
+        "--microbatches",
+        "2",
+        "--save-plan",
+        str(saved),
+        "--json",
+    )
+    assert code == 0
+    plan = Plan.load(saved)
+    assert [s.layers for s in plan.stages] == [(0, 1), (1, 2), (2, 3)]
+    assert json.loads(out)["global_batch"] == 8
+
+
+@pytest.mark.parametrize("kind", ["profile", "cluster", "plan"])
+def test_validate_detects_each_kind(monkeypatch, capsys, files, kind) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(monkeypatch, capsys, "validate", str(files[kind]))
+    assert code == 0 and out.startswith(f"ok: {files[kind]}: {kind}")
+
+
+def test_validate_plan_against_cluster(monkeypatch, capsys, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {**PLAN, "stages": [{"layers": [0, 3], "devices": ["n5/t4:0"], "microbatch": 8}]}
+        )
+    )
+    code, _, err = run(
+        monkeypatch, capsys, "validate", str(bad), "--cluster", str(files["cluster"])
+    )
+    assert code == 2
+    assert err.strip().startswith("error: stages[0].devices: unknown device 'n5/t4:0'")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["simulate", "--profile", "missing.json", "--cluster", "x", "--plan", "p"],
+            "error: cannot read missing.json",
+        ),
+        (["simulate", "--nope"], "error: No such option: --nope"),
+        (["validate"], "error: Missing argument"),
+        (
+            ["simulate", "--profile", "{profile}", "--cluster", "{cluster}"],
+            "error: simulate: give exactly one of --plan FILE or --uniform N",
+        ),
+        (
+            ["simulate", "--profile", "{profile}", "--cluster", "{cluster}", "--uniform", "9"],
+            "error: --uniform: must be in [1, 3]",
+        ),
+        (
+            ["simulate", "--profile", "{cluster}", "--cluster", "{cluster}", "--uniform", "1"],
+            "error: profile.layers: missing",
+        ),
+        (["profile", "resnet1000"], "resnet1000"),
+        (["profile", "--pipedream", "{plan}"], "error: --batch-size: required with --pipedream"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(monkeypatch, capsys, files, args, message) -> None:  # type: ignore[no-untyped-def]
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
