@@ -1,0 +1,73 @@
+"""``make_planner(name, **options)``: one interface over every searcher."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from agents.problem import PlanResult, Problem, ProblemError
+from agents.search import Progress, Search
+
+# name -> "module:Class"; modules are imported on demand (optuna, torch, ray stay unloaded)
+PLANNERS: dict[str, str] = {
+    "uniform": "agents.baselines.uniform:UniformPlanner",
+    "balanced": "agents.baselines.balanced:BalancedPlanner",
+    "data_parallel": "agents.baselines.data_parallel:DataParallelPlanner",
+    "greedy": "agents.baselines.greedy:GreedyPlanner",
+    "pipedream_dp": "agents.baselines.pipedream_dp:PipeDreamDPPlanner",
+    "dp": "agents.baselines.dp:DPPlanner",
+    "brute": "agents.baselines.brute:BrutePlanner",
+    "genetic": "agents.baselines.genetic:GeneticPlanner",
+    "bayes": "agents.baselines.bayes:BayesPlanner",
+    "tapp": "agents.tapp.planner:TAPPPlanner",
+    "ppo": "agents.rllib_ppo:PPOPlanner",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """This planner takes no options."""
+
+
+class Planner(ABC):
+    """A searcher: data in (a :class:`Problem`), a plan out. Never touches devices."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, **options: Any) -> None:
+        try:
+            self.config = self.Config(**options)
+        except TypeError as e:
+            known = [f.name for f in dataclasses.fields(self.Config)]
+            raise ProblemError(
+                f"planner {self.name!r}: bad options {options}: {e} "
+                f"(known options: {', '.join(known) or 'none'})"
+            ) from None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.config)
+
+    def plan(self, problem: Problem, progress: Progress | None = None) -> PlanResult:
+        search = Search(problem, self.name, self.options, progress)
+        self.search(problem, search)
+        return search.result()
+
+    @abstractmethod
+    def search(self, problem: Problem, search: Search) -> None:
+        """Propose plans through ``search.evaluate`` until done or ``search.exhausted()``."""
+
+
+def make_planner(name: str, **options: Any) -> Planner:
+    if name not in PLANNERS:
+        raise ProblemError(f"planner: unknown planner {name!r} (one of {', '.join(PLANNERS)})")
+    module, cls = PLANNERS[name].split(":")
+    try:
+        planner_cls = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as e:
+        raise ProblemError(f"planner {name!r}: not available ({e})") from None
+    planner: Planner = planner_cls(**options)
+    return planner
