@@ -6,6 +6,7 @@ Every error is one line on stderr and a non-zero exit code; no tracebacks.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -319,6 +320,16 @@ def main() -> None:
     except cx.ClickException as e:
         err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Exception as e:  # a bug, not bad input: still one line unless asked for more
+        if os.environ.get("PIPEPLAN_DEBUG"):
+            raise
+        err.print(
+            f"internal error: {type(e).__name__}: {e} (set PIPEPLAN_DEBUG=1 for the traceback)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(3)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

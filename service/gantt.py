@@ -65,16 +65,17 @@ def draw_gantt(est: Estimate, path: str | Path, title: str = "") -> None:
     kinds = sorted({e.kind for e in est.timeline}, key=list(COLOURS).index)
     ax.legend(
         handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in kinds],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.25 if S < 3 else -0.12),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
         ncol=len(kinds),
         fontsize=8,
         frameon=False,
     )
     ax.set_title(
-        title
+        label=title
         or f"{est.schedule.value} schedule, batch {est.global_batch}: "
-        f"{est.batch_time_s * 1e3:.2f} ms (cost model)"
+        f"{est.batch_time_s * 1e3:.2f} ms (cost model)",
+        pad=22,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,295 @@
+"""core.profiler: FLOPs and bytes against hand formulas, folding, successors on DAGs,
+consistency with split_module, JSON round trip, measured timings, errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.passes.split_module import split_module
+from torchvision.models.inception import InceptionA
+from torchvision.models.resnet import BasicBlock
+
+from core import zoo
+from core.errors import PipeplanError
+from core.profile import ModelProfile
+from core.profiler import (
+    fit_fixed_per_sample,
+    layer_nodes,
+    layer_of_nodes,
+    profile_model,
+    trace,
+)
+
+
+def analytic(model: nn.Module, x: torch.Tensor, name: str = "m") -> ModelProfile:
+    return profile_model(model, x, name, device_type=None)
+
+
+class MatmulParam(nn.Module):
+    """A parameter read through get_attr, a view of the input folded forward, weight sharing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 4))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.relu(x.view(x.size(0), -1, 6) @ self.w)) + self.w.sum()
+
+
+class Attention(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(x, x, x)
+
+
+class SelfMHA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x)[0]
+
+
+def resnet_block() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), BasicBlock(8, 8))
+
+
+def tiny_gpt() -> tuple[nn.Module, torch.Tensor]:
+    return zoo.build("gpt", 8, n_layer=1, d_model=32, n_head=4, n_ctx=16, vocab_size=50)
+
+
+# --- FLOPs and bytes ------------------------------------------------------------------------
+
+
+def test_conv2d_flops_params_activation() -> None:
+    conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+    p = analytic(nn.Sequential(conv), torch.randn(1, 3, 10, 10))
+    (layer,) = p.layers
+    out = 8 * 10 * 10
+    assert layer.op == "conv"
+    assert layer.flops == 2 * (3 * 3 * 3) * out + out  # multiply-add = 2 FLOPs, + bias
+    assert layer.params_bytes == (8 * 3 * 3 * 3 + 8) * 4
+    assert layer.activation_bytes == out * 4
+    assert p.input_shape == (3, 10, 10)
+
+
+def test_grouped_strided_conv_without_bias() -> None:
+    conv = nn.Conv2d(4, 8, kernel_size=3, stride=2, groups=2, bias=False)
+    (layer,) = analytic(nn.Sequential(conv), torch.randn(1, 4, 9, 9)).layers
+    assert layer.flops == 2 * (2 * 3 * 3) * (8 * 4 * 4)
+    assert layer.activation_bytes == 8 * 4 * 4 * 4
+
+
+@pytest.mark.parametrize("shape", [(1, 20), (1, 5, 20)])
+def test_linear_flops_params_activation(shape: tuple[int, ...]) -> None:
+    (layer,) = analytic(nn.Sequential(nn.Linear(20, 7)), torch.randn(shape)).layers
+    rows = shape[1] if len(shape) == 3 else 1
+    assert layer.op == "fc"
+    assert layer.flops == 2 * 20 * 7 * rows + 7 * rows
+    assert layer.params_bytes == (20 * 7 + 7) * 4
+    assert layer.activation_bytes == 7 * rows * 4
+
+
+def test_matmul_with_parameter_and_shared_weight() -> None:
+    model = MatmulParam()
+    p = analytic(model, torch.randn(1, 18))
+    assert [layer.op for layer in p.layers] == ["fc", "relu", "fc", "other", "add"]
+    assert p.layers[0].flops == 2 * (3 * 4) * 6  # (3 x 6) @ (6 x 4)
+    assert p.layers[0].params_bytes == 6 * 4 * 4  # w, counted once though read twice
+    assert p.layers[3].params_bytes == 0
+    assert p.params_bytes == sum(q.numel() * 4 for q in model.parameters())
+
+
+def test_attention_flops_are_the_two_matmuls() -> None:
+    (layer,) = analytic(Attention(), torch.randn(1, 2, 5, 4)).layers
+    assert layer.op == "attention"
+    assert layer.flops == 2 * (2 * 5) * 5 * (4 + 4)  # QK^T and PV over 2 heads x 5 rows
+
+
+def test_multihead_attention_counts_projections() -> None:
+    model = SelfMHA()
+    (layer,) = analytic(model, torch.randn(1, 5, 8)).layers
+    proj = 4 * 5 * 8 * 8  # q, k, v and output projections of 5 tokens
+    attn = 2 * 5 * 5 * 8
+    assert layer.op == "attention"
+    assert layer.flops == 2 * (proj + attn)
+    assert layer.params_bytes == sum(q.numel() * 4 for q in model.parameters())
+    assert layer.activation_bytes == 5 * 8 * 4
+
+
+def test_elementwise_and_pool_counts() -> None:
+    p = analytic(nn.Sequential(nn.ReLU(), nn.MaxPool2d(2)), torch.randn(1, 2, 4, 4))
+    relu, pool = p.layers
+    assert (relu.op, relu.flops, relu.activation_bytes) == ("relu", 32, 32 * 4)
+    assert (pool.op, pool.flops, pool.activation_bytes) == ("pool", 32, 8 * 4)
+
+
+def test_activation_bytes_match_module_outputs() -> None:
+    model, x = zoo.build("digits_cnn")
+    outputs: list[int] = []
+    for m in (m for m in model.modules() if not list(m.children())):  # leaves, in order
+        m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() * 4))
+    model(x)
+    expected = list(outputs)  # the hooks fire again while profiling
+    assert [layer.activation_bytes for layer in analytic(model, x).layers] == expected
+
+
+# --- folding and graph structure ------------------------------------------------------------
+
+
+def test_flatten_is_folded_into_the_pool() -> None:
+    model, x = zoo.build("digits_cnn")
+    p = analytic(model, x)
+    assert [layer.op for layer in p.layers] == [
+        "conv", "relu", "conv", "relu", "pool", "fc", "relu", "fc",
+    ]  # fmt: skip
+    assert layer_nodes(trace(model))[4] == ["features_4", "flatten"]
+
+
+def test_gpt_positions_join_the_position_embedding() -> None:
+    model, x = tiny_gpt()
+    gm = trace(model)
+    names = layer_nodes(gm)
+    p = analytic(model, x)
+    wpe = [layer.name for layer in p.layers].index("wpe")
+    assert {"size", "arange", "wpe"} <= set(names[wpe])
+    assert {"attention", "embedding", "norm", "add"} <= {layer.op for layer in p.layers}
+
+
+def test_resnet_block_input_feeds_the_skip_add() -> None:
+    p = analytic(resnet_block(), torch.randn(1, 3, 8, 8))
+    ops = [layer.op for layer in p.layers]
+    assert ops == ["conv", "conv", "norm", "relu", "conv", "norm", "add", "relu"]
+    assert p.layers[0].successors == (1, ops.index("add"))
+    assert p.layers[5].successors == (ops.index("add"),)
+
+
+def test_inception_branches_feed_the_concat() -> None:
+    p = analytic(InceptionA(8, pool_features=4), torch.randn(1, 8, 5, 5))
+    concat = len(p) - 1
+    assert p.layers[concat].op == "concat"
+    feeders = [i for i, layer in enumerate(p.layers) if concat in layer.successors]
+    assert len(feeders) == 4  # the four branches
+    assert p.layers[concat].activation_bytes == sum(p.layers[i].activation_bytes for i in feeders)
+
+
+CASES: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "digits": lambda: zoo.build("digits_cnn"),
+    "resnet_block": lambda: (resnet_block(), torch.randn(1, 3, 8, 8)),
+    "inception_block": lambda: (InceptionA(8, pool_features=4), torch.randn(1, 8, 5, 5)),
+    "gpt": tiny_gpt,
+    "matmul_param": lambda: (MatmulParam(), torch.randn(1, 18)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layer_of_nodes_splits_like_the_profile(case: str) -> None:
+    model, x = CASES[case]()
+    gm = trace(model)
+    layer_of = layer_of_nodes(gm)
+    assert sorted(set(layer_of.values())) == list(range(len(analytic(model, x))))
+    for node in gm.graph.nodes:  # every edge goes to the same or a later layer
+        for a in node.all_input_nodes:
+            if a.name in layer_of and node.name in layer_of:
+                assert layer_of[a.name] <= layer_of[node.name], (a.name, node.name)
+    parts = split_module(gm, model, lambda n: layer_of[n.name])
+    model.eval()
+    with torch.no_grad():
+        batch = torch.cat([x, x])
+        assert torch.allclose(parts(batch), model(batch), atol=1e-5)
+
+
+def test_layer_names_are_unique() -> None:
+    p = analytic(resnet_block(), torch.randn(1, 3, 8, 8))  # BasicBlock calls its relu twice
+    names = [layer.name for layer in p.layers]
+    assert len(set(names)) == len(names)
+
+
+# --- measured timings and JSON --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured() -> ModelProfile:
+    model, x = zoo.build("digits_cnn")
+    return profile_model(model, x, "digits_cnn", "cpu", batch_sizes=(2, 4), warmup=1, repeats=2)
+
+
+def test_measured_timings_are_non_negative(measured: ModelProfile) -> None:
+    assert measured.device_types == ("cpu",)
+    for layer in measured.layers:
+        t = layer.timings["cpu"]
+        assert min(t.fwd_s, t.bwd_s, t.fwd_fixed_s, t.bwd_fixed_s) >= 0.0
+    assert sum(layer.timings["cpu"].forward(4) for layer in measured.layers) > 0.0
+
+
+def test_profile_round_trips_through_json(measured: ModelProfile, tmp_path: Path) -> None:
+    assert ModelProfile.from_dict(measured.to_dict()) == measured
+    path = tmp_path / "digits.json"
+    measured.save(path)
+    assert ModelProfile.load(path) == measured
+
+
+def test_profiling_leaves_the_model_as_it_was() -> None:
+    bn = nn.BatchNorm2d(4)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), bn, nn.ReLU(inplace=True))
+    model.eval()
+    assert bn.running_mean is not None
+    stats = bn.running_mean.clone()
+    threads = torch.get_num_threads()
+    p = profile_model(model, torch.randn(1, 3, 6, 6), "bn", "cpu", warmup=0, repeats=1)
+    assert len(p) == 3
+    assert not any(m.training for m in model.modules())
+    assert torch.equal(bn.running_mean, stats)
+    assert all(q.grad is None for q in model.parameters())
+    assert torch.get_num_threads() == threads
+
+
+def test_fit_fixed_per_sample() -> None:
+    assert fit_fixed_per_sample(2, 1.0, 8, 2.2) == pytest.approx((0.6, 0.2))
+    assert fit_fixed_per_sample(2, 1.0, 8, 0.9) == (1.0, 0.0)  # slower small batch: all fixed
+    assert fit_fixed_per_sample(2, 0.1, 4, 1.0) == pytest.approx((0.0, 0.45))
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("batch_sizes", (4, 2)),
+        ("batch_sizes", (0, 4)),
+        ("batch_sizes", (2,)),
+        ("warmup", -1),
+        ("repeats", 0),
+    ],
+)
+def test_bad_options_name_field_and_value(option: str, value: object) -> None:
+    model, x = zoo.build("digits_cnn")
+    with pytest.raises(PipeplanError, match=f"{option}.*{re.escape(repr(value))}"):
+        profile_model(model, x, "d", **{option: value})  # type: ignore[arg-type]
+
+
+def test_example_input_must_be_a_batched_tensor() -> None:
+    with pytest.raises(PipeplanError, match="example_input"):
+        profile_model(nn.Linear(2, 2), torch.tensor(1.0), "m", device_type=None)
+
+
+def test_untraceable_model_is_reported() -> None:
+    class Branchy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(PipeplanError, match="Branchy: not traceable"):
+        analytic(Branchy(), torch.randn(1, 3))
+
+
+def test_model_without_compute_is_refused() -> None:
+    with pytest.raises(PipeplanError, match="no compute node"):
+        analytic(nn.Flatten(), torch.randn(1, 2, 2))
