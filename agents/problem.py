@@ -100,7 +100,8 @@ class Problem:
         ok = np.asarray(fits, dtype=bool).copy()
         if self.objective is Objective.COST:
             if self.min_throughput:
-                ok &= self.global_batch / batch_time >= self.min_throughput
+                with np.errstate(divide="ignore"):
+                    ok &= self.global_batch / batch_time >= self.min_throughput
             value = np.asarray(price) * batch_time / 3600.0 / self.global_batch
             value = value + 1e-15 * batch_time
         else:

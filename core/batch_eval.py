@@ -93,7 +93,8 @@ class BatchResult:
 
     @property
     def throughput(self) -> FloatArray:
-        return self.global_batch / self.batch_time_s
+        with np.errstate(divide="ignore"):
+            return self.global_batch / self.batch_time_s
 
     @property
     def cost_per_batch(self) -> FloatArray:

@@ -22,6 +22,7 @@ from core.cluster import ClusterSpec
 from core.errors import FormatError, PipeplanError
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import LayerTiming, ModelProfile
+from service.plan_cmd import register as _register_plan_commands
 
 app = typer.Typer(
     name="pipeplan",
@@ -301,6 +302,9 @@ def _detect(doc: Any) -> Kind:
         "cannot tell the kind of file: expected a profile (layers), a cluster "
         "(device_types, nodes) or a plan (global_batch, stages); use --kind"
     )
+
+
+_register_plan_commands(app)
 
 
 def main() -> None:

@@ -4,12 +4,11 @@ allowed microbatch size, and keeps the best for the objective."""
 
 from __future__ import annotations
 
-from core.plan import uniform_stages
-
 from agents.baselines.common import devices_fastest_first, population
 from agents.problem import Problem
 from agents.registry import Planner
 from agents.search import Search
+from core.plan import uniform_stages
 
 
 class UniformPlanner(Planner):
