@@ -80,6 +80,10 @@ class Search:
             self.progress(self.evaluations, self.best_value)
         return values
 
+    def count(self, evaluations: int) -> None:
+        """Count plans costed outside :meth:`evaluate` (e.g. inside RLlib's env runners)."""
+        self.evaluations += evaluations
+
     def evaluate_plans(self, plans: Sequence[Plan]) -> np.ndarray:
         """Objective values of plans of any stage counts (grouped by stage count)."""
         values = np.full(len(plans), np.inf)

@@ -6,7 +6,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from core import _io
@@ -88,7 +87,7 @@ class Node:
     devices: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", MappingProxyType(dict(self.devices)))
+        object.__setattr__(self, "devices", _io.FrozenMap(dict(self.devices)))
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ class ClusterSpec:
     _devices: Mapping[DeviceId, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "device_types", MappingProxyType(dict(self.device_types)))
+        object.__setattr__(self, "device_types", _io.FrozenMap(dict(self.device_types)))
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
             raise FormatError(f"cluster {self.name!r}.nodes: empty; a cluster needs >= 1 node")
@@ -154,7 +153,7 @@ class ClusterSpec:
                     devices[d.id] = d
         if not devices:
             raise FormatError(f"cluster {self.name!r}: no devices on any node")
-        object.__setattr__(self, "_devices", MappingProxyType(devices))
+        object.__setattr__(self, "_devices", _io.FrozenMap(devices))
 
     # --- devices ------------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from core import _io
@@ -88,7 +87,7 @@ class LayerProfile:
             if value < 0:
                 raise FormatError(f"{where}.{key}: must be >= 0, got {value!r}")
         object.__setattr__(self, "successors", tuple(self.successors))
-        object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
+        object.__setattr__(self, "timings", _io.FrozenMap(dict(self.timings)))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -221,3 +221,16 @@ def test_uniform_stages() -> None:
     assert uniform_stages(10, 3) == [(0, 3), (3, 7), (7, 10)]
     with pytest.raises(PlanError, match="n_stages: must be in \\[1, 2\\]"):
         uniform_stages(2, 3)
+
+
+def test_domain_objects_pickle_and_deepcopy() -> None:
+    import copy
+    import pickle
+
+    for obj in (
+        ModelProfile.from_dict(PROFILE),
+        ClusterSpec.from_dict(CLUSTER),
+        Plan.from_dict(PLAN),
+    ):
+        assert pickle.loads(pickle.dumps(obj)) == obj
+        assert copy.deepcopy(obj) == obj
