@@ -180,9 +180,67 @@ def progress_bar(label: str, problem: Problem) -> Iterator[Progress]:
         yield update
 
 
-def run_planner(name: str, problem: Problem) -> PlanResult:
+def run_planner(name: str, problem: Problem, **options: Any) -> PlanResult:
     with progress_bar(name, problem) as update:
-        return make_planner(name).plan(problem, progress=update)
+        return make_planner(name, **options).plan(problem, progress=update)
+
+
+# planner-specific spellings of the generic --workers / --iterations flags
+WORKERS_OPTION = {"tapp": "workers", "ppo": "num_env_runners"}
+ITERATIONS_OPTION = {"tapp": "iterations", "ppo": "iterations"}
+
+
+def planner_options(
+    planner: str, pairs: Sequence[str], workers: int | None, iterations: int | None
+) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (values read as JSON when they parse, else as strings) plus the
+    RL flags mapped to the planner's own option names."""
+    from service.cli import CliError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--option: expected KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+        if isinstance(options[key], list):
+            options[key] = tuple(options[key])
+    for flag, value, table in (
+        ("--workers", workers, WORKERS_OPTION),
+        ("--iterations", iterations, ITERATIONS_OPTION),
+    ):
+        if value is None:
+            continue
+        if planner not in table:
+            raise CliError(f"{flag}: only applies to {' and '.join(table)}, not {planner!r}")
+        options[table[planner]] = value
+    return options
+
+
+def draw_curve(result: PlanResult, problem: Problem, path: Path) -> None:
+    """Best objective value against plan evaluations (the search's learning curve)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [h for h in result.history if math.isfinite(h.best)]
+    scale, unit = (
+        (1e6, "$ per million samples")
+        if problem.objective is Objective.COST
+        else (1e3, "batch time (ms)")
+    )
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.step([h.evaluations for h in pts], [h.best * scale for h in pts], where="post")
+    ax.set_xlabel("plans evaluated")
+    ax.set_ylabel(f"best {unit} (cost model)")
+    ax.set_title(f"{result.planner}: {describe(problem)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def describe(problem: Problem) -> str:
@@ -212,6 +270,20 @@ def plan_command(
     seconds: SecondsOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write plan.json")] = None,
     as_json: JsonOpt = False,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option", "-O", help="planner option KEY=VALUE (repeatable), e.g. -O unequal=false"
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="tapp/ppo: parallel Ray workers for sampling and evaluation")
+    ] = None,
+    iterations: Annotated[int | None, typer.Option(help="tapp/ppo: training iterations")] = None,
+    curve: Annotated[
+        Path | None,
+        typer.Option(help="write the learning curve (best value vs evaluations) PNG here"),
+    ] = None,
 ) -> None:
     """Search a plan with one planner; print its per-stage estimate."""
     from service.cli import CliError, err, out
@@ -220,10 +292,24 @@ def plan_command(
     if planner not in PLANNERS:
         raise CliError(f"--planner: unknown planner {planner!r} (one of {', '.join(PLANNERS)})")
     problem = build_problem(
-        model, profile, input_size, cluster, objective, min_throughput, batch, schedule,
-        microbatches, seed, budget, seconds,
-    )  # fmt: skip
-    result = run_planner(planner, problem)
+        model,
+        profile,
+        input_size,
+        cluster,
+        objective,
+        min_throughput,
+        batch,
+        schedule,
+        microbatches,
+        seed,
+        budget,
+        seconds,
+    )
+    options = planner_options(planner, option or [], workers, iterations)
+    result = run_planner(planner, problem, **options)
+    if curve is not None:
+        draw_curve(result, problem, curve)
+        err.print(f"wrote {curve}", markup=False, highlight=False)
     if output is not None:
         result.plan.save(output)
         err.print(f"wrote {output}", markup=False, highlight=False)
@@ -311,9 +397,11 @@ def ratios(rows: Sequence[Row]) -> tuple[dict[str, float], dict[str, float]]:
     best = min(values.values())
     ref = exact_reference(rows)
     to_best = {n: v / best for n, v in values.items()}
-    to_exact = {} if ref is None or ref.result is None else {
-        n: v / ref.result.value for n, v in values.items()
-    }  # fmt: skip
+    to_exact = (
+        {}
+        if ref is None or ref.result is None
+        else {n: v / ref.result.value for n, v in values.items()}
+    )
     return to_best, to_exact
 
 
@@ -356,9 +444,17 @@ def comparison_table(problem: Problem, rows: Sequence[Row]) -> Table:
     table = Table(title=f"{describe(problem)} (cost model)", title_justify="left")
     exact_col = f"vs {ref.planner}" if ref is not None else "vs exact"
     for col in (
-        "planner", "batch ms", "samples/s", "$/sample", "memory ok", "search s",
-        "evaluations", "vs best", exact_col, "note",
-    ):  # fmt: skip
+        "planner",
+        "batch ms",
+        "samples/s",
+        "$/sample",
+        "memory ok",
+        "search s",
+        "evaluations",
+        "vs best",
+        exact_col,
+        "note",
+    ):
         if col == "note":  # a long reason is cut; failure_lines has it all
             table.add_column(col, max_width=NOTE_WIDTH)
         else:
@@ -430,8 +526,14 @@ def draw_comparison(problem: Problem, rows: Sequence[Row], path: Path) -> None:
     bars = ax.bar(names, heights, color=["#4C72B0" if r.result else "#cccccc" for r in rows])
     for bar, r in zip(bars, rows, strict=True):
         if r.result is None:
-            ax.annotate("failed", (bar.get_x() + bar.get_width() / 2, 0), ha="center",
-                        va="bottom", fontsize=8, color="#C44E52")  # fmt: skip
+            ax.annotate(
+                "failed",
+                (bar.get_x() + bar.get_width() / 2, 0),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="#C44E52",
+            )
     ax.set_ylabel("$ per sample" if cost else "batch time (ms)")
     ax.set_title(f"{describe(problem)} (cost model)", fontsize=10)
     ax.tick_params(axis="x", labelrotation=30)
@@ -465,9 +567,19 @@ def compare_command(
 
     names = parse_planners(planners)
     problem = build_problem(
-        model, profile, input_size, cluster, objective, min_throughput, batch, schedule,
-        microbatches, seed, budget, seconds,
-    )  # fmt: skip
+        model,
+        profile,
+        input_size,
+        cluster,
+        objective,
+        min_throughput,
+        batch,
+        schedule,
+        microbatches,
+        seed,
+        budget,
+        seconds,
+    )
     rows = run_comparison(problem, names, run_planner)
     if chart is not None:
         draw_comparison(problem, rows, chart)

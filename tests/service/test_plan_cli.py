@@ -52,9 +52,21 @@ def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_plan_json_and_plan_file(monkeypatch, capsys, profile_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
     saved = tmp_path / "plan.json"
     code, out, _ = run(
-        monkeypatch, capsys, "plan", "--profile", str(profile_path), "--cluster", "cloud-mix",
-        "--planner", "greedy", "--batch", "32", "-o", str(saved), "--json",
-    )  # fmt: skip
+        monkeypatch,
+        capsys,
+        "plan",
+        "--profile",
+        str(profile_path),
+        "--cluster",
+        "cloud-mix",
+        "--planner",
+        "greedy",
+        "--batch",
+        "32",
+        "-o",
+        str(saved),
+        "--json",
+    )
     assert code == 0
     doc = json.loads(out)
     assert set(doc) == {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
@@ -67,12 +79,51 @@ def test_plan_json_and_plan_file(monkeypatch, capsys, profile_path, tmp_path) ->
     assert est.fits and doc["estimate"]["batch_time_s"] == est.batch_time_s
 
 
+def test_plan_options_and_learning_curve(monkeypatch, capsys, profile_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    png = tmp_path / "curve.png"
+    code, out, _ = run(
+        monkeypatch,
+        capsys,
+        "plan",
+        "--profile",
+        str(profile_path),
+        "--cluster",
+        "local-hetero",
+        "--planner",
+        "brute",
+        "-O",
+        "max_stages=2",
+        "-O",
+        "max_replicas=1",
+        "--curve",
+        str(png),
+        "--json",
+    )
+    assert code == 0
+    assert len(json.loads(out)["plan"]["stages"]) <= 2
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_plan_table_for_the_cost_objective(monkeypatch, capsys, profile_path) -> None:  # type: ignore[no-untyped-def]
     code, out, err = run(
-        monkeypatch, capsys, "plan", "--profile", str(profile_path), "--cluster", "cloud-mix",
-        "--planner", "data_parallel", "--objective", "cost", "--min-throughput", "1000",
-        "--microbatches", "4", "--budget", "100",
-    )  # fmt: skip
+        monkeypatch,
+        capsys,
+        "plan",
+        "--profile",
+        str(profile_path),
+        "--cluster",
+        "cloud-mix",
+        "--planner",
+        "data_parallel",
+        "--objective",
+        "cost",
+        "--min-throughput",
+        "1000",
+        "--microbatches",
+        "4",
+        "--budget",
+        "100",
+    )
     assert code == 0, err
     assert "batch time" in out and "/sample" in out and "search " in out
     assert "cost at >= 1000 samples/s" in out
@@ -82,9 +133,19 @@ def test_plan_table_for_the_cost_objective(monkeypatch, capsys, profile_path) ->
 def test_plan_a_zoo_model(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torchvision")
     code, out, err = run(
-        monkeypatch, capsys, "plan", "--model", "digits_cnn", "--cluster", "local-hetero",
-        "--planner", "uniform", "--batch", "16", "--json",
-    )  # fmt: skip
+        monkeypatch,
+        capsys,
+        "plan",
+        "--model",
+        "digits_cnn",
+        "--cluster",
+        "local-hetero",
+        "--planner",
+        "uniform",
+        "--batch",
+        "16",
+        "--json",
+    )
     assert code == 0, err
     assert json.loads(out)["plan"]["stages"][-1]["layers"][1] == 8  # digits_cnn has 8 layers
 
@@ -99,10 +160,22 @@ def test_compare_lists_every_planner_and_the_reasons_of_failures(  # type: ignor
     monkeypatch.setitem(PLANNERS, "missing", "agents.baselines.no_such_module:Nope")
     chart = tmp_path / "chart.png"
     code, out, err = run(
-        monkeypatch, capsys, "compare", "--profile", str(profile_path), "--cluster",
-        "tapp-paper", "--planners", "uniform,data_parallel,failing,missing,greedy",
-        "--objective", "cost", "--min-throughput", "3000", "--chart", str(chart),
-    )  # fmt: skip
+        monkeypatch,
+        capsys,
+        "compare",
+        "--profile",
+        str(profile_path),
+        "--cluster",
+        "tapp-paper",
+        "--planners",
+        "uniform,data_parallel,failing,missing,greedy",
+        "--objective",
+        "cost",
+        "--min-throughput",
+        "3000",
+        "--chart",
+        str(chart),
+    )
     assert code == 0, err
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ ")}
     assert {"uniform", "data_parallel", "failing", "missing", "greedy"} <= set(rows)
@@ -120,9 +193,19 @@ def test_compare_json_ratios_to_best_and_to_exact(monkeypatch, capsys, profile_p
     # stand-in exact planner: uniform under the name brute (the real one may refuse alexnet)
     monkeypatch.setitem(PLANNERS, "brute", "agents.baselines.uniform:UniformPlanner")
     code, out, err = run(
-        monkeypatch, capsys, "compare", "--profile", str(profile_path), "--cluster",
-        "local-hetero", "--planners", "brute,balanced,greedy", "--batch", "16", "--json",
-    )  # fmt: skip
+        monkeypatch,
+        capsys,
+        "compare",
+        "--profile",
+        str(profile_path),
+        "--cluster",
+        "local-hetero",
+        "--planners",
+        "brute,balanced,greedy",
+        "--batch",
+        "16",
+        "--json",
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["objective"] == "time" and doc["exact_reference"] == "brute"
@@ -170,6 +253,12 @@ def test_default_planners_are_the_registered_baselines() -> None:
             "no plan reaches min_throughput 1e+09 samples/s",
         ),
         (["compare", "--planners", "uniform,nosuch"], "error: --planners: unknown planner"),
+        (
+            ["plan", "--planner", "greedy", "--workers", "2"],
+            "error: --workers: only applies to tapp and ppo, not 'greedy'",
+        ),
+        (["plan", "--planner", "brute", "-O", "max_space"], "error: --option: expected KEY=VALUE"),
+        (["plan", "--planner", "brute", "-O", "nosuch=1"], "planner 'brute': bad options"),
         (["compare", "--planners", ","], "error: --planners: no planner named"),
     ],
 )
