@@ -88,6 +88,7 @@ class FrozenMap(Mapping[K, V]):
     """A read-only mapping that pickles and deep-copies (``MappingProxyType`` does neither)."""
 
     __slots__ = ("_data",)
+    _data: dict[K, V]
 
     def __init__(self, data: Mapping[K, V] | None = None) -> None:
         object.__setattr__(self, "_data", dict(data or {}))

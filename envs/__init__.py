@@ -1,0 +1,29 @@
+"""Gymnasium MDP of pipeline placement (TAPP's layer encoding lives in :mod:`envs.encoding`).
+
+Importing this package registers :data:`ENV_ID` with gymnasium:
+``gymnasium.make("pipeplan/Placement-v0", config={...})``. RLlib's ``register_env`` lives
+in ``agents/rllib_ppo.py`` and calls :func:`make_env`; nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium
+
+from envs.encoding import WIDTH, encode_profile
+from envs.placement import EnvConfigError, PlacementEnv
+
+ENV_ID = "pipeplan/Placement-v0"
+
+
+def make_env(config: Mapping[str, Any]) -> PlacementEnv:
+    """A :class:`PlacementEnv` from a config dict (RLlib passes an ``EnvContext``, a dict)."""
+    return PlacementEnv(dict(config))
+
+
+if ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=ENV_ID, entry_point="envs.placement:PlacementEnv")
+
+__all__ = ["ENV_ID", "WIDTH", "EnvConfigError", "PlacementEnv", "encode_profile", "make_env"]

@@ -1,0 +1,290 @@
+"""Joint REINFORCE for TAPP's partition and allocation networks.
+
+One iteration reads top to bottom: **sample** a batch of plans from the policy, **evaluate**
+them through the task's reward source (plans seen before come from a cache: the simulated
+reward is deterministic, and a measured one already averages repeats), compute the
+**advantage** (shaped reward minus a moving-average baseline), **update** both networks with
+one policy-gradient step (entropy bonus, gradient clipping). The best plan seen is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agents.problem import Budget, Objective, Problem, ProblemError
+from agents.search import Search
+from agents.tapp.nets import PlanContext, Sample, TAPPPolicy, make_context, sample_plans
+from agents.tapp.rewards import RewardSource, SimulatedReward, shape_rewards
+from core.cluster import ClusterSpec
+from core.plan import Plan, Schedule
+from core.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class TAPPConfig:
+    """Hyper-parameters of TAPP's joint REINFORCE (the ``tapp`` planner's options)."""
+
+    batch_size: int = 32
+    """plans sampled per iteration"""
+    learning_rate: float = 3e-3
+    """Adam step size, shared by both networks"""
+    hidden: int = 64
+    """width of the hidden layers of every network"""
+    attention_dim: int = 32
+    """width of the allocation network's queries and keys"""
+    baseline_decay: float = 0.9
+    """moving-average baseline: ``b <- decay * b + (1 - decay) * mean reward``"""
+    normalize_advantages: bool = True
+    """divide the advantages by the batch's reward standard deviation"""
+    entropy_coef: float = 0.3
+    """weight of the entropy bonus (per-decision mean entropy of each head, summed)"""
+    max_grad_norm: float = 1.0
+    """clip the gradient to this global L2 norm"""
+    infeasible_penalty: float = 1.0
+    """an infeasible plan's reward sits this far below the worst feasible plan seen"""
+    max_groups: int | None = None
+    """most pipeline stages (None: one per device)"""
+    iterations: int | None = None
+    """most iterations (None: until the budget or the patience runs out)"""
+    patience: int | None = 300
+    """stop after this many iterations without a better plan (None: never)"""
+    greedy_every: int = 10
+    """every this many iterations also evaluate the policy's most likely plan (no gradient)"""
+    frozen: bool = False
+    """sample without updating the policy (a pretrained policy, zero updates)"""
+    temperature: float = 1.0
+    """divide every logit by this when sampling (> 1 explores more, e.g. a pretrained policy)"""
+    workers: int = 0
+    """evaluate the sampled plans on this many Ray workers (0 or 1: in this process)"""
+    pretrained: str | None = None
+    """path of a policy saved by ``TAPPPolicy.save`` to start from (its sizes win)"""
+
+    def __post_init__(self) -> None:
+        positive = (
+            "batch_size", "learning_rate", "hidden", "attention_dim", "max_grad_norm",
+            "temperature",
+        )  # fmt: skip
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ProblemError(f"tapp.{name}: must be > 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.baseline_decay < 1.0:
+            raise ProblemError(f"tapp.baseline_decay: must be in [0, 1), got {self.baseline_decay}")
+        for name in ("entropy_coef", "infeasible_penalty", "greedy_every", "workers"):
+            if getattr(self, name) < 0:
+                raise ProblemError(f"tapp.{name}: must be >= 0, got {getattr(self, name)!r}")
+        for name in ("max_groups", "iterations", "patience"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ProblemError(f"tapp.{name}: must be None or >= 1, got {value!r}")
+
+
+@dataclass
+class Task:
+    """One planning problem being learned: its tensors, reward source and book-keeping."""
+
+    context: PlanContext
+    source: RewardSource
+    cache: dict[bytes, float] = field(default_factory=dict)
+    reference: float | None = None  # first finite value seen: reward 0
+    worst: float | None = None  # worst finite value seen
+    baseline: float | None = None
+    best_value: float = math.inf
+    best_plan: Plan | None = None
+
+
+@dataclass(frozen=True)
+class IterationLog:
+    """What one iteration did (for progress lines and learning curves)."""
+
+    iteration: int
+    profile: str
+    evaluations: int  # distinct plans evaluated so far, over all tasks
+    best_value: float  # of this iteration's task
+    mean_reward: float
+    loss: float
+    entropy: float
+    seconds: float
+
+
+OnIteration = Callable[[IterationLog], None]
+
+
+# --- the four parts of an iteration --------------------------------------------------------
+
+
+def evaluate(task: Task, sample: Sample) -> np.ndarray:
+    """Objective values of the sampled plans; only plans never seen go to the source."""
+    keys = [sample.key(i) for i in range(sample.n)]
+    new: dict[bytes, int] = {}
+    for i, k in enumerate(keys):
+        if k not in task.cache and k not in new:
+            new[k] = i
+    if new:
+        plans = [sample.plan(i, task.context) for i in new.values()]
+        values = task.source.evaluate(plans)
+        for k, v, plan in zip(new, values, plans, strict=True):
+            task.cache[k] = float(v)
+            if v < task.best_value:
+                task.best_value, task.best_plan = float(v), plan
+    return np.array([task.cache[k] for k in keys])
+
+
+def task_rewards(task: Task, values: np.ndarray, infeasible_penalty: float) -> np.ndarray:
+    """Shaped rewards (:func:`shape_rewards`) against the task's reference value."""
+    finite = values[np.isfinite(values)]
+    if finite.size:
+        if task.reference is None:
+            task.reference = float(finite[0])
+        task.worst = max(task.worst or 0.0, float(finite.max()))
+    ref = task.reference or 1.0
+    return shape_rewards(values, ref, task.worst or ref, infeasible_penalty)
+
+
+def advantages(rewards: np.ndarray, baseline: float, normalize: bool) -> np.ndarray:
+    """``rewards - baseline``, divided by the rewards' standard deviation when asked (and
+    when it is not ~0)."""
+    adv = rewards - baseline
+    std = float(rewards.std())
+    return adv / std if normalize and std > 1e-6 else adv
+
+
+def reinforce_loss(log_prob: Tensor, advantage: Tensor, entropy: Tensor, coef: float) -> Tensor:
+    """``-mean(A * log pi(plan)) - coef * mean(H)``; its gradient is the REINFORCE estimate
+    of minus the expected advantage's gradient, minus the entropy bonus's."""
+    return -(advantage.detach() * log_prob).mean() - coef * entropy.mean()
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+def train(
+    policy: TAPPPolicy,
+    tasks: Sequence[Task],
+    config: TAPPConfig,
+    *,
+    seed: int,
+    should_stop: Callable[[], bool] = lambda: False,
+    remaining: Callable[[], int | None] = lambda: None,
+    on_iteration: OnIteration | None = None,
+) -> list[IterationLog]:
+    """Run REINFORCE over ``tasks`` (picked uniformly at random when several) until
+    ``config.iterations``, ``config.patience``, ``should_stop()`` or ``remaining() == 0``."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
+    logs: list[IterationLog] = []
+    start, it, stale = time.perf_counter(), 0, 0
+    while config.iterations is None or it < config.iterations:
+        if should_stop() or (config.patience is not None and stale >= config.patience):
+            break
+        task = tasks[int(rng.integers(len(tasks)))] if len(tasks) > 1 else tasks[0]
+        best_before = task.best_value
+        if config.greedy_every and it % config.greedy_every == 0:
+            with torch.no_grad():
+                evaluate(task, sample_plans(policy, task.context, 1, gen, greedy=True))
+        left = remaining()
+        n = config.batch_size if left is None else min(config.batch_size, left)
+        if n < 1:
+            break
+        # 1. sample
+        with torch.set_grad_enabled(not config.frozen):
+            sample = sample_plans(policy, task.context, n, gen, temperature=config.temperature)
+        # 2. evaluate
+        values = evaluate(task, sample)
+        # 3. advantage
+        rewards = task_rewards(task, values, config.infeasible_penalty)
+        if task.baseline is None:
+            task.baseline = float(rewards.mean())
+        adv = advantages(rewards, task.baseline, config.normalize_advantages)
+        d = config.baseline_decay
+        task.baseline = d * task.baseline + (1 - d) * float(rewards.mean())
+        # 4. update
+        loss = reinforce_loss(
+            sample.log_prob, torch.as_tensor(adv, dtype=torch.float32), sample.entropy,
+            config.entropy_coef,
+        )  # fmt: skip
+        if not config.frozen:
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            optimizer.step()
+        stale = 0 if task.best_value < best_before else stale + 1
+        it += 1
+        log = IterationLog(
+            iteration=it,
+            profile=task.context.profile.name,
+            evaluations=sum(len(t.cache) for t in tasks),
+            best_value=task.best_value,
+            mean_reward=float(rewards.mean()),
+            loss=float(loss.detach()),
+            entropy=float(sample.entropy.detach().mean()),
+            seconds=time.perf_counter() - start,
+        )
+        logs.append(log)
+        if on_iteration is not None:
+            on_iteration(log)
+    return logs
+
+
+def new_policy(config: TAPPConfig, seed: int) -> TAPPPolicy:
+    """A freshly initialised policy (seeded, leaving the global torch RNG as it was), or the
+    one ``config.pretrained`` names."""
+    if config.pretrained is not None:
+        return TAPPPolicy.load(config.pretrained)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TAPPPolicy(config.hidden, config.attention_dim)
+
+
+# --- one policy, many models ---------------------------------------------------------------
+
+
+def train_policy(
+    profiles: Sequence[ModelProfile],
+    cluster: ClusterSpec,
+    *,
+    objective: Objective | str = Objective.TIME,
+    global_batch: int = 64,
+    schedule: Schedule | str = Schedule.GPIPE,
+    microbatches: int | None = None,
+    min_throughput: float | None = None,
+    config: TAPPConfig = TAPPConfig(),
+    iterations: int = 300,
+    seed: int = 0,
+    on_iteration: OnIteration | None = None,
+) -> TAPPPolicy:
+    """Train one policy on several models (each iteration picks one at random) and return
+    it, for planning unseen models: ``TAPPPlanner(policy=p)`` (few updates) or with
+    ``frozen=True`` (zero updates)."""
+    if not profiles:
+        raise ProblemError("train_policy: profiles: empty list")
+    tasks = []
+    for profile in profiles:
+        problem = Problem(
+            profile,
+            cluster,
+            objective=Objective(objective),
+            global_batch=global_batch,
+            schedule=Schedule(schedule),
+            microbatches=microbatches,
+            min_throughput=min_throughput,
+            seed=seed,
+            budget=Budget(evaluations=None, seconds=None),
+        )
+        ctx = make_context(
+            profile, cluster, global_batch, problem.microbatch_sizes(), problem.schedule,
+            config.max_groups,
+        )  # fmt: skip
+        tasks.append(Task(ctx, SimulatedReward(Search(problem, "tapp", {}))))
+    policy = new_policy(config, seed)
+    run = dataclasses.replace(config, iterations=iterations, patience=None)
+    train(policy, tasks, run, seed=seed, on_iteration=on_iteration)
+    return policy
