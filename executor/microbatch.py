@@ -1,0 +1,112 @@
+"""Which samples each stage operation holds, and which upstream pieces make them up.
+
+Pure arithmetic over sample ranges, no torch and no Ray. Samples of a global batch are
+numbered ``0 .. B-1``; stage ``s`` cuts them into ``M_s = B / b_s`` microbatches of ``b_s``
+samples, and each microbatch into ``r_s`` contiguous replica shares (sizes differ by at most
+one, the first shares are larger, as ``torch.tensor_split``). Operation ``(j, k)`` of a stage
+is microbatch ``j`` on replica ``k``.
+
+With unequal microbatches (or replica counts) an operation's samples come from several
+operations of the neighbouring stage: :func:`pieces` lists them as row ranges of those
+operations' payloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Span = tuple[int, int]
+"""Samples ``[lo, hi)`` of the global batch."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[lo, hi)`` of one neighbour operation's payload (its own row numbering).
+
+    ``owner`` is true for exactly one receiving operation per neighbour operation (the one
+    holding the neighbour's first sample): values shared by every sample (no batch dimension)
+    have their gradient counted there and nowhere else.
+    """
+
+    stage: int
+    microbatch: int
+    replica: int
+    lo: int
+    hi: int
+    owner: bool
+
+
+def replica_shares(microbatch: int, replicas: int) -> list[Span]:
+    """Row ranges of a microbatch's replica shares: ``replica_shares(5, 2) == [(0, 3), (3, 5)]``."""
+    if replicas < 1 or microbatch < replicas:
+        raise ValueError(
+            f"replica_shares: a microbatch of {microbatch} cannot be shared by {replicas} replicas"
+        )
+    q, rem = divmod(microbatch, replicas)
+    bounds = [0]
+    for k in range(replicas):
+        bounds.append(bounds[-1] + q + (1 if k < rem else 0))
+    return [(bounds[k], bounds[k + 1]) for k in range(replicas)]
+
+
+def op_spans(global_batch: int, microbatch: int, replicas: int) -> list[list[Span]]:
+    """``spans[j][k]``: the global samples of operation ``(j, k)`` of a stage."""
+    if microbatch < 1 or global_batch % microbatch:
+        raise ValueError(
+            f"op_spans: microbatch {microbatch} does not divide global batch {global_batch}"
+        )
+    shares = replica_shares(microbatch, replicas)
+    return [
+        [(j * microbatch + lo, j * microbatch + hi) for lo, hi in shares]
+        for j in range(global_batch // microbatch)
+    ]
+
+
+def pieces(span: Span, stage: int, neighbour: list[list[Span]]) -> list[Piece]:
+    """The operations of stage ``stage`` (spans ``neighbour``) that overlap ``span``, in order.
+
+    Each piece gives the overlap in the neighbour operation's own row numbering; concatenated
+    they hold exactly the samples of ``span``.
+    """
+    lo, hi = span
+    found: list[Piece] = []
+    for j, row in enumerate(neighbour):
+        for k, (a, b) in enumerate(row):
+            if a < hi and lo < b:
+                found.append(Piece(stage, j, k, max(a, lo) - a, min(b, hi) - a, lo <= a < hi))
+    if sum(p.hi - p.lo for p in found) != hi - lo:
+        raise ValueError(f"pieces: stage {stage} does not cover samples [{lo}, {hi})")
+    return found
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Spans of every operation of every stage of a plan, and who feeds whom.
+
+    ``spans[s][j][k]`` are the samples of operation ``(j, k)`` of stage ``s``.
+    """
+
+    spans: tuple[list[list[Span]], ...]
+
+    @classmethod
+    def of(cls, global_batch: int, stages: list[tuple[int, int]]) -> Layout:
+        """From ``(microbatch, replicas)`` per stage."""
+        return cls(tuple(op_spans(global_batch, b, r) for b, r in stages))
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.spans)
+
+    def microbatches(self, s: int) -> int:
+        return len(self.spans[s])
+
+    def replicas(self, s: int) -> int:
+        return len(self.spans[s][0])
+
+    def forward_pieces(self, s: int, j: int, k: int) -> list[Piece]:
+        """Pieces of stage ``s - 1``'s forward payloads that make up ``(j, k)``'s input."""
+        return pieces(self.spans[s][j][k], s - 1, self.spans[s - 1])
+
+    def backward_pieces(self, s: int, j: int, k: int) -> list[Piece]:
+        """Pieces of stage ``s + 1``'s backward payloads (input gradients) for ``(j, k)``."""
+        return pieces(self.spans[s][j][k], s + 1, self.spans[s + 1])

@@ -1,0 +1,166 @@
+"""What the pipeline trains, and the single-process reference it must agree with.
+
+The loss and the optimizer live here, in one place, so that stage workers and
+:func:`train_single_process` compute the same update: cross-entropy averaged over every
+prediction of the global batch (one per sample for classifiers, one per token for the GPT),
+then one SGD or Adam step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core import zoo
+from core.errors import PipeplanError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""``(inputs, labels)`` of one global batch."""
+
+
+@dataclass(frozen=True, eq=False)
+class ModelSource:
+    """How every stage worker (and the reference) builds the same model with the same weights.
+
+    A zoo model is rebuilt from its name and seed inside each worker (nothing large is
+    shipped); a ``module`` given directly is pickled to the workers instead.
+    """
+
+    name: str
+    input_size: int | None = None
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+    module: nn.Module | None = None
+    example: torch.Tensor | None = None
+
+    @classmethod
+    def custom(cls, module: nn.Module, example: torch.Tensor, name: str = "custom") -> ModelSource:
+        """A ready model and an example input of batch 1."""
+        if example.dim() < 1 or example.shape[0] != 1:
+            raise PipeplanError(
+                f"model {name!r}: example input needs batch size 1, "
+                f"got shape {tuple(example.shape)}"
+            )
+        return cls(name=name, module=module, example=example)
+
+    def build(self) -> tuple[nn.Module, torch.Tensor]:
+        """``(model, example_input)``; the same weights on every call."""
+        if self.module is not None:
+            if self.example is None:
+                raise PipeplanError(f"model {self.name!r}: a custom module needs an example input")
+            return copy.deepcopy(self.module), self.example.clone()
+        return zoo.build(self.name, self.input_size, seed=self.seed, **dict(self.options))
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout module's probability to 0, so training is deterministic."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer every stage runs after each batch."""
+
+    kind: Literal["sgd", "adam"] = "sgd"
+    """SGD (with optional momentum) or Adam."""
+    lr: float = 0.05
+    """Learning rate."""
+    momentum: float = 0.0
+    """SGD momentum (ignored by Adam)."""
+    weight_decay: float = 0.0
+    """L2 penalty added to the gradient (both optimizers)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("sgd", "adam"):
+            raise PipeplanError(f"optimizer.kind: one of 'sgd', 'adam', got {self.kind!r}")
+        if not self.lr > 0:
+            raise PipeplanError(f"optimizer.lr: must be > 0, got {self.lr!r}")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise PipeplanError(
+                f"optimizer: momentum and weight_decay must be >= 0, got {self.momentum!r}, "
+                f"{self.weight_decay!r}"
+            )
+
+    def make(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        if self.kind == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(
+            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """Cross-entropy of some samples: the sum, how many predictions, how many were right."""
+
+    loss_sum: torch.Tensor
+    predictions: int
+    correct: int
+
+
+def loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> LossTerms:
+    """Summed cross-entropy over every prediction (``(..., classes)`` logits, ``(...)`` labels)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    target = labels.reshape(-1).long()
+    if flat.shape[0] != target.shape[0]:
+        raise PipeplanError(
+            f"labels: shape {tuple(labels.shape)} does not match logits {tuple(logits.shape)}"
+        )
+    loss = F.cross_entropy(flat, target, reduction="sum")
+    correct = int((flat.detach().argmax(dim=1) == target).sum())
+    return LossTerms(loss, int(target.shape[0]), correct)
+
+
+def batch_loss(terms: LossTerms, samples: int, global_batch: int) -> torch.Tensor:
+    """This piece's share of the global-batch mean: ``loss_sum / (B x predictions per sample)``.
+
+    Summed over every piece of the batch it is exactly the mean over the whole batch, so
+    accumulated gradients equal single-process gradients.
+    """
+    per_sample = terms.predictions / samples
+    return terms.loss_sum / (global_batch * per_sample)
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """Parameters after training single-process, and the loss and accuracy of every step."""
+
+    parameters: dict[str, torch.Tensor]
+    losses: tuple[float, ...]
+    accuracies: tuple[float, ...]
+
+
+def train_single_process(
+    source: ModelSource,
+    batches: Sequence[Batch],
+    optimizer: OptimizerConfig = OptimizerConfig(),
+    *,
+    deterministic: bool = False,
+) -> ReferenceResult:
+    """Train the model in this process on whole batches: what a pipeline must reproduce.
+
+    ``deterministic`` disables dropout, as the pipeline's option of the same name does.
+    """
+    model, _ = source.build()
+    if deterministic:
+        disable_dropout(model)
+    model.train()
+    opt = optimizer.make(model.parameters())
+    losses, accuracies = [], []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        terms = loss_terms(model(x), y)
+        batch_loss(terms, x.shape[0], x.shape[0]).backward()
+        opt.step()
+        losses.append(float(terms.loss_sum.detach()) / terms.predictions)
+        accuracies.append(terms.correct / terms.predictions)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return ReferenceResult(params, tuple(losses), tuple(accuracies))

@@ -1,0 +1,274 @@
+"""Cut a model at a plan's layer boundaries: one torch.fx GraphModule per stage.
+
+The model is traced with :func:`core.profiler.trace`; each fx node goes to the stage of its
+profile layer (:func:`core.profiler.layer_of_nodes`, so layer indices mean what they mean in
+the profile) and ``torch.fx.passes.split_module`` builds one submodule per stage.
+
+Values crossing a boundary are named by their fx node names. A stage receives every value
+produced before it that it or a later stage reads, and sends on every value a later stage
+reads (a skip connection from stage 0 to stage 2 is *relayed* by stage 1, as the cost model
+assumes), so stages only talk to their neighbours. Each boundary value has a kind:
+
+- ``batched``: a tensor whose first dimension is the batch; split and concatenated by rows.
+- ``shared``: a tensor without a batch dimension (a position embedding): every piece
+  carries the same value; its gradient from each downstream piece is counted once.
+- ``constant``: a Python value (an int from a shape query) that does not depend on the batch.
+
+The kinds are found by running the model at batch sizes 2 and 3; a tuple, or a non-tensor
+value that changes with the batch size, cannot cross a boundary and is refused.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
+from core.errors import PipeplanError, PlanError
+from core.profiler import layer_of_nodes, trace
+
+ValueKind = Literal["batched", "shared", "constant"]
+
+
+@dataclass(frozen=True)
+class StageGraph:
+    """One stage's slice of the model and the names of what flows in and out of it."""
+
+    index: int
+    module: fx.GraphModule
+    """The stage's submodule; its parameters are the model's own parameter objects."""
+    inputs: tuple[str, ...]
+    """Values received from the previous stage (for stage 0: the model's inputs)."""
+    args: tuple[str, ...]
+    """The submodule's arguments, in order: some inputs and some model attributes."""
+    results: tuple[str, ...]
+    """The submodule's results, in order."""
+    outputs: tuple[str, ...]
+    """Values sent to the next stage (for the last stage: the model's output)."""
+    attrs: Mapping[str, str]
+    """Argument name -> qualified name of a model attribute read with ``get_attr``."""
+    param_names: Mapping[str, str]
+    """Submodule parameter name -> the model's parameter name."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A model cut into stages."""
+
+    stages: tuple[StageGraph, ...]
+    kinds: Mapping[str, ValueKind]
+    """Kind of every value that crosses a boundary (model inputs and output included)."""
+    num_layers: int
+
+    @property
+    def model_inputs(self) -> tuple[str, ...]:
+        return self.stages[0].inputs
+
+    @property
+    def model_output(self) -> str:
+        return self.stages[-1].outputs[0]
+
+
+def count_layers(model: nn.Module) -> int:
+    """Number of profile layers of a model (what a plan's last stage must end at)."""
+    return max(layer_of_nodes(trace(model)).values()) + 1
+
+
+def partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -> Partition:
+    """Cut ``model`` into stages ``[bounds[i], bounds[i+1])`` of profile layers."""
+    gm = trace(model)
+    layer_of = layer_of_nodes(gm)
+    n_layers = max(layer_of.values()) + 1
+    _check_bounds(bounds, n_layers, type(model).__name__)
+    n_stages = len(bounds) - 1
+
+    def stage_of(node: fx.Node) -> int:
+        if node.name not in layer_of:
+            raise PipeplanError(f"partition: fx node {node.name!r} has no profile layer")
+        return bisect.bisect_right(bounds, layer_of[node.name]) - 1
+
+    qualnames: dict[str, str] = {}
+    split = split_module(
+        gm, model, stage_of, qualnames, keep_original_node_name=True, tuple_return=True
+    )
+    model_inputs = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+    model_output = _output_name(gm)
+    raw = [_raw_stage(split, s) for s in range(n_stages)]
+    carried = _carried(raw, model_inputs, model_output, gm)
+    stages = []
+    for s, (module, args, results, attrs) in enumerate(raw):
+        inputs = model_inputs if s == 0 else carried[s - 1]
+        outputs = (model_output,) if s == n_stages - 1 else carried[s]
+        missing = [a for a in args if a not in attrs and a not in inputs]
+        if missing:
+            raise PipeplanError(f"partition: stage {s} reads {missing} that no stage sends it")
+        params = {p: _original_name(f"submod_{s}", p, qualnames) for p, _ in _params(module)}
+        stages.append(StageGraph(s, module, inputs, args, results, outputs, attrs, params))
+    _check_attrs(stages, model)
+    names = {n for st in stages for n in (*st.inputs, *st.outputs)}
+    kinds = _kinds(gm, example, names)
+    return Partition(tuple(stages), kinds, n_layers)
+
+
+def _check_bounds(bounds: Sequence[int], n_layers: int, model: str) -> None:
+    ok = (
+        len(bounds) >= 2
+        and bounds[0] == 0
+        and all(a < b for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    )
+    if not ok:
+        raise PlanError(f"stage bounds {list(bounds)}: expected 0 = b0 < b1 < ... < bS")
+    if bounds[-1] != n_layers:
+        raise PlanError(
+            f"stages[{len(bounds) - 2}].layers: ends at {bounds[-1]} but model {model} has "
+            f"{n_layers} layers"
+        )
+
+
+def _output_name(gm: fx.GraphModule) -> str:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not isinstance(out, fx.Node):
+        raise PipeplanError(
+            f"model {type(gm).__name__}: returns {type(out).__name__}; the executor needs a "
+            "single output tensor (the logits)"
+        )
+    return out.name
+
+
+RawStage = tuple[fx.GraphModule, tuple[str, ...], tuple[str, ...], dict[str, str]]
+
+
+def _raw_stage(split: fx.GraphModule, s: int) -> RawStage:
+    """Submodule ``s``, its argument names, result names and attribute arguments."""
+    name = f"submod_{s}"
+    module = split.get_submodule(name)
+    if not isinstance(module, fx.GraphModule):
+        raise PipeplanError(f"partition: {name} is not a GraphModule")
+    args = tuple(n.name for n in module.graph.nodes if n.op == "placeholder")
+    out = next(n for n in module.graph.nodes if n.op == "output").args[0]
+    results = tuple(n.name for n in out) if isinstance(out, tuple | list) else (out.name,)
+    call = next(n for n in split.graph.nodes if n.op == "call_module" and n.target == name)
+    attrs = {
+        arg: str(src.target)
+        for arg, src in zip(args, call.args, strict=True)
+        if isinstance(src, fx.Node) and src.op == "get_attr"
+    }
+    return module, args, results, attrs
+
+
+def _carried(
+    raw: Sequence[RawStage], model_inputs: tuple[str, ...], output: str, gm: fx.GraphModule
+) -> list[tuple[str, ...]]:
+    """``carried[s]``: values produced up to stage ``s`` and read after it, in graph order."""
+    produced = dict.fromkeys(model_inputs, -1)
+    last_use: dict[str, int] = {}
+    for s, (_, args, results, attrs) in enumerate(raw):
+        produced.update(dict.fromkeys(results, s))
+        for a in args:
+            if a not in attrs:
+                last_use[a] = max(last_use.get(a, -1), s)
+    last_use[output] = len(raw)
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    names = sorted(produced, key=lambda n: order.get(n, -1))
+    return [
+        tuple(n for n in names if produced[n] <= s < last_use.get(n, -1))
+        for s in range(len(raw) - 1)
+    ]
+
+
+def _params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return list(module.named_parameters())
+
+
+def _original_name(prefix: str, param: str, qualnames: Mapping[str, str]) -> str:
+    """``features_0.weight`` of ``submod_0`` -> ``features.0.weight`` (split_module's map)."""
+    full = f"{prefix}.{param}"
+    parts = full.split(".")
+    for cut in range(len(parts), 1, -1):
+        head = ".".join(parts[:cut])
+        if head in qualnames:
+            return ".".join([qualnames[head], *parts[cut:]])
+    return param
+
+
+def _check_attrs(stages: Sequence[StageGraph], model: nn.Module) -> None:
+    """A trainable attribute read with ``get_attr`` must belong to one stage only."""
+    users: dict[str, list[int]] = {}
+    for st in stages:
+        for target in st.attrs.values():
+            users.setdefault(target, []).append(st.index)
+    for target, where in users.items():
+        value = fetch_attr(model, target)
+        if len(where) > 1 and isinstance(value, nn.Parameter) and value.requires_grad:
+            raise PlanError(
+                f"parameter {target!r} is read by stages {where}; a trainable parameter must "
+                "sit in one stage (cut elsewhere)"
+            )
+
+
+def fetch_attr(model: nn.Module, target: str) -> Any:
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@dataclass(frozen=True)
+class _Shape:
+    shape: tuple[int, ...]
+
+
+class _Capture(fx.Interpreter):
+    """Runs the graph and keeps the value (tensor shape, or the value) of some nodes."""
+
+    def __init__(self, gm: fx.GraphModule, names: set[str]) -> None:
+        super().__init__(gm)
+        self.names = names
+        self.seen: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if n.name in self.names:
+            self.seen[n.name] = (
+                _Shape(tuple(result.shape)) if isinstance(result, torch.Tensor) else result
+            )
+        return result
+
+
+def _kinds(gm: fx.GraphModule, example: torch.Tensor, names: set[str]) -> dict[str, ValueKind]:
+    runs = {}
+    flags = {m: m.training for m in gm.modules()}
+    try:
+        gm.eval()  # shapes only: no batch-norm statistics updated, no dropout
+        with torch.no_grad():
+            for b in (2, 3):
+                cap = _Capture(gm, names)
+                cap.run(example.expand(b, *example.shape[1:]).contiguous())
+                runs[b] = cap.seen
+    finally:
+        for m, training in flags.items():
+            m.train(training)
+    kinds: dict[str, ValueKind] = {}
+    for name in names:
+        two, three = runs[2][name], runs[3][name]
+        if isinstance(two, _Shape) and isinstance(three, _Shape):
+            shape2, shape3 = two.shape, three.shape
+            if shape2[:1] == (2,) and shape3[:1] == (3,) and shape2[1:] == shape3[1:]:
+                kinds[name] = "batched"
+                continue
+            if shape2 == shape3:
+                kinds[name] = "shared"
+                continue
+        elif not isinstance(two, torch.Tensor | tuple | list | dict) and two == three:
+            kinds[name] = "constant"
+            continue
+        raise PlanError(
+            f"value {name!r} crosses a stage boundary but is neither a batch-major tensor nor "
+            f"independent of the batch (batch 2: {two!r}, batch 3: {three!r}); cut elsewhere"
+        )
+    return kinds

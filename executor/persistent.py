@@ -1,0 +1,312 @@
+"""A ``ray start`` cluster that outlives one command (``pipeplan cluster up`` / ``down``).
+
+:func:`start_persistent` runs one ``ray start --block`` per spec node (the first is the
+head) with token authentication (``RAY_AUTH_MODE=token``), loopback addresses
+(``--node-ip-address=127.0.0.1`` kept as given by :mod:`executor._ray_start`, dashboard on
+127.0.0.1) and free ports, each node
+advertising its ``device:TYPE`` resources and its ``pipeplan_node:NAME`` marker. It records
+the address, the dashboard URL and every process it started (PID and start time) in
+``STATE_DIR/cluster.json``; :func:`stop_persistent` stops exactly those processes (and their
+children, such as Ray workers) and nothing else. ``ray status --address ADDRESS`` and the
+dashboard show the cluster meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import ray  # noqa: F401  (importing Ray puts its bundled psutil on the path)
+
+from core.cluster import ClusterSpec, Node
+from executor.errors import ExecutorError
+from executor.placement import device_resource, node_resource
+
+STATE_FILE = "cluster.json"
+
+
+def default_state_dir() -> Path:
+    """``$XDG_CACHE_HOME/pipeplan/cluster`` (``~/.cache/pipeplan/cluster`` by default)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pipeplan" / "cluster"
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process we started: PID plus start time, so a reused PID is never signalled."""
+
+    pid: int
+    create_time: float
+    name: str
+
+
+@dataclass(frozen=True)
+class PersistentCluster:
+    """What :func:`start_persistent` started, as saved in the state file."""
+
+    name: str
+    address: str
+    dashboard_url: str
+    nodes: tuple[str, ...]
+    processes: tuple[ProcessRecord, ...]
+    log_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes"] = list(self.nodes)
+        d["processes"] = [asdict(p) for p in self.processes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PersistentCluster:
+        procs = tuple(ProcessRecord(**p) for p in d["processes"])
+        return cls(
+            d["name"], d["address"], d["dashboard_url"], tuple(d["nodes"]), procs, d["log_dir"]
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_exe() -> str:
+    exe = Path(sys.executable).with_name("ray")
+    return str(exe) if exe.exists() else "ray"
+
+
+def _ray_start() -> list[str]:
+    """``ray start`` through :mod:`executor._ray_start`, which keeps 127.0.0.1 as given."""
+    return [sys.executable, "-m", "executor._ray_start", "start"]
+
+
+def _node_command(
+    node: Node, head_port: int | None, address: str | None, object_store_mb: int
+) -> list[str]:
+    resources = {device_resource(t): c for t, c in node.devices.items() if c > 0}
+    resources[node_resource(node.name)] = 1
+    cmd = [
+        *_ray_start(),
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=1",
+        f"--object-store-memory={object_store_mb * 2**20}",
+        f"--resources={json.dumps(resources)}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--metrics-export-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}",
+        "--disable-usage-stats",
+    ]
+    if head_port is not None:
+        cmd += [
+            "--head",
+            f"--port={head_port}",
+            "--dashboard-host=127.0.0.1",
+            f"--ray-client-server-port={_free_port()}",
+        ]
+    else:
+        cmd.append(f"--address={address}")
+    return cmd
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAY_AUTH_MODE"] = "token"
+    # The in-process switch to loopback (executor/__init__.py) makes `ray start` refuse
+    # worker nodes; here --node-ip-address=127.0.0.1, kept as given by executor._ray_start,
+    # holds every node on loopback instead.
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+    return env
+
+
+def _wait_started(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Until ``ray start`` reports its node up (nodes start one at a time: on a busy
+    2-core machine, concurrent registrations can time out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise ExecutorError(f"ray start exited with {proc.returncode}; {log}:\n{tail}")
+        if "Ray runtime started" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+    raise ExecutorError(f"ray start did not finish in {timeout_s:.0f} s; see {log}")
+
+
+def ray_status(address: str, timeout_s: float = 60.0) -> str:
+    """``ray status`` of a loopback cluster. (A plain ``ray status --address 127.0.0.1:P``
+    would look for the GCS on the machine's external address: Ray's CLI rewrites 127.0.0.1
+    unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which this sets.)"""
+    env = {**_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    res = subprocess.run(
+        [_ray_exe(), "status", f"--address={address}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
+    if res.returncode:
+        raise ExecutorError(f"ray status --address={address} failed:\n{res.stderr[-2000:]}")
+    return res.stdout
+
+
+def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen[bytes]], t: float) -> None:
+    """Until ``ray status`` lists ``count`` active nodes."""
+    deadline = time.monotonic() + t
+    out = ""
+    while time.monotonic() < deadline:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise ExecutorError(f"a ray start process exited with {dead[0].returncode}")
+        try:
+            out = ray_status(address)
+        except (ExecutorError, subprocess.TimeoutExpired) as e:
+            out = str(e)
+        active = out.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in out else ""
+        if active.count("node_") >= count:
+            return
+        time.sleep(1.0)
+    raise ExecutorError(f"{count} nodes did not join in {t:.0f} s; last ray status:\n{out}")
+
+
+def _tree(pid: int) -> list[ProcessRecord]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for p in procs:
+        try:
+            found.append(ProcessRecord(p.pid, p.create_time(), p.name()))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def start_persistent(
+    spec: ClusterSpec,
+    state_dir: Path | None = None,
+    *,
+    object_store_mb: int = 500,
+    timeout_s: float = 180.0,
+) -> PersistentCluster:
+    """Start a ``ray start`` cluster for ``spec`` and record it under ``state_dir``
+    (default :func:`default_state_dir`). Refuses while a recorded cluster still runs."""
+    from executor.cluster import ensure_token_auth
+
+    state_dir = state_dir or default_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if (state_dir / STATE_FILE).exists() and _alive(read_state(state_dir).processes):
+        running = read_state(state_dir)
+        raise ExecutorError(
+            f"a pipeplan cluster is already running at {running.address} (state in "
+            f"{state_dir}); stop it first"
+        )
+    ensure_token_auth()  # ray start --head refuses token mode without a token file
+    port, dash = _free_port(), _free_port()
+    address = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, node in enumerate(spec.nodes):
+            cmd = _node_command(node, port if i == 0 else None, address, object_store_mb)
+            if i == 0:
+                cmd.append(f"--dashboard-port={dash}")
+            log = state_dir / f"{node.name}.log"
+            with open(log, "wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=_env(),
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )  # fmt: skip
+                )
+            _wait_started(procs[-1], log, timeout_s)
+        _wait_nodes(address, len(spec.nodes), procs, timeout_s)
+    except BaseException:
+        _stop([r for p in procs for r in _tree(p.pid)], grace_s=10.0)
+        raise
+    records = tuple(r for p in procs for r in _tree(p.pid))
+    state = PersistentCluster(
+        spec.name,
+        address,
+        f"http://127.0.0.1:{dash}",
+        tuple(n.name for n in spec.nodes),
+        records,
+        str(state_dir),
+    )
+    (state_dir / STATE_FILE).write_text(json.dumps(state.to_dict(), indent=2))
+    return state
+
+
+def read_state(state_dir: Path | None = None) -> PersistentCluster:
+    path = (state_dir or default_state_dir()) / STATE_FILE
+    if not path.exists():
+        raise ExecutorError(f"no pipeplan cluster recorded in {path.parent}")
+    return PersistentCluster.from_dict(json.loads(path.read_text()))
+
+
+def status_persistent(state_dir: Path | None = None) -> str:
+    """``ray status`` of the recorded cluster."""
+    return ray_status(read_state(state_dir).address)
+
+
+def stop_persistent(state_dir: Path | None = None, *, grace_s: float = 15.0) -> int:
+    """Stop the recorded cluster's processes (and their children); returns how many ran."""
+    state_dir = state_dir or default_state_dir()
+    state = read_state(state_dir)
+    stopped = _stop(list(state.processes), grace_s)
+    (state_dir / STATE_FILE).unlink()
+    return stopped
+
+
+def _matching(records: list[ProcessRecord]) -> list[Any]:
+    """Live processes that are the recorded ones (same PID *and* start time) or children."""
+    import psutil
+
+    found: dict[int, Any] = {}
+    for r in records:
+        try:
+            p = psutil.Process(r.pid)
+            if abs(p.create_time() - r.create_time) > 0.01:
+                continue
+            found[p.pid] = p
+            for c in p.children(recursive=True):
+                found[c.pid] = c
+        except psutil.NoSuchProcess:
+            continue
+    return list(found.values())
+
+
+def _alive(records: tuple[ProcessRecord, ...]) -> bool:
+    return bool(_matching(list(records)))
+
+
+def _stop(records: list[ProcessRecord], grace_s: float) -> int:
+    """SIGTERM the ``ray start`` roots (they stop their node), then stragglers; SIGKILL last."""
+    import psutil
+
+    procs = _matching(records)
+    count = len(procs)
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        _, procs = psutil.wait_procs(procs, timeout=wait)
+        if not procs:
+            break
+    return count

@@ -1,0 +1,357 @@
+"""The driver: deploy a plan as stage actors, train with GPipe or 1F1B, measure.
+
+:class:`Pipeline` owns the actors (a context manager: they are killed on exit, whatever
+happened). Before any actor starts it refuses a plan the live cluster cannot run
+(:func:`executor.placement.check_feasible`: a device type or node it lacks, too many
+devices) or the model cannot be cut at (:func:`executor.partition.partition`). Then one
+:class:`~executor.stage.StageWorker` per stage replica is pinned to its device's node and
+type, and its placement is checked.
+
+:meth:`Pipeline.step` trains one global batch: :func:`executor.submit.submit_step` submits
+every operation (each replica's in its schedule's order, chained by tokens, reading its
+neighbours' payloads by object ref), then :func:`executor.waiting.wait_all` waits for all of
+them with a deadline; a worker's exception or a dead actor or node ends the step with one
+:class:`~executor.errors.StageFailedError` naming the stage, device and node.
+
+Replicas: a stage's microbatch is split across its replicas (contiguous shares); after the
+last backward each replica publishes its gradients to the object store and every replica
+sums all of them, in the same order, before its optimizer step: an all-reduce through the
+object store (no collective library), leaving the replicas with identical weights.
+
+:func:`run` trains a few warm-up and measured steps and returns a
+:class:`~executor.measure.Measurement`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+import numpy as np
+import ray
+import torch
+from ray._private.state import available_resources_per_node
+
+from core.cluster import ClusterSpec, parse_device_id
+from core.errors import PlanError
+from core.plan import Plan
+from executor.cluster import live_nodes, slowdown
+from executor.data import digits_batches, synthetic_batches
+from executor.errors import ExecutorError
+from executor.measure import Measurement, Placement, StepResult, summarise
+from executor.microbatch import Layout
+from executor.model import Batch, ModelSource, OptimizerConfig
+from executor.partition import partition
+from executor.placement import LiveNode, actor_options, busy_devices, check_feasible
+from executor.stage import StageWorker, WorkerSpec
+from executor.submit import Ref, WorkerHandle, submit_step
+from executor.waiting import wait_all
+
+_Actor = ray.remote(StageWorker)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a plan."""
+
+    steps: int = 5
+    """Measured steps, after the warm-up."""
+    warmup: int = 1
+    """Steps run first and left out of the batch time (loss and accuracy still reported)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer of every stage."""
+    emulate: bool = True
+    """Sleep ``(slowdown - 1) x`` each compute to emulate slower device types."""
+    deterministic: bool = False
+    """Disable dropout (needed to compare with single-process training)."""
+    data: Literal["digits", "synthetic"] = "synthetic"
+    """Batches for :func:`run` when none are given."""
+    seed: int = 0
+    """Seed of the generated or shuffled data."""
+    timeout_s: float = 300.0
+    """Longest wait for one step, or for one request to the actors."""
+    start_timeout_s: float = 180.0
+    """Longest wait for every actor to be placed and built."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0:
+            raise PlanError(
+                f"run: steps must be >= 1 and warmup >= 0, got {self.steps}, {self.warmup}"
+            )
+        if not (self.timeout_s > 0 and self.start_timeout_s > 0):
+            raise PlanError("run: timeouts must be > 0")
+
+
+def _layout(plan: Plan) -> Layout:
+    return Layout.of(plan.global_batch, [(s.microbatch, s.replicas) for s in plan.stages])
+
+
+class Pipeline:
+    """A plan deployed on the connected Ray cluster; a context manager owning its actors.
+
+    ``cluster`` is the spec the plan was made for: its device types' flops set the emulated
+    slowdowns (the live cluster itself only has to hold the plan's devices).
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        model: ModelSource,
+        cluster: ClusterSpec,
+        config: RunConfig | None = None,
+    ) -> None:
+        self.plan, self.model, self.cluster = plan, model, cluster
+        self.config = config or RunConfig()
+        self.layout = _layout(plan)
+        self.workers: list[list[WorkerHandle]] = []
+        self._tokens: dict[tuple[int, int], Ref] = {}
+        self._step = 0
+        self.input_name = ""
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Pipeline:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Check the plan, start every stage replica on its node, wait until all are built."""
+        nodes = live_nodes()
+        check_feasible(self.plan, nodes)
+        slowdowns = self._slowdowns()
+        self.input_name = self._check_model(self.model, self.plan)
+        self._wait_devices_free(nodes)
+        try:
+            for row in self._specs(slowdowns):
+                self.workers.append([self._launch(spec, nodes) for spec in row])
+            refs = {w.actor.ready.remote(): w for w in self.all_workers()}
+            self._await_ready(refs, {n.name: n.node_id for n in nodes})
+        except BaseException:
+            self.close()
+            raise
+
+    def reconfigure(
+        self, plan: Plan, config: RunConfig | None = None, model: ModelSource | None = None
+    ) -> None:
+        """Run another plan with the same stages (layers and devices) on the same actors:
+        other microbatches, schedule, batch size, optimizer or emulation, or a model of the
+        same architecture (another seed or dtype). Every worker starts over with fresh
+        weights, as a new pipeline would, without new processes."""
+        if [(s.layers, s.devices) for s in plan.stages] != [
+            (s.layers, s.devices) for s in self.plan.stages
+        ]:
+            raise PlanError(
+                "reconfigure: the plan must keep every stage's layers and devices; "
+                "start a new Pipeline for another partition or placement"
+            )
+        self._require_started()
+        check_feasible(plan, live_nodes())
+        self.input_name = self._check_model(model or self.model, plan)
+        self.plan, self.layout = plan, _layout(plan)
+        self.config = config or self.config
+        self.model = model or self.model
+        refs = {}
+        for row, specs in zip(self.workers, self._specs(self._slowdowns()), strict=True):
+            for w, spec in zip(row, specs, strict=True):
+                w.spec = spec
+                refs[w.actor.reset.remote(spec)] = w
+        self._tokens = {}
+        self._await_ready(refs, {n.name: n.node_id for n in live_nodes()})
+
+    def close(self) -> None:
+        """Kill every actor of this pipeline (idempotent)."""
+        for w in self.all_workers():
+            with contextlib.suppress(Exception):  # already dead, or the cluster is gone
+                ray.kill(w.actor, no_restart=True)
+        self.workers = []
+        self._tokens = {}
+
+    def all_workers(self) -> list[WorkerHandle]:
+        return [w for row in self.workers for w in row]
+
+    def _require_started(self) -> None:
+        if not self.workers:
+            raise ExecutorError("pipeline: not started (use it as a context manager)")
+
+    @staticmethod
+    def _check_model(model: ModelSource, plan: Plan) -> str:
+        """Cut the model once here, so a bad cut is refused before any actor is touched;
+        returns the name of its input."""
+        built, example = model.build()
+        cut = partition(built, example, (0, *(s.end for s in plan.stages)))
+        if len(cut.model_inputs) != 1:
+            raise PlanError(f"model {model.name!r}: the executor feeds exactly one input")
+        return cut.model_inputs[0]
+
+    def _launch(self, spec: WorkerSpec, nodes: Sequence[LiveNode]) -> WorkerHandle:
+        return WorkerHandle(spec, _Actor.options(**actor_options(spec.device, nodes)).remote(spec))
+
+    def _specs(self, slowdowns: dict[str, float]) -> list[list[WorkerSpec]]:
+        bounds = (0, *(s.end for s in self.plan.stages))
+        return [
+            [
+                WorkerSpec(
+                    stage=s,
+                    replica=k,
+                    device=device,
+                    node=parse_device_id(device)[0],
+                    bounds=bounds,
+                    global_batch=self.plan.global_batch,
+                    model=self.model,
+                    optimizer=self.config.optimizer,
+                    slowdown=slowdowns[device] if self.config.emulate else 1.0,
+                    deterministic=self.config.deterministic,
+                )
+                for k, device in enumerate(stage.devices)
+            ]
+            for s, stage in enumerate(self.plan.stages)
+        ]
+
+    def _slowdowns(self) -> dict[str, float]:
+        out = {}
+        for d in self.plan.devices:
+            _, dtype, _ = parse_device_id(d)
+            if dtype not in self.cluster.device_types:
+                raise PlanError(
+                    f"device {d!r}: type {dtype!r} is not in cluster spec {self.cluster.name!r} "
+                    "(its flops set the emulated slowdown)"
+                )
+            out[d] = slowdown(self.cluster, dtype)
+        return out
+
+    def _wait_devices_free(self, nodes: Sequence[LiveNode], grace_s: float = 15.0) -> None:
+        """Devices held by other actors (a pipeline still closing) get ``grace_s`` to free up;
+        then the run is refused instead of waiting for a placement that may never come."""
+        deadline = time.monotonic() + grace_s
+        while busy := busy_devices(self.plan, nodes, available_resources_per_node()):
+            if time.monotonic() > deadline:
+                raise ExecutorError(
+                    f"devices busy for {grace_s:.0f} s (held by other actors): {'; '.join(busy)}"
+                )
+            time.sleep(0.2)
+
+    def _await_ready(self, refs: dict[Ref, WorkerHandle], node_ids: dict[str, str]) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        infos = wait_all(refs, self.all_workers(), deadline, "start")
+        for ref, w in refs.items():
+            w.info = infos[ref]
+            if w.info.node_id != node_ids[w.spec.node]:
+                raise ExecutorError(
+                    f"{w.where()}: placed on Ray node {w.info.node_id}, not on node "
+                    f"{w.spec.node!r} ({node_ids[w.spec.node]})"
+                )
+
+    @property
+    def placement(self) -> tuple[Placement, ...]:
+        return tuple(
+            Placement(
+                w.spec.stage,
+                w.spec.replica,
+                w.spec.device,
+                w.spec.node,
+                w.info.node_id if w.info else "",
+                w.info.pid if w.info else 0,
+            )
+            for w in self.all_workers()
+        )
+
+    @property
+    def emulated(self) -> bool:
+        return any(w.spec.slowdown != 1.0 for w in self.all_workers())
+
+    # --- training ---------------------------------------------------------------------------
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> StepResult:
+        """Train one global batch ``(x, y)``; returns its time, loss, accuracy and records."""
+        self._require_started()
+        batch = self.plan.global_batch
+        if x.shape[0] != batch or y.shape[0] != batch:
+            raise PlanError(
+                f"batch: expected {batch} samples (plan.global_batch), got inputs "
+                f"{tuple(x.shape)} and labels {tuple(y.shape)}"
+            )
+        t, self._step = self._step, self._step + 1
+        start, t0 = time.time(), time.perf_counter()
+        x_ref = ray.put({self.input_name: x.detach().numpy()})
+        y_ref = ray.put(y.detach().numpy())
+        sub = submit_step(self.plan, self.layout, self.workers, self._tokens, t, x_ref, y_ref)
+        deadline = time.monotonic() + self.config.timeout_s
+        records = wait_all(sub.tokens, self.all_workers(), deadline, f"step {t}")
+        losses = {ref: None for ref in sub.losses}
+        terms = list(wait_all(losses, self.all_workers(), deadline, f"step {t}").values())
+        batch_time = time.perf_counter() - t0
+        predictions = sum(m["predictions"] for m in terms)
+        return StepResult(
+            step=t,
+            start=start,
+            batch_time_s=batch_time,
+            loss=sum(m["loss_sum"] for m in terms) / predictions,
+            accuracy=sum(m["correct"] for m in terms) / predictions,
+            records=tuple(records.values()),
+        )
+
+    def measure(self, batches: Sequence[Batch], warmup: int) -> Measurement:
+        """Train on every batch; the first ``warmup`` are left out of the batch time."""
+        results = [self.step(x, y) for x, y in batches]
+        return summarise(
+            self.plan, results, warmup, emulated=self.emulated, placement=self.placement
+        )
+
+    def stage_parameters(self, stage: int, replica: int = 0) -> dict[str, torch.Tensor]:
+        """One stage replica's parameters, by the model's parameter names."""
+        self._require_started()
+        w = self.workers[stage][replica]
+        ref = w.actor.parameters.remote()
+        deadline = time.monotonic() + self.config.timeout_s
+        arrays: dict[str, np.ndarray] = wait_all({ref: w}, [w], deadline, "parameters")[ref]
+        return {n: torch.from_numpy(np.array(a)) for n, a in arrays.items()}
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the model, by its name, from replica 0 of each stage."""
+        out: dict[str, torch.Tensor] = {}
+        for s in range(len(self.workers)):
+            out.update(self.stage_parameters(s))
+        return out
+
+
+def make_batches(
+    model: ModelSource, global_batch: int, count: int, config: RunConfig
+) -> list[Batch]:
+    """Batches for :func:`run`: digits shaped for the model, or synthetic ones."""
+    built, example = model.build()
+    if config.data == "digits":
+        return digits_batches(example, global_batch, count, seed=config.seed)
+    built.eval()
+    with torch.no_grad():
+        output_shape = tuple(built(example).shape)
+    return synthetic_batches(example, output_shape, global_batch, count, seed=config.seed)
+
+
+def run(
+    plan: Plan,
+    model: ModelSource,
+    cluster: ClusterSpec,
+    config: RunConfig | None = None,
+    batches: Sequence[Batch] | None = None,
+) -> Measurement:
+    """Deploy ``plan``, train ``warmup + steps`` batches, measure, clean up."""
+    config = config or RunConfig()
+    count = config.warmup + config.steps
+    if batches is None:
+        batches = make_batches(model, plan.global_batch, count, config)
+    if len(batches) < count:
+        raise PlanError(f"run: {count} batches needed (warmup + steps), got {len(batches)}")
+    with Pipeline(plan, model, cluster, config) as pipe:
+        return pipe.measure(batches[:count], config.warmup)

@@ -1,0 +1,135 @@
+"""Where stage actors may run: the live cluster's nodes, a plan's feasibility, actor options.
+
+A Ray node started by pipeplan advertises ``device:TYPE`` resources (count = how many
+devices of the type it holds) and a marker resource ``pipeplan_node:NAME`` (DESIGN.md, data
+formats). A stage replica for device ``NAME/TYPE:INDEX`` asks for one ``device:TYPE`` and a
+sliver of ``NAME``'s marker, so Ray puts it on that node and never puts more actors of a
+type on a node than the node has devices. A node without a marker (a cluster started by
+other means) is named ``node-<first 8 hex digits of its Ray node id>`` and reached with
+node affinity instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.cluster import parse_device_id
+from core.errors import PlanError
+from core.plan import Plan
+
+DEVICE_PREFIX = "device:"
+NODE_PREFIX = "pipeplan_node:"
+MARKER_SHARE = 0.001
+"""How much of a node marker one actor asks for (so up to 1000 actors fit on a node)."""
+
+
+def device_resource(device_type: str) -> str:
+    return f"{DEVICE_PREFIX}{device_type}"
+
+
+def node_resource(node: str) -> str:
+    return f"{NODE_PREFIX}{node}"
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A live Ray node: its pipeplan name, Ray node id and devices by type."""
+
+    name: str
+    node_id: str
+    devices: Mapping[str, int]
+    marked: bool
+    memory_bytes: float = 0.0
+
+
+def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
+    """Turn ``ray.nodes()`` records into :class:`LiveNode` s (dead nodes left out)."""
+    found = []
+    for rec in ray_nodes:
+        if not rec.get("Alive", False):
+            continue
+        res: Mapping[str, float] = rec.get("Resources", {})
+        node_id = str(rec["NodeID"])
+        markers = [k[len(NODE_PREFIX) :] for k in res if k.startswith(NODE_PREFIX)]
+        devices = {
+            k[len(DEVICE_PREFIX) :]: int(v) for k, v in res.items() if k.startswith(DEVICE_PREFIX)
+        }
+        name = markers[0] if markers else f"node-{node_id[:8]}"
+        found.append(LiveNode(name, node_id, devices, bool(markers), float(res.get("memory", 0.0))))
+    return sorted(found, key=lambda n: n.name)
+
+
+def check_feasible(plan: Plan, nodes: Sequence[LiveNode]) -> None:
+    """Refuse a plan the live cluster cannot run, with the reason; before any actor starts.
+
+    Every device id must name a live node, a device type that node has, and (per node and
+    type) no more devices than it has; every stage needs at least one sample per replica.
+    """
+    by_name = {n.name: n for n in nodes}
+    types = sorted({t for n in nodes for t, c in n.devices.items() if c > 0})
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for i, stage in enumerate(plan.stages):
+        if stage.microbatch < stage.replicas:
+            raise PlanError(
+                f"stages[{i}].microbatch: {stage.microbatch} samples cannot be shared by "
+                f"{stage.replicas} replicas (need >= 1 sample each)"
+            )
+        for d in stage.devices:
+            node, dtype, _ = parse_device_id(d)
+            if dtype not in types:
+                raise PlanError(
+                    f"stages[{i}].devices: {d!r} needs device type {dtype!r}, which the live "
+                    f"cluster does not have (types: {', '.join(types) or 'none'})"
+                )
+            if node not in by_name:
+                raise PlanError(
+                    f"stages[{i}].devices: {d!r} names node {node!r}, not in the live cluster "
+                    f"(nodes: {', '.join(sorted(by_name)) or 'none'})"
+                )
+            wanted.setdefault((node, dtype), []).append(d)
+    for (node, dtype), devices in wanted.items():
+        have = by_name[node].devices.get(dtype, 0)
+        if len(devices) > have:
+            raise PlanError(
+                f"plan: {len(devices)} {dtype!r} devices on node {node!r} "
+                f"({', '.join(devices)}) but the live node has {have}"
+            )
+
+
+def busy_devices(
+    plan: Plan, nodes: Sequence[LiveNode], free: Mapping[str, Mapping[str, float]]
+) -> list[str]:
+    """Plan devices whose node has too few ``device:TYPE`` free right now (``free``: Ray node
+    id -> available resources), e.g. held by another pipeline's actors."""
+    by_name = {n.name: n for n in nodes}
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for d in plan.devices:
+        node, dtype, _ = parse_device_id(d)
+        wanted.setdefault((node, dtype), []).append(d)
+    busy = []
+    for (node, dtype), devices in wanted.items():
+        available = free.get(by_name[node].node_id, {}).get(device_resource(dtype), 0.0)
+        if available + 1e-9 < len(devices):
+            busy.append(
+                f"{', '.join(devices)} (node {node} has {available:g} of "
+                f"{by_name[node].devices.get(dtype, 0)} {dtype!r} free)"
+            )
+    return busy
+
+
+def actor_options(device: str, nodes: Sequence[LiveNode]) -> dict[str, Any]:
+    """``.options(...)`` that pin a stage replica to its device's node and type."""
+    node, dtype, _ = parse_device_id(device)
+    live = next(n for n in nodes if n.name == node)
+    options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+    resources = {device_resource(dtype): 1.0}
+    if live.marked:
+        resources[node_resource(node)] = MARKER_SHARE
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(live.node_id, soft=False)
+    options["resources"] = resources
+    return options

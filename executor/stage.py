@@ -1,0 +1,372 @@
+"""``StageWorker``: one replica of one pipeline stage, run as a Ray actor.
+
+The worker builds the model itself (zoo name and seed, so every worker has the same
+weights), cuts it with :func:`executor.partition.partition` and keeps its own stage. The
+driver calls, per microbatch, :meth:`StageWorker.forward` and :meth:`StageWorker.backward`;
+per batch, :meth:`StageWorker.gradients` (replicated stages only) and
+:meth:`StageWorker.update`.
+
+**Ordering.** Every method takes the *token* of the worker's previous operation as its first
+argument and returns a new token (an :class:`OpRecord`) beside its payload
+(``num_returns=2``). Ray runs an actor task only once its object-ref arguments exist, so the
+token chain makes a worker run its operations exactly in the schedule's order, and the
+payload refs passed in (activations from the previous stage, gradients from the next one)
+make every cross-stage dependency explicit. Nothing relies on Ray's submission order.
+
+**Payloads.** Activations and gradients travel as ``{value name: numpy array}`` (Ray moves
+numpy arrays faster than torch tensors); each call gets the payloads of the neighbour
+operations that hold its samples and a :class:`~executor.microbatch.Piece` per payload
+saying which rows to take.
+
+**Failures.** A method never raises: it returns a :class:`Failure` (with the traceback) as
+both token and payload, and a method that receives a ``Failure`` passes it on untouched, so
+the driver sees the original error once.
+
+**Emulation.** After each real forward and backward the worker sleeps ``(slowdown - 1) x``
+that compute, so a device type ``k`` times slower than the fastest takes ``k`` times as
+long. The optimizer update is not slowed: it is memory-bound, and the cost model costs it by
+memory bandwidth (rule 8), which ``local-hetero`` gives every type alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import ray
+import torch
+
+from executor.microbatch import Piece
+from executor.model import (
+    ModelSource,
+    OptimizerConfig,
+    batch_loss,
+    disable_dropout,
+    loss_terms,
+)
+from executor.partition import ValueKind, fetch_attr, partition
+
+OpKind = Literal["F", "B", "G", "U"]
+Payload = dict[str, Any]
+Key = tuple[int, int]  # (step, microbatch)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one stage replica needs to build itself."""
+
+    stage: int
+    replica: int
+    device: str
+    node: str
+    bounds: tuple[int, ...]
+    """Layer boundaries of the whole plan: stage ``s`` holds ``[bounds[s], bounds[s+1])``."""
+    global_batch: int
+    model: ModelSource
+    optimizer: OptimizerConfig
+    slowdown: float = 1.0
+    deterministic: bool = False
+    """Disable dropout (for comparing with single-process training)."""
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """What one operation did; also the token that orders the worker's next operation."""
+
+    stage: int
+    replica: int
+    kind: OpKind
+    step: int
+    microbatch: int
+    start: float
+    """Wall clock (``time.time()``) when the method body began: its inputs had arrived."""
+    end: float
+    compute_s: float
+    """Real compute plus the emulation sleep."""
+    emulated_s: float
+    """The emulation sleep alone."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A worker's error, handed back instead of raised."""
+
+    stage: int
+    replica: int
+    device: str
+    node: str
+    operation: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where a worker runs, and the names of the values it receives and sends."""
+
+    node_id: str
+    pid: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _guarded(kind: OpKind) -> Callable[[Any], Any]:
+    """Pass an upstream :class:`Failure` on; turn an exception into a ``Failure``."""
+
+    def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def guarded(self: StageWorker, token: Any, *args: Any) -> Any:
+            for a in (token, *args):
+                if isinstance(a, Failure):
+                    return a, a
+            try:
+                return method(self, token, *args)
+            except Exception:
+                spec = self.spec
+                f = Failure(
+                    spec.stage, spec.replica, spec.device, spec.node, kind, traceback.format_exc()
+                )
+                return f, f
+
+        return guarded
+
+    return wrap
+
+
+class StageWorker:
+    """One replica of one stage. Wrapped by :func:`ray.remote` in :mod:`executor.pipeline`."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec
+        model, example = spec.model.build()
+        if spec.deterministic:
+            disable_dropout(model)
+        cut = partition(model, example, spec.bounds)
+        self.graph = cut.stages[spec.stage]
+        self.kinds: Mapping[str, ValueKind] = cut.kinds
+        self.last = spec.stage == len(cut.stages) - 1
+        self.module = self.graph.module
+        self.module.train()
+        self.attrs = {a: fetch_attr(model, t) for a, t in self.graph.attrs.items()}
+        self.params: dict[str, torch.nn.Parameter] = {
+            self.graph.param_names[n]: p for n, p in self.module.named_parameters()
+        }
+        for arg, target in self.graph.attrs.items():
+            value = self.attrs[arg]
+            if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+                self.params[target] = value
+        # A stage of activations and pools alone has nothing to optimise.
+        self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
+        self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
+        self.losses: dict[Key, torch.Tensor] = {}
+
+    def reset(self, spec: WorkerSpec) -> WorkerInfo:
+        """Start over with fresh weights (and possibly another batch size or slowdown), in the
+        same process: cheaper than a new actor when only microbatches or schedule change."""
+        if spec.stage != self.spec.stage or spec.bounds != self.spec.bounds:
+            raise ValueError(f"reset: stage {spec.stage} {spec.bounds} is not this worker's")
+        self.__init__(spec)  # type: ignore[misc]
+        return self.ready()
+
+    def ready(self) -> WorkerInfo:
+        return WorkerInfo(
+            ray.get_runtime_context().get_node_id(),
+            os.getpid(),
+            self.graph.inputs,
+            self.graph.outputs,
+        )
+
+    # --- operations -------------------------------------------------------------------------
+
+    @_guarded("F")
+    @ray.method(num_returns=2)
+    def forward(
+        self,
+        token: Any,
+        step: int,
+        microbatch: int,
+        pieces: Sequence[Piece],
+        labels: Piece | None,
+        *payloads: Any,
+    ) -> tuple[OpRecord, Payload]:
+        """Run the stage on the samples of ``pieces`` (rows of ``payloads``, in order).
+
+        The last stage also gets the labels (the last payload, rows ``labels``) and returns
+        the loss terms instead of activations.
+        """
+        start, t0 = time.time(), time.perf_counter()
+        data = payloads[: len(pieces)]
+        values = gather(self.graph.inputs, pieces, data, self.kinds)
+        leaves = {
+            n: v.requires_grad_(True)
+            for n, v in values.items()
+            if self.spec.stage > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
+        }
+        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
+        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
+        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
+        produced = dict(zip(self.graph.results, self.module(*args), strict=True))
+        outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
+        key = (step, microbatch)
+        if self.last:
+            if labels is None:
+                raise ValueError("the last stage's forward needs labels")
+            y = torch.from_numpy(np.array(payloads[-1][labels.lo : labels.hi]))
+            terms = loss_terms(outputs[self.graph.outputs[0]], y)
+            samples = sum(p.hi - p.lo for p in pieces)
+            self.losses[key] = batch_loss(terms, samples, self.spec.global_batch)
+            payload: Payload = {
+                "loss_sum": float(terms.loss_sum.detach()),
+                "predictions": terms.predictions,
+                "correct": terms.correct,
+            }
+        else:
+            payload = {n: to_numpy(v) for n, v in outputs.items()}
+        self.saved[key] = (leaves, outputs)
+        return self._record("F", step, microbatch, start, t0), payload
+
+    @_guarded("B")
+    @ray.method(num_returns=2)
+    def backward(
+        self, token: Any, step: int, microbatch: int, pieces: Sequence[Piece], *payloads: Any
+    ) -> tuple[OpRecord, Payload | None]:
+        """Backward of one microbatch; ``payloads`` are the next stage's input gradients."""
+        start, t0 = time.time(), time.perf_counter()
+        key = (step, microbatch)
+        if key not in self.saved:
+            raise RuntimeError(
+                f"backward of step {step} microbatch {microbatch} before its forward"
+            )
+        leaves, outputs = self.saved.pop(key)
+        if self.last:
+            self.losses.pop(key).backward()
+        else:
+            grads = gather_gradients(self.graph.outputs, pieces, payloads, self.kinds)
+            pairs = [
+                (outputs[n], g)
+                for n, g in grads.items()
+                if isinstance(outputs[n], torch.Tensor) and outputs[n].requires_grad
+            ]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        payload = None
+        if self.spec.stage > 0:
+            payload = {n: None if v.grad is None else v.grad.numpy() for n, v in leaves.items()}
+        return self._record("B", step, microbatch, start, t0), payload
+
+    @_guarded("G")
+    @ray.method(num_returns=2)
+    def gradients(self, token: Any, step: int) -> tuple[OpRecord, Payload]:
+        """This replica's accumulated parameter gradients (for the replicas' all-reduce)."""
+        start, t0 = time.time(), time.perf_counter()
+        grads = {n: None if p.grad is None else p.grad.numpy() for n, p in self.params.items()}
+        return self._record("G", step, -1, start, t0, emulate=False), grads
+
+    @_guarded("U")
+    @ray.method(num_returns=2)
+    def update(self, token: Any, step: int, *replica_grads: Payload) -> tuple[OpRecord, None]:
+        """Optimizer step. With replicas, first sum every replica's gradients (in replica
+        order, so all replicas compute the same sum and keep identical weights): each holds
+        the gradient of *its* samples' share of the global-batch mean loss, so the sum is the
+        gradient of the whole batch (the average of per-replica mean-loss gradients)."""
+        start, t0 = time.time(), time.perf_counter()
+        if replica_grads:
+            for name, p in self.params.items():
+                p.grad = _sum([g[name] for g in replica_grads if g[name] is not None])
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return self._record("U", step, -1, start, t0, emulate=False), None
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The stage's parameters, by the model's parameter names."""
+        return {n: p.detach().numpy().copy() for n, p in self.params.items()}
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _record(
+        self, kind: OpKind, step: int, mb: int, start: float, t0: float, emulate: bool = True
+    ) -> OpRecord:
+        real = time.perf_counter() - t0
+        sleep = (self.spec.slowdown - 1.0) * real if emulate else 0.0
+        if sleep > 0:
+            time.sleep(sleep)
+        spec = self.spec
+        return OpRecord(
+            spec.stage, spec.replica, kind, step, mb, start, time.time(), real + sleep, sleep
+        )
+
+
+def _sum(parts: Sequence[np.ndarray]) -> torch.Tensor | None:
+    """Sum in the given order (every replica gets bit-identical results), without stacking."""
+    if not parts:
+        return None
+    total = np.array(parts[0], copy=True)
+    for part in parts[1:]:
+        total += part
+    return torch.from_numpy(total)
+
+
+def to_numpy(value: Any) -> Any:
+    return value.detach().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def gather(
+    names: Sequence[str],
+    pieces: Sequence[Piece],
+    payloads: Sequence[Payload],
+    kinds: Mapping[str, ValueKind],
+) -> dict[str, Any]:
+    """The values ``names`` for the samples of ``pieces``: batched rows concatenated in order;
+    shared and constant values from the first piece."""
+    out: dict[str, Any] = {}
+    for name in names:
+        if kinds[name] == "batched":
+            rows = [p[name][pc.lo : pc.hi] for pc, p in zip(pieces, payloads, strict=True)]
+            out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
+        elif kinds[name] == "shared":
+            out[name] = torch.from_numpy(np.array(payloads[0][name]))
+        else:
+            out[name] = payloads[0][name]
+    return out
+
+
+def gather_gradients(
+    names: Sequence[str],
+    pieces: Sequence[Piece],
+    payloads: Sequence[Payload | None],
+    kinds: Mapping[str, ValueKind],
+) -> dict[str, torch.Tensor]:
+    """Gradients of ``names`` for this operation's samples from the next stage's pieces.
+
+    Batched: rows concatenated (a piece without a gradient counts as zeros). Shared: the sum
+    of the pieces this operation owns. Names with no gradient at all are left out.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        got = [
+            (pc, None if p is None else p.get(name)) for pc, p in zip(pieces, payloads, strict=True)
+        ]
+        present = [g for _, g in got if g is not None]
+        if not present or kinds[name] == "constant":
+            continue
+        if kinds[name] == "shared":
+            owned = [g for pc, g in got if pc.owner and g is not None]
+            if owned:
+                out[name] = torch.from_numpy(np.sum(owned, axis=0))
+            continue
+        like = present[0]
+        rows = [
+            np.zeros((pc.hi - pc.lo, *like.shape[1:]), like.dtype)
+            if g is None
+            else g[pc.lo : pc.hi]
+            for pc, g in got
+        ]
+        out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
+    return out

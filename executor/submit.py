@@ -1,0 +1,148 @@
+"""Submit one training step: every operation of every stage replica, as Ray actor calls.
+
+Each stage replica runs ``core.schedules.stage_order`` for its stage: each call passes the
+replica's previous token (so the actor runs its operations in that order) and the payload
+refs of the neighbour operations holding its samples (``executor.microbatch.Layout``).
+Refs exist only once their operation is submitted, so operations are submitted in rounds:
+each replica goes as far down its order as its neighbours allow; a deadlock-free schedule
+always progresses. Then, per stage, the replicas' gradient exchange and optimizer steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.plan import Plan
+from core.schedules import stage_order
+from executor.errors import ExecutorError
+from executor.microbatch import Layout, Piece
+from executor.stage import WorkerInfo, WorkerSpec
+
+Ref = Any  # ray.ObjectRef
+OpKey = tuple[int, int, int]  # stage, microbatch, replica
+
+
+@dataclass
+class WorkerHandle:
+    """The driver's view of one stage replica: its spec, actor handle and where it runs."""
+
+    spec: WorkerSpec
+    actor: Any
+    info: WorkerInfo | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.spec.stage, self.spec.replica
+
+    def where(self) -> str:
+        s = self.spec
+        return f"stage {s.stage} replica {s.replica} ({s.device} on node {s.node})"
+
+
+@dataclass
+class Submission:
+    """The refs of one submitted step."""
+
+    tokens: dict[Ref, WorkerHandle] = field(default_factory=dict)
+    """Every operation's token, with the replica that runs it."""
+    losses: list[Ref] = field(default_factory=list)
+    """The last stage's forward payloads: loss terms."""
+
+    def tokens_add(self, token: Ref, worker: WorkerHandle) -> Ref:
+        self.tokens[token] = worker
+        return token
+
+
+def submit_step(
+    plan: Plan,
+    layout: Layout,
+    rows: Sequence[Sequence[WorkerHandle]],
+    last_token: dict[tuple[int, int], Ref],
+    step: int,
+    inputs: Ref,
+    labels: Ref,
+) -> Submission:
+    """Submit step ``step`` (``inputs``/``labels``: the batch in the object store).
+
+    ``last_token`` holds each replica's latest token and is updated in place.
+    """
+    S = plan.num_stages
+    orders = [stage_order(plan.schedule, layout.microbatches(s), s, S) for s in range(S)]
+    workers = [w for row in rows for w in row]
+    cursor = dict.fromkeys((w.key for w in workers), 0)
+    payloads: dict[str, dict[OpKey, Ref]] = {"F": {}, "B": {}}
+    out = Submission()
+    remaining = sum(len(orders[w.spec.stage]) for w in workers)
+    while remaining:
+        progressed = 0
+        for w in workers:
+            s, k = w.key
+            while cursor[w.key] < len(orders[s]):
+                kind, j = orders[s][cursor[w.key]]
+                args = _arguments(plan, layout, w, kind, j, payloads[kind], inputs, labels)
+                if args is None:
+                    break  # a neighbour's payload is not submitted yet
+                method = w.actor.forward if kind == "F" else w.actor.backward
+                token, payload = method.remote(last_token.get(w.key), step, j, *args)
+                payloads[kind][(s, j, k)] = payload
+                if kind == "F" and s == S - 1:
+                    out.losses.append(payload)
+                last_token[w.key] = out.tokens_add(token, w)
+                cursor[w.key] += 1
+                progressed += 1
+        if not progressed:
+            raise ExecutorError(f"step {step}: schedule {plan.schedule} cannot progress")
+        remaining -= progressed
+    _submit_updates(rows, last_token, step, out)
+    return out
+
+
+def _arguments(
+    plan: Plan,
+    layout: Layout,
+    w: WorkerHandle,
+    kind: str,
+    j: int,
+    ready: dict[OpKey, Ref],
+    inputs: Ref,
+    labels: Ref,
+) -> list[Any] | None:
+    """Arguments after ``(token, step, microbatch)``, or None if a payload is missing."""
+    s, k = w.key
+    last = s == plan.num_stages - 1
+    lo, hi = layout.spans[s][j][k]
+    own = Piece(-1, 0, 0, lo, hi, True)  # rows of the whole batch
+    if kind == "F" and s == 0:
+        pieces, refs = [own], [inputs]
+    elif kind == "B" and last:
+        pieces, refs = [], []
+    else:
+        pieces = layout.forward_pieces(s, j, k) if kind == "F" else layout.backward_pieces(s, j, k)
+        keys = [(p.stage, p.microbatch, p.replica) for p in pieces]
+        if any(key not in ready for key in keys):
+            return None
+        refs = [ready[key] for key in keys]
+    if kind == "B":
+        return [pieces, *refs]
+    return [pieces, own if last else None, *refs, *([labels] if last else [])]
+
+
+def _submit_updates(
+    rows: Sequence[Sequence[WorkerHandle]],
+    last_token: dict[tuple[int, int], Ref],
+    step: int,
+    out: Submission,
+) -> None:
+    """Per stage: replicas publish gradients (if replicated), then every replica updates."""
+    for row in rows:
+        grads: list[Ref] = []
+        if len(row) > 1:
+            for w in row:
+                token, g = w.actor.gradients.remote(last_token[w.key], step)
+                last_token[w.key] = out.tokens_add(token, w)
+                grads.append(g)
+        for w in row:
+            token, _ = w.actor.update.remote(last_token[w.key], step, *grads)
+            last_token[w.key] = out.tokens_add(token, w)

@@ -1,0 +1,94 @@
+"""Failures on a small 2-node cluster of its own: a worker's exception comes back once with
+its traceback; a node removed mid-run ends the run with an error naming stage, device and
+node, and leaves no actor alive. Also runs :func:`executor.pipeline.run` end to end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from core.cluster import ClusterSpec, Node
+from core.plan import Plan, Stage
+from executor.cluster import LocalCluster
+from executor.errors import StageFailedError
+from executor.model import ModelSource
+from executor.pipeline import Pipeline, RunConfig, run
+
+pytestmark = pytest.mark.ray
+
+HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
+SPEC = ClusterSpec(
+    "mini",
+    {t: HETERO.device_types[t] for t in ("fast", "slow")},
+    (Node("n0", {"fast": 1}), Node("n1", {"slow": 1})),
+)
+DIGITS = ModelSource("digits_cnn", 8, seed=0)
+PLAN = Plan(16, (Stage((0, 3), ("n0/fast:0",), 8), Stage((3, 8), ("n1/slow:0",), 4)))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(SPEC, object_store_mb=100) as c:
+        yield c
+
+
+def stage_workers_alive() -> int:
+    actors = ray._private.state.actors().values()
+    return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
+
+
+def wait_no_workers(timeout_s: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while stage_workers_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return stage_workers_alive()
+
+
+@pytest.mark.timeout(200)
+def test_run_measures_a_plan(cluster: LocalCluster) -> None:
+    m = run(PLAN, DIGITS, SPEC, RunConfig(steps=2, warmup=1, data="digits", timeout_s=60))
+    assert m.emulated and len(m.losses) == 3 and m.steps == 2
+    assert [p.node for p in m.placement] == ["n0", "n1"]
+    assert wait_no_workers() == 0
+
+
+@pytest.mark.timeout(120)
+def test_worker_exception_comes_back_with_its_traceback(cluster: LocalCluster) -> None:
+    config = RunConfig(emulate=False, timeout_s=60)
+    with Pipeline(PLAN, DIGITS, SPEC, config) as pipe:
+        x = torch.zeros(16, 1, 8, 8)
+        bad_labels = torch.full((16,), 99)  # class 99 of 10: cross_entropy raises in stage 1
+        with pytest.raises(StageFailedError) as err:
+            pipe.step(x, bad_labels)
+    e = err.value
+    assert (e.stage, e.replica, e.device, e.node) == (1, 0, "n1/slow:0", "n1")
+    assert "operation F raised" in str(e) and "Traceback" in e.traceback
+    assert "cross_entropy" in e.traceback
+    assert wait_no_workers() == 0
+
+
+@pytest.mark.timeout(150)
+def test_node_removed_mid_run_names_stage_device_node(cluster: LocalCluster) -> None:
+    config = RunConfig(emulate=True, timeout_s=60)
+    x, y = torch.randn(16, 1, 8, 8), torch.randint(10, (16,))
+    started = time.monotonic()
+    with pytest.raises(StageFailedError) as err, Pipeline(PLAN, DIGITS, SPEC, config) as pipe:
+        pipe.step(x, y)
+        killer = threading.Timer(0.5, cluster.remove_node, args=("n1",))
+        killer.start()
+        try:
+            while time.monotonic() - started < 100:
+                pipe.step(x, y)
+        finally:
+            killer.join()
+    e = err.value
+    print(str(e)[:700])
+    assert (e.stage, e.device, e.node) == (1, "n1/slow:0", "n1")
+    assert "died" in str(e) and "stage 1 replica 0 on device n1/slow:0 (node n1)" in str(e)
+    assert wait_no_workers() == 0

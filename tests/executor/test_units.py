@@ -1,0 +1,145 @@
+"""The executor's pure parts, without Ray: sample ranges, feasibility, cuts, payload joins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from core import zoo
+from core.errors import PlanError
+from core.plan import Plan, Stage
+from executor.microbatch import Layout, Piece, pieces, replica_shares
+from executor.model import ModelSource, batch_loss, loss_terms
+from executor.partition import ValueKind, count_layers, partition
+from executor.placement import LiveNode, busy_devices, check_feasible, nodes_from_ray
+from executor.stage import gather, gather_gradients
+from tests.executor.models import skipnet
+
+NODES = [
+    LiveNode("n0", "id0", {"fast": 1}, True),
+    LiveNode("n1", "id1", {"mid": 1}, True),
+    LiveNode("n2", "id2", {"slow": 2}, True),
+]
+
+
+def test_replica_shares_split_like_tensor_split() -> None:
+    assert replica_shares(5, 2) == [(0, 3), (3, 5)]
+    assert replica_shares(4, 1) == [(0, 4)]
+    with pytest.raises(ValueError, match="cannot be shared"):
+        replica_shares(1, 2)
+
+
+def test_layout_spans_and_pieces_table() -> None:
+    # B = 12: stage 0 in 3 x 4; stage 1 in 2 x 6 on one replica; stage 2 in 4 x 3 on two.
+    layout = Layout.of(12, [(4, 1), (6, 1), (3, 2)])
+    assert layout.spans[2] == [
+        [(0, 2), (2, 3)],
+        [(3, 5), (5, 6)],
+        [(6, 8), (8, 9)],
+        [(9, 11), (11, 12)],
+    ]
+    # stage 1 microbatch 1 (samples 6..11) = rows 2..4 of stage 0's mb 1, all of mb 2
+    assert layout.forward_pieces(1, 1, 0) == [
+        Piece(0, 1, 0, 2, 4, False),
+        Piece(0, 2, 0, 0, 4, True),
+    ]
+    # stage 1 microbatch 0's gradient comes from stage 2's ops holding samples 0..5
+    assert [(p.microbatch, p.replica, p.lo, p.hi) for p in layout.backward_pieces(1, 0, 0)] == [
+        (0, 0, 0, 2),
+        (0, 1, 0, 1),
+        (1, 0, 0, 2),
+        (1, 1, 0, 1),
+    ]
+    with pytest.raises(ValueError, match="does not cover"):
+        pieces((0, 5), 0, [[(0, 4)]])
+
+
+def test_feasibility_names_the_problem() -> None:
+    ok = Plan(8, (Stage((0, 2), ("n0/fast:0",), 4), Stage((2, 4), ("n2/slow:0", "n2/slow:1"), 4)))
+    check_feasible(ok, NODES)
+    cases = {
+        "n0/gpu:0": "device type 'gpu'",
+        "n5/fast:0": "node 'n5'",
+        "n1/fast:0": "1 'fast' devices on node 'n1'",
+    }
+    for device, message in cases.items():
+        plan = Plan(8, (Stage((0, 2), ("n2/slow:0",), 4), Stage((2, 4), (device,), 4)))
+        with pytest.raises(PlanError, match=message):
+            check_feasible(plan, NODES)
+    too_small = Plan(8, (Stage((0, 4), ("n2/slow:0", "n2/slow:1"), 1),))
+    with pytest.raises(PlanError, match="cannot be shared by 2 replicas"):
+        check_feasible(too_small, NODES)
+
+
+def test_busy_devices_and_ray_node_records() -> None:
+    plan = Plan(8, (Stage((0, 4), ("n2/slow:0", "n2/slow:1"), 4),))
+    assert busy_devices(plan, NODES, {"id2": {"device:slow": 2.0}}) == []
+    assert busy_devices(plan, NODES, {"id2": {"device:slow": 1.0}}) == [
+        "n2/slow:0, n2/slow:1 (node n2 has 1 of 2 'slow' free)"
+    ]
+    records = [
+        {"Alive": True, "NodeID": "abcdef0123", "Resources": {"device:t4": 2.0, "CPU": 4.0}},
+        {"Alive": True, "NodeID": "ff", "Resources": {"pipeplan_node:n0": 1.0, "device:cpu": 1}},
+        {"Alive": False, "NodeID": "dead", "Resources": {"pipeplan_node:n9": 1.0}},
+    ]
+    nodes = nodes_from_ray(records)
+    assert [(n.name, dict(n.devices), n.marked) for n in nodes] == [
+        ("n0", {"cpu": 1}, True),
+        ("node-abcdef01", {"t4": 2}, False),
+    ]
+
+
+def test_partition_relays_skips_and_finds_value_kinds() -> None:
+    module, example = skipnet()
+    cut = partition(module, example, (0, 3, 5, 8))
+    assert [(s.inputs, s.outputs) for s in cut.stages] == [
+        (("x",), ("relu", "c2")),
+        (("relu", "c2"), ("relu", "relu_1")),
+        (("relu", "relu_1"), ("fc",)),
+    ]
+    assert dict(cut.stages[2].attrs) == {"gate": "gate"}
+    gpt, tokens = zoo.build("gpt", 8, n_layer=1, d_model=16, n_head=2, vocab_size=32)
+    cut = partition(gpt, tokens, (0, 2, count_layers(gpt)))
+    assert cut.kinds["wpe"] == "shared" and cut.kinds["wte"] == "batched"
+    with pytest.raises(PlanError, match="ends at 7 but model"):
+        partition(module, example, (0, 3, 7))
+
+
+def test_partitioned_stages_compose_to_the_model() -> None:
+    model, example = ModelSource("alexnet", 64).build()
+    model.eval()
+    bounds = (0, 1, 6, count_layers(model))  # starts stage 1 with an in-place ReLU
+    cut = partition(model, example, bounds)
+    x = torch.randn(3, 3, 64, 64)
+    env: dict[str, torch.Tensor] = {"x": x}
+    with torch.no_grad():
+        for st in cut.stages:
+            env.update(zip(st.results, st.module(*(env[a] for a in st.args)), strict=True))
+        assert torch.equal(env[cut.model_output], model(x))
+
+
+def test_gather_rows_and_shared_gradients() -> None:
+    kinds: dict[str, ValueKind] = {"a": "batched", "p": "shared"}
+    first = {"a": np.arange(8.0).reshape(4, 2), "p": np.ones(3)}
+    second = {"a": np.arange(8.0, 16.0).reshape(4, 2), "p": np.ones(3)}
+    rows = [Piece(0, 0, 0, 2, 4, False), Piece(0, 1, 0, 0, 1, True)]
+    got = gather(["a", "p"], rows, [first, second], kinds)
+    assert got["a"].tolist() == [[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
+    grads = gather_gradients(
+        ["a", "p"],
+        [Piece(1, 0, 0, 0, 2, True), Piece(1, 1, 0, 0, 1, False)],
+        [{"a": np.ones((2, 2)), "p": np.full(3, 2.0)}, {"a": None, "p": np.full(3, 5.0)}],
+        kinds,
+    )
+    assert grads["a"].tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]  # missing rows: zeros
+    assert grads["p"].tolist() == [2.0, 2.0, 2.0]  # only the owned piece counts
+
+
+def test_piecewise_loss_sums_to_the_batch_mean() -> None:
+    logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+    whole = torch.nn.functional.cross_entropy(logits, labels)
+    parts = sum(
+        batch_loss(loss_terms(logits[s], labels[s]), 3, 6) for s in (slice(0, 3), slice(3, 6))
+    )
+    assert float(parts) == pytest.approx(float(whole), abs=1e-6)
