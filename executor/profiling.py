@@ -1,0 +1,262 @@
+"""Measured profiles: time every layer of a model through actors pinned to device types.
+
+:func:`measure_profile` feeds the cost model with timings taken on the cluster it plans for
+(``pipeplan profile MODEL --cluster C --measure``). It needs a connected Ray cluster (a
+:class:`~executor.cluster.LocalCluster`, or :func:`~executor.cluster.connect`). For a device
+type, one :class:`_Profiler` actor is pinned to a live node that advertises
+``device:TYPE`` (the stage workers' placement options, :func:`executor.placement.actor_options`;
+it holds one of the type's devices while it runs, so it waits for a device a running
+pipeline holds), builds the model from its :class:`~executor.model.ModelSource` and runs
+:func:`core.profiler.profile_model` there, one torch thread, as a stage worker computes.
+
+Two choices, both explicit arguments:
+
+- ``emulate`` (default ``True``, as :class:`executor.pipeline.RunConfig`): the stage workers
+  make each forward and backward last ``slowdown(spec, T)`` times its CPU time on type ``T``
+  (:func:`executor.stage.emulation_sleep`), so a layer *effectively* takes that many times
+  its time on an idle core. The measured timings (fixed
+  and per-sample parts alike) are multiplied by that factor; the profile then predicts what
+  an emulated run measures. ``False``: real times, unscaled (a real heterogeneous cluster, or
+  a local run with ``RunConfig(emulate=False)``).
+- ``measure_on``: ``"fastest"`` (default) times the model once, on a node of the fastest
+  device type, and gives every type those real times (scaled as above). On this machine all
+  emulated devices are the same CPU, so per-type measurements differ only by noise (another
+  process's load at that moment), and noise that differs between types would be read by the
+  planners as a speed difference that an emulated run does not have; one measurement is also
+  k times cheaper. ``"each"`` times every type on its own node, one type after the other (so
+  the measurements never compete for the CPU): what a cluster of really different devices
+  needs, with ``emulate=False``.
+
+Every device type of ``spec`` (or of ``device_types``) must have a live node: otherwise an
+:class:`~executor.errors.ExecutorError` names the type before any actor starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+
+from core.cluster import ClusterSpec, device_id
+from core.errors import PipeplanError
+from core.profile import LayerTiming, ModelProfile
+from executor.cluster import live_nodes, slowdown
+from executor.errors import ExecutorError, ExecutorTimeoutError
+from executor.model import ModelSource
+from executor.placement import LiveNode, actor_options
+
+__all__ = ["MeasureOn", "TypeMeasurement", "measure_on_type", "measure_profile", "scaled"]
+
+MeasureOn = Literal["fastest", "each"]
+
+
+class _Profiler:
+    """A Ray actor that profiles one model where it runs (one torch thread)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+
+    def profile(
+        self,
+        source: ModelSource,
+        device_type: str,
+        batch_sizes: tuple[int, int],
+        warmup: int,
+        repeats: int,
+    ) -> dict[str, Any]:
+        from core.profiler import profile_model
+
+        t0 = time.perf_counter()
+        model, example = source.build()
+        profile = profile_model(
+            model, example, source.name, device_type, batch_sizes, warmup, repeats
+        )
+        return {
+            "profile": profile.to_dict(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "seconds": time.perf_counter() - t0,
+        }
+
+
+_Actor = ray.remote(_Profiler)
+
+
+@dataclass(frozen=True)
+class TypeMeasurement:
+    """One device type's real (unscaled) timings and where they were taken."""
+
+    device_type: str
+    node: str
+    """The live node (pipeplan name) the profiler ran on."""
+    node_id: str
+    pid: int
+    seconds: float
+    """Wall time of building and profiling the model in the actor."""
+    profile: ModelProfile
+    """Sizes of every layer and ``timings[device_type]``: real seconds, not emulated."""
+
+    @property
+    def timings(self) -> list[LayerTiming]:
+        return [layer.timings[self.device_type] for layer in self.profile.layers]
+
+
+def scaled(timings: Sequence[LayerTiming], factor: float) -> list[LayerTiming]:
+    """Every part (fixed and per sample, forward and backward) times ``factor``."""
+    return [
+        LayerTiming(
+            t.fwd_s * factor, t.bwd_s * factor, t.fwd_fixed_s * factor, t.bwd_fixed_s * factor
+        )
+        for t in timings
+    ]
+
+
+def _check_options(batch_sizes: Sequence[int], warmup: int, repeats: int, timeout_s: float) -> None:
+    sizes = list(batch_sizes)
+    ok = len(sizes) == 2 and all(isinstance(n, int) and n >= 1 for n in sizes)
+    if not ok or sizes[0] >= sizes[1]:
+        raise PipeplanError(
+            f"batch_sizes: expected two increasing integers >= 1, got {batch_sizes!r}"
+        )
+    if warmup < 0 or repeats < 1:
+        raise PipeplanError(f"warmup >= 0 and repeats >= 1 needed, got {warmup}, {repeats}")
+    if not timeout_s > 0:
+        raise PipeplanError(f"timeout_s: must be > 0, got {timeout_s!r}")
+
+
+def _node_for(device_type: str, nodes: Sequence[LiveNode]) -> LiveNode:
+    for n in nodes:
+        if n.devices.get(device_type, 0) > 0:
+            return n
+    live = sorted({t for n in nodes for t, c in n.devices.items() if c > 0})
+    raise ExecutorError(
+        f"device type {device_type!r}: no live node of the connected cluster has it "
+        f"(live device types: {', '.join(live) or 'none'}; nodes: "
+        f"{', '.join(n.name for n in nodes) or 'none'})"
+    )
+
+
+def measure_on_type(
+    source: ModelSource,
+    device_type: str,
+    *,
+    batch_sizes: tuple[int, int] = (2, 8),
+    warmup: int = 2,
+    repeats: int = 5,
+    timeout_s: float = 600.0,
+    nodes: Sequence[LiveNode] | None = None,
+) -> TypeMeasurement:
+    """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
+    such node by name); real timings, under ``timings[device_type]``. The actor is killed
+    afterwards, whatever happened."""
+    _check_options(batch_sizes, warmup, repeats, timeout_s)
+    nodes = live_nodes() if nodes is None else nodes
+    node = _node_for(device_type, nodes)
+    where = f"device type {device_type!r} (node {node.name})"
+    options = actor_options(device_id(node.name, device_type, 0), nodes)
+    actor: Any = _Actor.options(**options).remote()
+    try:
+        ref = actor.profile.remote(
+            source, device_type, (batch_sizes[0], batch_sizes[1]), warmup, repeats
+        )
+        try:
+            got = ray.get(ref, timeout=timeout_s)
+        except GetTimeoutError:
+            raise ExecutorTimeoutError(
+                f"profiling model {source.name!r} on {where}: no answer in {timeout_s:g} s "
+                "(is the device held by a running pipeline?)"
+            ) from None
+        except RayTaskError as e:
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            raise ExecutorError(
+                f"profiling model {source.name!r} on {where} failed: "
+                f"{type(cause).__name__}: {cause}"
+            ) from None
+        except RayError as e:
+            raise ExecutorError(
+                f"profiling model {source.name!r} on {where}: the profiler actor died "
+                f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+            ) from None
+    finally:
+        with contextlib.suppress(Exception):  # already gone with its node or cluster
+            ray.kill(actor, no_restart=True)
+    if got["node_id"] != node.node_id:
+        raise ExecutorError(
+            f"profiling on {where}: the actor ran on Ray node {got['node_id']}, not {node.node_id}"
+        )
+    return TypeMeasurement(
+        device_type,
+        node.name,
+        str(got["node_id"]),
+        int(got["pid"]),
+        float(got["seconds"]),
+        ModelProfile.from_dict(got["profile"]),
+    )
+
+
+def measure_profile(
+    source: ModelSource,
+    spec: ClusterSpec,
+    *,
+    batch_sizes: tuple[int, int] = (2, 8),
+    warmup: int = 2,
+    repeats: int = 5,
+    timeout_s: float = 600.0,
+    measure_on: MeasureOn = "fastest",
+    emulate: bool = True,
+    device_types: Sequence[str] | None = None,
+) -> ModelProfile:
+    """The profile of ``source`` with timings for every device type of ``spec`` (or of
+    ``device_types``), measured on the connected cluster (module docstring: ``measure_on``
+    and ``emulate``). ``timeout_s`` bounds the whole measurement."""
+    _check_options(batch_sizes, warmup, repeats, timeout_s)
+    if measure_on not in ("fastest", "each"):
+        raise PipeplanError(f"measure_on: 'fastest' or 'each', got {measure_on!r}")
+    types = list(spec.counts_by_type() if device_types is None else device_types)
+    if not types:
+        raise PipeplanError(f"cluster {spec.name!r}: no device types to profile")
+    factors = {t: slowdown(spec, t) if emulate else 1.0 for t in types}  # unknown type: error
+    nodes = live_nodes()
+    for t in types:  # every type must be live, before any actor starts
+        _node_for(t, nodes)
+    deadline = time.monotonic() + timeout_s
+    if measure_on == "fastest":
+        fastest = max(types, key=lambda t: spec.device_types[t].flops)
+        order = [fastest]
+    else:
+        order = types
+    real: dict[str, TypeMeasurement] = {}
+    for t in order:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ExecutorTimeoutError(
+                f"profiling model {source.name!r}: {timeout_s:g} s spent before device type {t!r}"
+            )
+        real[t] = measure_on_type(
+            source,
+            t,
+            batch_sizes=batch_sizes,
+            warmup=warmup,
+            repeats=repeats,
+            timeout_s=left,
+            nodes=nodes,
+        )
+    first = real[order[0]].profile
+    profile = ModelProfile(
+        first.name,
+        first.input_shape,
+        tuple(dataclasses.replace(layer, timings={}) for layer in first.layers),
+    )
+    for t in types:
+        measured = real[t] if measure_on == "each" else real[order[0]]
+        profile = profile.with_timings(t, scaled(measured.timings, factors[t]))
+    return profile

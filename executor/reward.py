@@ -1,0 +1,197 @@
+"""``MeasuredReward``: TAPP's reward measured for real, one run of each plan on the cluster.
+
+A :class:`MeasuredReward` is a reward source (``agents.tapp.rewards.RewardSource``: plans in,
+objective values out, lower is better, ``inf`` for a plan that cannot run). For each plan it
+never saw it trains ``warmup`` + ``repeats`` global batches on the connected Ray cluster and
+takes the mean batch time of the ``repeats`` measured ones (TAPP averages repeated runs of one
+training step); the value is that time, or ``score(plan, time)`` when the search has another
+objective. Values are cached by plan, so a plan is run once however often it is sampled.
+
+Stage actors are expensive to start (a process and a model each): the source keeps one
+:class:`~executor.pipeline.Pipeline` open and, when the next plan has the same stages (layers
+and devices), only :meth:`~executor.pipeline.Pipeline.reconfigure`\\ s it (other microbatches
+or schedule, fresh weights); any other plan closes it and starts a new one. It needs a
+connected cluster (:class:`~executor.cluster.LocalCluster` or
+:func:`~executor.cluster.connect`) for its whole life, and is a context manager that closes
+its pipeline.
+
+A plan that fails (refused by the live cluster, a stage that raised, a timeout) is worth
+``inf`` and its reason is kept in :attr:`outcomes`; with a ``profile``, plans the cost model
+says do not fit in memory are ``inf`` without a run. ``max_failures`` plans failing in a row
+end the search with an :class:`~executor.errors.ExecutorError` instead: a broken cluster
+should not read as a search space without feasible plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import numpy as np
+import ray
+
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.errors import PipeplanError
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.errors import ExecutorError
+from executor.measure import Measurement
+from executor.model import Batch, ModelSource
+from executor.pipeline import Pipeline, RunConfig, make_batches
+
+Score = Callable[[Plan, float], float]
+"""Objective value of a plan from its measured mean batch time (seconds)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What evaluating one plan gave: its value and measurement, or why it has none."""
+
+    plan: Plan
+    value: float
+    measurement: Measurement | None = None
+    error: str = ""
+    seconds: float = 0.0
+    """Wall time of the evaluation (actor start-up included)."""
+
+
+def plan_key(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True)
+
+
+def _same_stages(a: Plan, b: Plan) -> bool:
+    return [(s.layers, s.devices) for s in a.stages] == [(s.layers, s.devices) for s in b.stages]
+
+
+class MeasuredReward:
+    """Runs each plan ``repeats`` times on the connected cluster; the value is the mean batch
+    time (module docstring). ``config`` sets everything else about a run (data, optimizer,
+    emulation, timeouts); its ``steps`` and ``warmup`` are replaced by ``repeats`` and
+    ``warmup``."""
+
+    def __init__(
+        self,
+        model: ModelSource,
+        cluster: ClusterSpec,
+        *,
+        repeats: int = 3,
+        warmup: int = 1,
+        config: RunConfig | None = None,
+        profile: ModelProfile | None = None,
+        score: Score | None = None,
+        max_failures: int = 3,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        if repeats < 1 or warmup < 0 or max_failures < 1:
+            raise PipeplanError(
+                f"measured reward: repeats >= 1, warmup >= 0 and max_failures >= 1 needed, "
+                f"got {repeats}, {warmup}, {max_failures}"
+            )
+        self.model, self.cluster, self.profile = model, cluster, profile
+        self.config = dataclasses.replace(config or RunConfig(), steps=repeats, warmup=warmup)
+        self.score = score
+        self.max_failures = max_failures
+        self.on_outcome = on_outcome
+        self.outcomes: dict[str, Outcome] = {}
+        self.pipelines_started = 0
+        self._pipe: Pipeline | None = None
+        self._batches: dict[int, list[Batch]] = {}
+        self._failures_in_a_row = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> MeasuredReward:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the open pipeline's actors (idempotent)."""
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+
+    # --- the reward source ------------------------------------------------------------------
+
+    def evaluate(self, plans: Sequence[Plan]) -> np.ndarray:
+        """One value per plan, in order; plans seen before come from the cache."""
+        if not ray.is_initialized():
+            raise ExecutorError(
+                "measured reward: not connected to a Ray cluster (use LocalCluster or connect())"
+            )
+        values = np.empty(len(plans))
+        for i, plan in enumerate(plans):
+            key = plan_key(plan)
+            if key not in self.outcomes:
+                self.outcomes[key] = self._evaluate(plan)
+                if self.on_outcome is not None:
+                    self.on_outcome(self.outcomes[key])
+            values[i] = self.outcomes[key].value
+        return values
+
+    def measurement(self, plan: Plan) -> Measurement | None:
+        """The run of ``plan``, if it was evaluated and ran."""
+        outcome = self.outcomes.get(plan_key(plan))
+        return None if outcome is None else outcome.measurement
+
+    @property
+    def runs(self) -> int:
+        """Plans actually run (cache hits and plans screened out not counted)."""
+        return sum(o.measurement is not None for o in self.outcomes.values())
+
+    # --- one plan ---------------------------------------------------------------------------
+
+    def _evaluate(self, plan: Plan) -> Outcome:
+        t0 = time.perf_counter()
+        if self.profile is not None:
+            est = simulate(plan, self.profile, self.cluster)
+            if not est.fits:
+                reason = "does not fit in memory (cost model): " + "; ".join(est.not_fitting)
+                return Outcome(plan, math.inf, error=reason)
+        try:
+            measured = self._run(plan)
+        except (PipeplanError, ExecutorError) as e:
+            self.close()  # the actors' state is unknown after a failure
+            self._failures_in_a_row += 1
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if self._failures_in_a_row >= self.max_failures:
+                raise ExecutorError(
+                    f"measured reward: {self._failures_in_a_row} plans failed in a row; "
+                    f"last: {reason}"
+                ) from e
+            return Outcome(plan, math.inf, error=reason, seconds=time.perf_counter() - t0)
+        self._failures_in_a_row = 0
+        value = measured.batch_time_s
+        if self.score is not None:
+            value = self.score(plan, value)
+        return Outcome(plan, value, measured, seconds=time.perf_counter() - t0)
+
+    def _run(self, plan: Plan) -> Measurement:
+        if self._pipe is not None and _same_stages(self._pipe.plan, plan):
+            self._pipe.reconfigure(plan, self.config)
+        else:
+            self.close()
+            pipe = Pipeline(plan, self.model, self.cluster, self.config)
+            pipe.start()  # cleans up after itself when it fails
+            self._pipe = pipe
+            self.pipelines_started += 1
+        count = self.config.warmup + self.config.steps
+        batches = self._batches_for(plan.global_batch, count)
+        return self._pipe.measure(batches, self.config.warmup)
+
+    def _batches_for(self, global_batch: int, count: int) -> list[Batch]:
+        if global_batch not in self._batches:
+            self._batches[global_batch] = make_batches(self.model, global_batch, count, self.config)
+        return self._batches[global_batch]
