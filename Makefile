@@ -1,10 +1,14 @@
-# pipeplan: `make demo` runs the main job end to end; `make test` runs the tests.
+# pipeplan: `make demo` runs the main job end to end (start the local emulated cluster, measure a
+# profile, plan with exact/learned planners and baselines, run them for real, print the table,
+# draw the Gantt chart, stop the cluster: ~1-2 minutes); `make test` runs the tests.
 # Both create .venv when it is missing and install the project into it.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= build/demo
 MODEL ?= alexnet
+INPUT_SIZE ?= 64
+BATCH ?= 32
 CLUSTER ?= examples/clusters/local-hetero.yaml
 
 .PHONY: install test demo lint bench clean
@@ -21,12 +25,8 @@ test: install
 	$(PY) -m pytest -q
 
 demo: install
-	mkdir -p $(OUT)
-	$(VENV)/bin/pipeplan profile $(MODEL) --cluster $(CLUSTER) -o $(OUT)/$(MODEL).profile.json
-	$(VENV)/bin/pipeplan validate $(CLUSTER)
-	$(VENV)/bin/pipeplan simulate --profile $(OUT)/$(MODEL).profile.json --cluster $(CLUSTER) \
-		--uniform 3 --batch 32 --microbatches 4 --save-plan $(OUT)/uniform.plan.json \
-		--gantt $(OUT)/uniform.gantt.png
+	$(VENV)/bin/pipeplan demo --model $(MODEL) --input-size $(INPUT_SIZE) --cluster $(CLUSTER) \
+		--batch $(BATCH) --out $(OUT)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,5 @@
-"""``pipeplan`` command line: profile, simulate, validate.
+"""``pipeplan`` command line: profile, simulate, validate (plan/compare: ``plan_cmd``;
+run, cluster, demo: ``run_cmd``).
 
 Every error is one line on stderr and a non-zero exit code; no tracebacks.
 """
@@ -22,7 +23,9 @@ from core.cluster import ClusterSpec
 from core.errors import FormatError, PipeplanError
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import LayerTiming, ModelProfile
+from executor.errors import ExecutorError
 from service.plan_cmd import register as _register_plan_commands
+from service.run_cmd import register as _register_run_commands
 
 app = typer.Typer(
     name="pipeplan",
@@ -47,7 +50,8 @@ class CliError(Exception):
 
 
 def clean_errors(fn: F) -> F:
-    """Turn domain and I/O errors into one line on stderr and exit code 2."""
+    """Turn domain, I/O and cluster errors into one line on stderr and exit code 2 (a
+    failed stage's worker traceback only with ``PIPEPLAN_DEBUG=1``)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -56,8 +60,19 @@ def clean_errors(fn: F) -> F:
         except (PipeplanError, CliError, OSError) as e:
             err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except ExecutorError as e:
+            text = str(e) if os.environ.get("PIPEPLAN_DEBUG") else _first_line(str(e))
+            err.print(f"error: {text}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    if len(lines) <= 1:
+        return text.strip()
+    return f"{lines[0]} (set PIPEPLAN_DEBUG=1 for the rest)"
 
 
 def load_cluster(path: Path | str) -> ClusterSpec:
@@ -93,6 +108,22 @@ def profile(
     batch_size: Annotated[
         int | None, typer.Option(help="minibatch the PipeDream profile was taken at")
     ] = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="with --cluster: start that cluster and time every layer on each of its "
+            "device types through actors pinned to them (emulated types include the slowdown)",
+        ),
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="with --measure: a running Ray cluster (HOST:PORT, or 'auto' for `pipeplan "
+            "cluster up`'s) instead of starting one",
+        ),
+    ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
     text: Annotated[bool, typer.Option("--text", help="print TAPP's text library")] = False,
     list_models: Annotated[bool, typer.Option("--list", help="list zoo models")] = False,
@@ -103,7 +134,9 @@ def profile(
     if list_models:
         typer.echo("\n".join(zoo.MODELS))
         return
-    if pipedream is not None:
+    if measure or address is not None:
+        prof = _measure_zoo(model, input_size, device_type, cluster, pipedream, measure, address)
+    elif pipedream is not None:
         prof = _import_pipedream(pipedream, batch_size, device_type, model)
     elif model is None:
         raise CliError(
@@ -120,6 +153,28 @@ def profile(
         )
     if text or output is None:
         typer.echo(prof.text_library())
+
+
+def _measure_zoo(
+    model: str | None,
+    input_size: int | None,
+    device_type: str | None,
+    cluster: str | None,
+    pipedream: Path | None,
+    measure: bool,
+    address: str | None,
+) -> ModelProfile:
+    from service.run_cmd import measured_profile
+
+    if not measure:
+        raise CliError("--address: only applies with --measure")
+    if model is None or pipedream is not None:
+        raise CliError("--measure: give a zoo MODEL name (not --pipedream)")
+    if device_type is not None:
+        raise CliError("--device-type: not with --measure (every type of --cluster is timed)")
+    if cluster is None and address is None:
+        raise CliError("--measure: needs --cluster C (the cluster to start and time on)")
+    return measured_profile(model, input_size, cluster, address)
 
 
 def _import_pipedream(
@@ -305,6 +360,7 @@ def _detect(doc: Any) -> Kind:
 
 
 _register_plan_commands(app)
+_register_run_commands(app)
 
 
 def main() -> None:

@@ -5,6 +5,12 @@ and prints the plan's per-stage estimate; ``compare`` runs several on the same p
 prints one table, with each plan's ratio to the best and to the exact optimum when ``brute``
 (preferred) or ``dp`` ran. A planner that fails in ``compare`` gets a row with its reason.
 
+``plan --planner tapp --reward measured`` trains TAPP on measured batch times: every plan it
+samples runs on a local cluster for ``--cluster`` (or ``--address``), ``--repeats`` steps
+after one warm-up, averaged (:mod:`executor.reward`). Each evaluation takes seconds, so the
+defaults are small (:mod:`service.run_cmd`: 3 iterations of 4 plans, at most 16 evaluations
+or 900 s; ``--iterations``, ``-O batch_size=N``, ``--budget`` and ``--seconds`` change them).
+
 ``--objective cost`` needs ``--min-throughput``: without a target the cheapest plan per
 sample is usually one cheap device, seldom what anyone means to rent; give
 ``--min-throughput 0`` to ask for exactly that.
@@ -23,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -69,6 +76,11 @@ SecondsOpt = Annotated[
     float | None, typer.Option(help=f"most search seconds (default {Budget().seconds:g})")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+
+
+class Reward(StrEnum):
+    simulated = "simulated"
+    measured = "measured"
 
 
 def register(app: typer.Typer) -> None:
@@ -284,6 +296,23 @@ def plan_command(
         Path | None,
         typer.Option(help="write the learning curve (best value vs evaluations) PNG here"),
     ] = None,
+    reward: Annotated[
+        Reward,
+        typer.Option(
+            help="tapp: rewards from the cost model, or from real runs on the cluster "
+            "(small default budget: each evaluation is a run)"
+        ),
+    ] = Reward.simulated,
+    repeats: Annotated[
+        int, typer.Option(help="--reward measured: timed steps per plan (after 1 warm-up)")
+    ] = 3,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="--reward measured: run on this Ray cluster (HOST:PORT, or 'auto' for "
+            "`pipeplan cluster up`'s) instead of starting one for --cluster"
+        ),
+    ] = None,
 ) -> None:
     """Search a plan with one planner; print its per-stage estimate."""
     from service.cli import CliError, err, out
@@ -291,6 +320,10 @@ def plan_command(
 
     if planner not in PLANNERS:
         raise CliError(f"--planner: unknown planner {planner!r} (one of {', '.join(PLANNERS)})")
+    if reward is Reward.measured and planner != "tapp":
+        raise CliError(f"--reward measured: only applies to tapp, not {planner!r}")
+    if reward is Reward.simulated and address is not None:
+        raise CliError("--address: only applies with --reward measured")
     problem = build_problem(
         model,
         profile,
@@ -306,7 +339,18 @@ def plan_command(
         seconds,
     )
     options = planner_options(planner, option or [], workers, iterations)
-    result = run_planner(planner, problem, **options)
+    measured = None
+    if reward is Reward.measured:
+        from service.run_cmd import measured_problem, model_source, plan_tapp_measured
+
+        source = model_source(model, input_size, None if model else problem.profile)
+        problem = measured_problem(problem, budget, seconds)
+        measured = plan_tapp_measured(
+            problem, source, options, repeats=repeats, warmup=1, address=address
+        )
+        result = measured.result
+    else:
+        result = run_planner(planner, problem, **options)
     if curve is not None:
         draw_curve(result, problem, curve)
         err.print(f"wrote {curve}", markup=False, highlight=False)
@@ -321,6 +365,11 @@ def plan_command(
             "evaluations": result.evaluations,
             "wall_time_s": result.wall_time_s,
         }
+        if measured is not None:
+            from service.run_cmd import measured_doc
+
+            doc["reward"] = reward.value
+            doc["measured"] = measured_doc(measured)
         typer.echo(json.dumps(doc, indent=2))
         return
     out().print(estimate_table(result.estimate, f"{planner}: {describe(problem)} (cost model)"))
@@ -328,8 +377,13 @@ def plan_command(
         typer.echo(line)
     typer.echo(
         f"search          {result.evaluations} evaluations in {result.wall_time_s:.2f} s "
-        f"({planner})"
+        f"({planner}{', measured reward' if measured is not None else ''})"
     )
+    if measured is not None:
+        from service.run_cmd import measured_lines
+
+        for line in measured_lines(measured):
+            typer.echo(line)
 
 
 # --- compare ------------------------------------------------------------------------------------

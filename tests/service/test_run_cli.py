@@ -1,0 +1,201 @@
+"""``pipeplan run``, ``cluster``, ``profile --measure`` and ``plan --reward measured``.
+
+The Ray tests share one small local cluster (``fast`` on n0, ``mid`` on n1, local-hetero's
+device types), started without connecting this process: the commands join it with
+``--address``, as they would join ``pipeplan cluster up``'s, and disconnect when done.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.cluster import ClusterSpec, Node
+from core.plan import Plan, Stage
+from service.cli import main
+
+HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
+SMALL = ClusterSpec(
+    "small-hetero",
+    {t: HETERO.device_types[t] for t in ("fast", "mid")},
+    (Node("n0", {"fast": 1}), Node("n1", {"mid": 1})),
+    HETERO.network,
+)
+TWO_STAGES = Plan(
+    16, (Stage((0, 4), ("n0/fast:0",), 8), Stage((4, 8), ("n1/mid:0",), 8))
+)  # digits_cnn has 8 layers
+
+
+def cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["pipeplan", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    cap = capsys.readouterr()
+    return int(e.value.code or 0), cap.out, cap.err
+
+
+@pytest.fixture
+def no_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty pipeplan state dir (no `cluster up` recorded)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "pipeplan" / "cluster"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("run")
+    paths = {"cluster": d / "small.yaml", "plan": d / "two.plan.json"}
+    SMALL.save(paths["cluster"])
+    TWO_STAGES.save(paths["plan"])
+    return paths
+
+
+# --- without a cluster ------------------------------------------------------------------------
+
+
+def test_cluster_status_without_a_cluster_says_so(monkeypatch, capsys, no_state) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli(monkeypatch, capsys, "cluster", "status")
+    assert code == 1
+    assert out.strip().splitlines() == [
+        f"no pipeplan cluster is running (none recorded in {no_state}); start one with "
+        "`pipeplan cluster up --spec C`"
+    ]
+    assert not err
+    code, out, _ = cli(monkeypatch, capsys, "cluster", "down")
+    assert code == 0 and "no pipeplan cluster is running" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--address", "auto", "--model", "digits_cnn"], "--address auto: no pipeplan"),
+        (["--cluster", "local-hetero", "--model", "nope"], "--model: unknown 'nope'"),
+        (["--cluster", "tapp-paper", "--model", "digits_cnn"], "unknown device 'n0/fast:0'"),
+        (["--cluster", "local-hetero", "--model", "digits_cnn", "--steps", "0"], "steps"),
+        (["--cluster", "local-hetero"], "exactly one of --model NAME or --profile FILE"),
+    ],
+)
+def test_run_refuses_bad_input_before_starting_ray(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, no_state, args, message
+) -> None:
+    code, out, err = cli(monkeypatch, capsys, "run", "--plan", str(files["plan"]), *args)
+    assert code == 2
+    assert not out
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("error: ") and message in err
+
+
+def test_measured_reward_is_for_tapp_only(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli(
+        monkeypatch, capsys, "plan", "--planner", "dp", "--reward", "measured",
+        "--model", "digits_cnn", "--cluster", "local-hetero",
+    )  # fmt: skip
+    assert code == 2
+    assert err.strip() == "error: --reward measured: only applies to tapp, not 'dp'"
+
+
+# --- on a live cluster ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    from executor.cluster import LocalCluster
+
+    with LocalCluster(SMALL, object_store_mb=100, connect=False) as cluster:
+        yield cluster.address
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(150)
+def test_run_json_gives_measured_and_predicted_batch_times(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, address
+) -> None:
+    code, out, err = cli(
+        monkeypatch, capsys, "run", "--plan", str(files["plan"]), "--model", "digits_cnn",
+        "--cluster", str(files["cluster"]), "--address", address, "--steps", "2", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    measured, predicted = doc["measured"], doc["predicted"]
+    assert doc["emulated"] is True and "EMULATED" in measured["note"]
+    assert doc["profile"] == "profile measured on the cluster"
+    assert measured["steps"] == 2 and len(measured["batch_times_s"]) == 2
+    assert measured["batch_time_s"] > 0 and predicted["batch_time_s"] > 0
+    error = doc["error"]["batch_time"]
+    assert error == pytest.approx(
+        (predicted["batch_time_s"] - measured["batch_time_s"]) / measured["batch_time_s"]
+    )
+    assert [p["node"] for p in measured["placement"]] == ["n0", "n1"]
+    assert len(doc["error"]["stages"]) == 2
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(60)
+def test_a_plan_the_live_cluster_cannot_run_is_refused_before_actors_start(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, address, tmp_path
+) -> None:
+    # valid for local-hetero (the spec given), but the live cluster has no node n2
+    plan = Plan(16, (Stage((0, 4), ("n0/fast:0",), 8), Stage((4, 8), ("n2/slow:0",), 8)))
+    plan.save(tmp_path / "plan.json")
+    code, out, err = cli(
+        monkeypatch, capsys, "run", "--plan", str(tmp_path / "plan.json"),
+        "--model", "digits_cnn", "--cluster", "local-hetero", "--address", address,
+    )  # fmt: skip
+    assert code == 2 and not out
+    assert err.strip().splitlines() == [
+        "error: stages[1].devices: 'n2/slow:0' needs device type 'slow', which the live "
+        "cluster does not have (types: fast, mid)"
+    ]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_tapp_with_a_measured_reward_runs_plans_on_the_cluster(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, address
+) -> None:
+    code, out, err = cli(
+        monkeypatch, capsys, "plan", "--planner", "tapp", "--reward", "measured",
+        "--model", "digits_cnn", "--cluster", str(files["cluster"]), "--address", address,
+        "--batch", "16", "--budget", "3", "--iterations", "1", "-O", "batch_size=2",
+        "--repeats", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["reward"] == "measured"
+    runs = doc["measured"]["evaluated"]
+    assert 1 <= len(runs) <= 3 and doc["evaluations"] == len(runs)
+    ran = [r for r in runs if r["batch_time_s"] is not None]
+    assert ran and all(r["value"] == r["batch_time_s"] > 0 for r in ran)
+    on_mid = [r for r in ran if any("mid" in d for s in r["plan"]["stages"] for d in s["devices"])]
+    assert all(r["emulated"] for r in on_mid)  # mid is emulated at 2x, fast is not
+    best = min(r["value"] for r in ran)
+    assert doc["measured"]["best"]["batch_time_s"] == pytest.approx(best)
+    assert doc["plan"] in [r["plan"] for r in ran]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_measured_reward_caches_plans_and_reuses_actors(address) -> None:  # type: ignore[no-untyped-def]
+    import ray
+
+    from executor.cluster import connect
+    from executor.model import ModelSource
+    from executor.reward import MeasuredReward
+
+    other_micro = Plan(16, tuple(Stage(s.layers, s.devices, 4) for s in TWO_STAGES.stages))
+    connect(address)
+    try:
+        with MeasuredReward(ModelSource("digits_cnn", 8), SMALL, repeats=1) as reward:
+            first = reward.evaluate([TWO_STAGES, other_micro])
+            again = reward.evaluate([other_micro])
+    finally:
+        ray.shutdown()
+    assert (first > 0).all() and again[0] == first[1]
+    assert reward.runs == 2
+    assert reward.pipelines_started == 1  # same stages: the actors were reconfigured
