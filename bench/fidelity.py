@@ -1,0 +1,503 @@
+"""Cost-model fidelity: predicted (on a measured profile) against measured batch time, for
+several plans per model, run for real on the local emulated cluster (``local-hetero``).
+
+Per model: measure the profile on the cluster (:func:`executor.profiling.measure_profile`:
+once on the fastest type, scaled by each type's emulated slowdown), pick plans -- equal-layer
+pipelines (``uniform-2`` GPipe on fast + mid, ``uniform-3-1f1b`` on fast + mid + slow), the
+``dp`` planner's best, data parallelism on every device (TAPP's literal BSP, ``bsp-all``;
+the ``data_parallel`` planner's best, also available, keeps only the fast device here, the
+same plan as ``dp``), and ``fast+2slow``, whose second stage is replicated on n2's two slow
+devices with the cut where the measured compute balances -- predict each with
+:func:`core.costmodel.simulate` on the measured profile, run it for real
+(:func:`executor.pipeline.run`, synthetic data, warm-up steps left out) and compare, all on
+one cluster. Error of a plan = ``(predicted - measured) / measured``; the target is a
+median ``|error|`` <= 10%.
+
+The profile is fitted at 4 and 32 samples per call (``--profile-batches``), the range the
+plans' operations see: the fixed + per-sample fit is linear, and extrapolating a fit at 2 and
+8 samples to 32 overestimated ResNet-50 at 32 samples about twofold here. Each Ray node gets
+a 2400 MiB object store (``--object-store-mb``): the executor's replicas exchange gradients
+through it (every node holding a replica fetches every replica's gradients: VGG-16's BSP
+needs 4 x 537 MB), and a smaller store spills to disk, which then dominates the batch time;
+plans that would need more are skipped.
+
+Per stage the JSON also holds predicted and measured compute (forward + backward), transfer
+and update, and the measured real compute (without the emulation's sleep) over the profiled
+one, so a gap can be traced to its term; the run prints that ratio's median for one-actor
+and several-actor plans (CPU contention on this shared 2-core machine). Numbers are
+EMULATED: every device is this machine's CPU, and slower types sleep ``(slowdown - 1) x``
+each forward and backward.
+
+    .venv/bin/python -m bench.fidelity            # 4 models x 5 plans (~15 min on 2 cores)
+    .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans (~3 min)
+Writes bench/results/fidelity.json and fidelity.png (``--quick``: fidelity_quick.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
+from agents import Budget, Objective, Problem, make_planner
+from core.cluster import ClusterSpec
+from core.costmodel import Estimate, simulate
+from core.plan import Plan, Schedule, Stage, uniform_stages
+from core.profile import ModelProfile
+from executor.cluster import LocalCluster
+from executor.cluster import slowdown as type_slowdown
+from executor.measure import EMULATED_NOTE, Measurement
+from executor.model import ModelSource
+from executor.pipeline import RunConfig, run
+from executor.profiling import measure_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results"
+CLUSTER = ROOT / "examples" / "clusters" / "local-hetero.yaml"
+
+GPT_OPTIONS = {"n_layer": 2, "d_model": 256, "n_head": 4, "n_ctx": 32, "vocab_size": 4096}
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A model at a small input size and the global batch its plans train."""
+
+    label: str
+    source: ModelSource
+    batch: int
+
+
+MODELS: dict[str, ModelCase] = {
+    "alexnet": ModelCase("alexnet@64", ModelSource("alexnet", 64), 32),
+    "vgg16": ModelCase("vgg16@32", ModelSource("vgg16", 32), 16),
+    "resnet50": ModelCase("resnet50@32", ModelSource("resnet50", 32), 32),
+    # a small GPT: 2 blocks, width 256, 4096 tokens of vocabulary, sequences of 32
+    "gpt": ModelCase("gpt-2L@32", ModelSource("gpt", 32, options=GPT_OPTIONS), 16),
+}
+STORE_MB = 2400
+"""Object store per node: VGG-16's replicas exchange 4 x 537 MB of gradients through it."""
+PLANS = ("uniform-2", "uniform-3-1f1b", "dp", "bsp-all", "fast+2slow")
+QUICK_PLANS = ("uniform-2", "dp", "bsp-all")
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+def fastest_first(spec: ClusterSpec) -> list[str]:
+    ids = spec.device_ids
+    return sorted(ids, key=lambda d: -spec.device_type(d).flops)
+
+
+def uniform_plan(
+    profile: ModelProfile, spec: ClusterSpec, batch: int, stages: int, schedule: Schedule
+) -> Plan:
+    """Equal layer counts on the fastest devices, 4 microbatches (GPipe's split)."""
+    devices = fastest_first(spec)[:stages]
+    micro = max(batch // 4, 1)
+    return Plan(
+        batch,
+        tuple(
+            Stage(r, (d,), micro)
+            for r, d in zip(uniform_stages(len(profile), stages), devices, strict=True)
+        ),
+        schedule,
+    )
+
+
+def replicated_plan(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
+    """Stage 0 on the fastest device, stage 1 on the slowest type's devices (replicas), cut
+    where the measured per-sample compute balances (stage 1 gets the replicas' share)."""
+    fast = fastest_first(spec)[0]
+    slow_type = min(spec.device_types, key=lambda t: spec.device_types[t].flops)
+    slow = tuple(d for d in spec.device_ids if spec.device(d).type == slow_type)
+    ft, st = spec.device(fast).type, slow_type
+    micro = max(batch // 4, len(slow))
+
+    def time_on(dtype: str, lo: int, hi: int, n: float) -> float:
+        return sum(
+            profile.layers[i].timings[dtype].forward(n)
+            + profile.layers[i].timings[dtype].backward(n)
+            for i in range(lo, hi)
+        )
+
+    n_layers = len(profile)
+    cut = min(
+        range(1, n_layers),
+        key=lambda c: max(time_on(ft, 0, c, micro), time_on(st, c, n_layers, micro / len(slow))),
+    )
+    return Plan(batch, (Stage((0, cut), (fast,), micro), Stage((cut, n_layers), slow, micro)))
+
+
+def bsp_all(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
+    """One stage replicated on every device (TAPP's literal BSP), the microbatch the cost
+    model likes best. (The ``data_parallel`` planner may keep only a prefix of the devices,
+    fastest first: on local-hetero it keeps the fast device alone, the same plan as ``dp``.)"""
+    devices = tuple(spec.device_ids)
+    sizes = [m for m in range(len(devices), batch + 1) if batch % m == 0]
+    plans = [Plan(batch, (Stage((0, len(profile)), devices, m),)) for m in sizes]
+    return min(plans, key=lambda p: simulate(p, profile, spec).batch_time_s)
+
+
+def planned(name: str, profile: ModelProfile, spec: ClusterSpec, batch: int, seed: int) -> Plan:
+    problem = Problem(
+        profile,
+        spec,
+        Objective.TIME,
+        batch,
+        seed=seed,
+        budget=Budget(evaluations=None, seconds=30.0),
+    )
+    return make_planner(name).plan(problem).plan
+
+
+def make_plan(
+    name: str, profile: ModelProfile, spec: ClusterSpec, batch: int, seed: int = 0
+) -> Plan:
+    builders: dict[str, Callable[[], Plan]] = {
+        "uniform-2": lambda: uniform_plan(profile, spec, batch, 2, Schedule.GPIPE),
+        "uniform-3": lambda: uniform_plan(profile, spec, batch, 3, Schedule.GPIPE),
+        "uniform-3-1f1b": lambda: uniform_plan(profile, spec, batch, 3, Schedule.ONE_F_ONE_B),
+        "dp": lambda: planned("dp", profile, spec, batch, seed),
+        "data_parallel": lambda: planned("data_parallel", profile, spec, batch, seed),
+        "bsp-all": lambda: bsp_all(profile, spec, batch),
+        "fast+2slow": lambda: replicated_plan(profile, spec, batch),
+    }
+    if name not in builders:
+        raise SystemExit(f"plan: unknown {name!r} (known: {', '.join(builders)})")
+    return builders[name]()
+
+
+def slowdown_of(spec: ClusterSpec, device: str) -> float:
+    return type_slowdown(spec, spec.device(device).type)
+
+
+def describe(plan: Plan) -> str:
+    parts = [
+        f"[{s.start},{s.end})@{'+'.join(d.split('/')[1] for d in s.devices)} b{s.microbatch}"
+        for s in plan.stages
+    ]
+    return f"{plan.schedule.value} " + " | ".join(parts)
+
+
+# --- one plan ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    model: str
+    plan_name: str
+    plan: Plan
+    predicted: Estimate
+    measured: Measurement | None = None
+    error: str = ""
+    load: tuple[float, float] = (0.0, 0.0)
+    seconds: float = 0.0
+    spec: ClusterSpec | None = None
+
+    @property
+    def rel_error(self) -> float:
+        if self.measured is None:
+            return math.nan
+        return (self.predicted.batch_time_s - self.measured.batch_time_s) / (
+            self.measured.batch_time_s
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        m, p = self.measured, self.predicted
+        stages = []
+        for s, ps in enumerate(p.stages):
+            row: dict[str, Any] = {
+                "layers": list(ps.layers),
+                "devices": list(ps.devices),
+                "microbatch": ps.microbatch,
+                "predicted_compute_s": ps.compute_s,
+                "predicted_transfer_s": ps.transfer_s,
+                "predicted_update_s": ps.update_s + ps.allreduce_s,
+                "predicted_end_s": ps.end_s,
+            }
+            factor = max(slowdown_of(self.spec, d) for d in ps.devices) if self.spec else 1.0
+            row["predicted_real_compute_s"] = ps.compute_s / factor
+            if m is not None:
+                ms = m.stages[s]
+                row["measured_real_compute_s"] = ms.compute_s - ms.emulated_s
+                row["real_compute_inflation"] = (ms.compute_s - ms.emulated_s) / (
+                    ps.compute_s / factor
+                )
+                row |= {
+                    "measured_compute_s": ms.compute_s,
+                    "measured_transfer_s": ms.transfer_s,
+                    "measured_update_s": ms.update_s,
+                    "measured_emulated_s": ms.emulated_s,
+                    "measured_idle_s": ms.wait_s,
+                }
+            stages.append(row)
+        return {
+            "model": self.model,
+            "plan_name": self.plan_name,
+            "plan": self.plan.to_dict(),
+            "describe": describe(self.plan),
+            "predicted_s": p.batch_time_s,
+            "predicted_comm_fraction": p.comm_fraction,
+            "measured_s": m.batch_time_s if m else None,
+            "measured_std_s": m.batch_time_std_s if m else None,
+            "measured_steps_s": list(m.batch_times_s) if m else None,
+            "measured_comm_fraction": m.comm_fraction if m else None,
+            "rel_error": None if math.isnan(self.rel_error) else self.rel_error,
+            "abs_rel_error": None if math.isnan(self.rel_error) else abs(self.rel_error),
+            "emulated": m.emulated if m else None,
+            "error": self.error,
+            "loadavg_before_after": list(self.load),
+            "wall_s": self.seconds,
+            "stages": stages,
+        }
+
+
+def store_need_bytes(plan: Plan, profile: ModelProfile) -> float:
+    """Object-store bytes a node needs for the replicas' gradient exchange: every replica
+    publishes its gradients and fetches every other replica's (executor.pipeline), so a node
+    holding a replica of stage s holds r_s copies of its parameters' gradients."""
+    return max(
+        (
+            s.replicas * sum(layer.params_bytes for layer in profile.layers[s.start : s.end])
+            for s in plan.stages
+            if s.replicas > 1
+        ),
+        default=0.0,
+    )
+
+
+def run_plan(
+    case: ModelCase,
+    name: str,
+    plan: Plan,
+    profile: ModelProfile,
+    spec: ClusterSpec,
+    config: RunConfig,
+    store_mb: float = math.inf,
+) -> Result:
+    result = Result(case.label, name, plan, simulate(plan, profile, spec), spec=spec)
+    need = store_need_bytes(plan, profile)
+    if need > 0.9 * store_mb * 2**20:
+        result.error = (
+            f"skipped: the replicas' gradient exchange needs {need / 2**20:.0f} MiB of object "
+            f"store per node (> 90% of {store_mb:.0f} MiB; it would spill to disk)"
+        )
+        return result
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    try:
+        result.measured = run(plan, case.source, spec, config)
+    except Exception as e:  # keep going: one failed plan is a row, not the end of the bench
+        result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    result.load = (load0, os.getloadavg()[0])
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.0f}"
+
+
+def table(results: list[Result], title: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("model", "plan", "stages", "predicted ms", "measured ms", "std", "error", "note"):
+        t.add_column(col, justify="left" if col in ("model", "plan", "stages", "note") else "right")
+    for r in results:
+        m = r.measured
+        t.add_row(
+            r.model,
+            r.plan_name,
+            describe(r.plan),
+            _ms(r.predicted.batch_time_s),
+            _ms(m.batch_time_s if m else None),
+            _ms(m.batch_time_std_s if m else None),
+            "-" if math.isnan(r.rel_error) else f"{r.rel_error * 100:+.1f}%",
+            r.error[:60] or f"load {r.load[0]:.1f}",
+        )
+    return t
+
+
+def median_error(results: list[Result]) -> float:
+    errs = [abs(r.rel_error) for r in results if not math.isnan(r.rel_error)]
+    return statistics.median(errs) if errs else math.nan
+
+
+def inflation(results: list[Result]) -> tuple[float, float]:
+    """Median of measured / profiled real compute per stage, one-actor and multi-actor plans."""
+    one: list[float] = []
+    many: list[float] = []
+    for r in results:
+        if r.measured is None:
+            continue
+        rows = r.to_dict()["stages"]
+        (one if len(r.plan.devices) == 1 else many).extend(
+            row["real_compute_inflation"] for row in rows
+        )
+    return (
+        statistics.median(one) if one else math.nan,
+        statistics.median(many) if many else math.nan,
+    )
+
+
+def draw(results: list[Result], path: Path, median: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.measured is not None]
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    models = sorted({r.model for r in ok})
+    for k, model in enumerate(models):
+        rs = [r for r in ok if r.model == model]
+        ax.scatter(
+            [r.measured.batch_time_s for r in rs if r.measured],
+            [r.predicted.batch_time_s for r in rs],
+            label=model,
+            marker="osD^v"[k % 5],
+        )
+    if ok:
+        lo = min(min(r.predicted.batch_time_s, r.measured.batch_time_s) for r in ok if r.measured)
+        hi = max(max(r.predicted.batch_time_s, r.measured.batch_time_s) for r in ok if r.measured)
+        xs = [lo * 0.8, hi * 1.25]
+        ax.plot(xs, xs, color="black", lw=0.8, label="predicted = measured")
+        ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], alpha=0.15, color="gray")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("measured batch time, s (EMULATED local-hetero)")
+    ax.set_ylabel("predicted batch time, s (cost model, measured profile)")
+    ax.set_title(f"Cost-model fidelity: median |error| {median * 100:.1f}% (band: ±10%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per plan")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per plan")
+    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer")
+    ap.add_argument(
+        "--profile-batches",
+        default="4,32",
+        help="the profiler's two batch sizes (fixed + per-sample fit): the fewest and most "
+        "samples one operation of these plans gets",
+    )
+    ap.add_argument(
+        "--object-store-mb",
+        type=int,
+        default=STORE_MB,
+        help="object store per Ray node; replicated plans needing more are skipped",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cluster", default=str(CLUSTER))
+    ap.add_argument("--quick", action="store_true", help="alexnet and the GPT, 3 plans each")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    from rich.console import Console
+
+    models, plans = a.models.split(","), a.plans.split(",")
+    if a.quick:
+        models, plans = ["alexnet", "gpt"], list(QUICK_PLANS)
+        a.steps, a.repeats = min(a.steps, 2), min(a.repeats, 3)
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    out = Path(a.out or RESULTS / ("fidelity_quick.json" if a.quick else "fidelity.json"))
+    spec = ClusterSpec.load(a.cluster)
+    config = RunConfig(steps=a.steps, warmup=a.warmup, data="synthetic", seed=a.seed, timeout_s=600)
+    console = Console(width=160)
+    console.print(f"[bold]{EMULATED_NOTE}[/bold]")
+    t_all = time.perf_counter()
+    results: list[Result] = []
+    profiles: dict[str, Any] = {}
+    lo, hi = (int(x) for x in a.profile_batches.split(","))
+    with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
+        console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
+        for key in models:
+            case = MODELS[key]
+            t0 = time.perf_counter()
+            profile = measure_profile(case.source, spec, batch_sizes=(lo, hi), repeats=a.repeats)
+            prof_s = time.perf_counter() - t0
+            profiles[case.label] = {"layers": len(profile), "measure_s": prof_s}
+            console.print(
+                f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s"
+            )
+            for name in plans:
+                plan = make_plan(name, profile, spec, case.batch, a.seed)
+                r = run_plan(case, name, plan, profile, spec, config, a.object_store_mb)
+                results.append(r)
+                console.print(
+                    f"  {name:<15} {describe(plan):<60} predicted {_ms(r.predicted.batch_time_s)}"
+                    f" ms, measured {_ms(r.measured.batch_time_s if r.measured else None)} ms"
+                    + (f"  ERROR {r.error}" if r.error else "")
+                    + f"  ({r.seconds:.0f} s)"
+                )
+    median = median_error(results)
+    wall = time.perf_counter() - t_all
+    title = (
+        f"Fidelity on {spec.name} (EMULATED): predicted (measured profile) vs measured batch "
+        f"time, {a.steps} steps after {a.warmup} warm-up"
+    )
+    console.print(table(results, title))
+    errs = [abs(r.rel_error) for r in results if not math.isnan(r.rel_error)]
+    console.print(
+        f"median |error| {median * 100:.1f}% over {len(errs)} plans "
+        f"(target <= 10%: {'met' if median <= 0.10 else 'NOT met'}); "
+        f"mean {statistics.fmean(errs) * 100 if errs else math.nan:.1f}%, "
+        f"worst {max(errs) * 100 if errs else math.nan:.1f}%; wall {wall / 60:.1f} min"
+    )
+    single, multi = inflation(results)
+    console.print(
+        "real compute, measured / profiled (CPU contention; the emulation multiplies it by the "
+        f"slowdown): median {single:.2f}x in one-actor plans, {multi:.2f}x in plans of "
+        "several actors"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "real_compute_inflation": {"one_actor": single, "several_actors": multi},
+        "note": EMULATED_NOTE,
+        "cluster": spec.to_dict(),
+        "config": {
+            "steps": a.steps,
+            "warmup": a.warmup,
+            "profile_repeats": a.repeats,
+            "profile": "measured once on the fastest type, x slowdown per type",
+            "profile_batch_sizes": [lo, hi],
+            "object_store_mb": a.object_store_mb,
+            "data": "synthetic",
+            "quick": a.quick,
+        },
+        "median_abs_rel_error": median,
+        "mean_abs_rel_error": statistics.fmean(errs) if errs else None,
+        "max_abs_rel_error": max(errs) if errs else None,
+        "target_met": bool(median <= 0.10),
+        "wall_s": wall,
+        "profiles": profiles,
+        "results": [r.to_dict() for r in results],
+    }
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    draw(results, out.with_suffix(".png"), median)
+    console.print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

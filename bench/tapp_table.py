@@ -1,0 +1,318 @@
+"""TAPP's table (Mao et al. 2021, Table 3 style), measured on the local EMULATED cluster.
+
+For AlexNet, VGG-16 and Inception-V3 at small inputs (64, 32, 75 pixels), on
+``local-hetero`` (one Ray node per cluster node; every device is this machine's CPU, slower
+types sleep ``(slowdown - 1) x`` each forward and backward), four ways to train:
+
+- ``SingleCPU``: the whole model on the fastest single device;
+- ``Pipe-Torch``: GPipe's equal split, equal layer counts over every device, fastest first;
+- ``BSP``: synchronous data parallelism, one stage replicated on every device (TAPP's
+  baseline; the ``data_parallel`` planner may keep only a prefix of the devices -- its
+  choice is in the JSON as ``data_parallel_planner``);
+- ``Planned``: the best plan of the planners asked (``dp`` and ``tapp`` with a small
+  budget), by the cost model on the profile measured on the cluster
+  (:func:`executor.profiling.measure_profile`).
+
+Microbatch sizes of the first three: the best for each by the cost model on the measured
+profile. Each plan trains ``--train-steps`` global batches of real data (scikit-learn's
+digits resized to the model's input, ``data="digits"``) with SGD (momentum 0.9), the same
+batches for every plan. Reported: single-step time (mean over the steps after the warm-up,
+and the cost model's prediction), speed-up over BSP (measured), comm fraction (measured:
+transfer / (transfer + forward and backward compute)), and training accuracy and loss after
+the fixed number of steps (mean of the last three steps' batches, measured before each
+step's update). Inception-V3 has batch norm: fine for timing (statistics per microbatch).
+
+    .venv/bin/python -m bench.tapp_table            # 3 models, dp + tapp, 12 steps (~15 min)
+    .venv/bin/python -m bench.tapp_table --quick    # 3 models, dp only, 4 steps (~7 min)
+Writes bench/results/tapp_table.json (``--quick``: tapp_table_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
+from agents import Budget, Objective, Problem, make_planner
+from bench.fidelity import CLUSTER, STORE_MB, ModelCase, bsp_all, describe, fastest_first
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.plan import Plan, Schedule, Stage, uniform_stages
+from core.profile import ModelProfile
+from executor.cluster import LocalCluster
+from executor.measure import EMULATED_NOTE, Measurement
+from executor.model import ModelSource, OptimizerConfig
+from executor.pipeline import RunConfig, run
+from executor.profiling import measure_profile
+
+RESULTS = Path(__file__).parent / "results"
+MODELS: dict[str, ModelCase] = {
+    "alexnet": ModelCase("AlexNet@64", ModelSource("alexnet", 64), 32),
+    "vgg16": ModelCase("VGG-16@32", ModelSource("vgg16", 32), 32),
+    "inception_v3": ModelCase("Inception-V3@75", ModelSource("inception_v3", 75), 32),
+}
+METHODS = ("SingleCPU", "Pipe-Torch", "BSP", "Planned")
+OPTIMIZER = OptimizerConfig("sgd", lr=0.01, momentum=0.9)
+LAST = 3  # accuracy and loss: mean over this many final steps
+
+
+def best_microbatch(
+    profile: ModelProfile,
+    spec: ClusterSpec,
+    batch: int,
+    stages: list[tuple[tuple[int, int], tuple[str, ...]]],
+    schedule: Schedule = Schedule.GPIPE,
+) -> Plan:
+    """The plan with these stages and the equal microbatch the cost model likes best."""
+    replicas = max(len(d) for _, d in stages)
+    plans = [
+        Plan(batch, tuple(Stage(r, d, m) for r, d in stages), schedule)
+        for m in range(replicas, batch + 1)
+        if batch % m == 0
+    ]
+    return min(plans, key=lambda p: simulate(p, profile, spec).batch_time_s)
+
+
+def single_device(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
+    return best_microbatch(profile, spec, batch, [((0, len(profile)), (fastest_first(spec)[0],))])
+
+
+def pipe_torch(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
+    devices = fastest_first(spec)
+    ranges = uniform_stages(len(profile), min(len(devices), len(profile)))
+    return best_microbatch(
+        profile, spec, batch, [(r, (d,)) for r, d in zip(ranges, devices, strict=False)]
+    )
+
+
+def plan_with(
+    name: str, profile: ModelProfile, spec: ClusterSpec, batch: int, seconds: float, seed: int
+) -> tuple[Plan, float]:
+    """A planner's best plan for the time objective and its search seconds."""
+    options: dict[str, Any] = {"patience": 100} if name == "tapp" else {}
+    evaluations = 3000 if name == "tapp" else None
+    problem = Problem(
+        profile,
+        spec,
+        Objective.TIME,
+        batch,
+        seed=seed,
+        budget=Budget(evaluations=evaluations, seconds=seconds),
+    )
+    r = make_planner(name, **options).plan(problem)
+    return r.plan, r.wall_time_s
+
+
+def tail(values: tuple[float, ...]) -> float:
+    return statistics.fmean(values[-LAST:]) if values else math.nan
+
+
+def row(
+    method: str, plan: Plan, profile: ModelProfile, spec: ClusterSpec, m: Measurement | None
+) -> dict[str, Any]:
+    est = simulate(plan, profile, spec)
+    return {
+        "method": method,
+        "plan": plan.to_dict(),
+        "describe": describe(plan),
+        "predicted_s": est.batch_time_s,
+        "predicted_comm_fraction": est.comm_fraction,
+        "measured_s": m.batch_time_s if m else None,
+        "measured_std_s": m.batch_time_std_s if m else None,
+        "comm_fraction": m.comm_fraction if m else None,
+        "accuracy": tail(m.accuracies) if m else None,
+        "loss": tail(m.losses) if m else None,
+        "accuracies": list(m.accuracies) if m else None,
+        "losses": list(m.losses) if m else None,
+        "emulated": m.emulated if m else None,
+    }
+
+
+def model_table(
+    case: ModelCase, spec: ClusterSpec, a: argparse.Namespace, console: Any
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    lo, hi = (int(x) for x in a.profile_batches.split(","))
+    profile = measure_profile(case.source, spec, batch_sizes=(lo, hi), repeats=a.repeats)
+    profile_s = time.perf_counter() - t0
+    console.print(f"{case.label}: profile of {len(profile)} layers measured in {profile_s:.1f} s")
+    plans: dict[str, Plan] = {
+        "SingleCPU": single_device(profile, spec, case.batch),
+        "Pipe-Torch": pipe_torch(profile, spec, case.batch),
+        "BSP": bsp_all(profile, spec, case.batch),
+    }
+    candidates: dict[str, dict[str, Any]] = {}
+    for name in a.planners.split(","):
+        plan, secs = plan_with(name, profile, spec, case.batch, a.plan_seconds, a.seed)
+        pred = simulate(plan, profile, spec).batch_time_s
+        candidates[name] = {"plan": plan.to_dict(), "predicted_s": pred, "search_s": secs}
+        console.print(f"  {name}: {describe(plan)} predicted {pred * 1e3:.0f} ms ({secs:.1f} s)")
+    best = min(candidates, key=lambda n: candidates[n]["predicted_s"])
+    plans["Planned"] = Plan.from_dict(candidates[best]["plan"])
+    dp_choice, _ = plan_with("data_parallel", profile, spec, case.batch, a.plan_seconds, a.seed)
+    config = RunConfig(
+        steps=a.train_steps - a.warmup,
+        warmup=a.warmup,
+        optimizer=OPTIMIZER,
+        data="digits",
+        seed=a.seed,
+        timeout_s=600,
+    )
+    measured: dict[str, Measurement | None] = {}
+    same_as: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for method in METHODS:
+        plan = plans[method]
+        twin = next((k for k in measured if plans[k] == plan), None)
+        if twin is not None:  # the very same plan: one run serves both rows
+            measured[method], same_as[method] = measured[twin], twin
+            continue
+        t1 = time.perf_counter()
+        try:
+            measured[method] = run(plan, case.source, spec, config)
+        except Exception as e:  # a failed plan is a row with its error
+            measured[method] = None
+            errors[method] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        m = measured[method]
+        console.print(
+            f"  {method:<10} {describe(plan):<70} "
+            + (f"{m.batch_time_s * 1e3:.0f} ms" if m else f"ERROR {errors[method]}")
+            + f" ({time.perf_counter() - t1:.0f} s)"
+        )
+    rows = [row(k, plans[k], profile, spec, measured[k]) for k in METHODS]
+    bsp = measured["BSP"]
+    for r in rows:
+        m = measured[r["method"]]
+        r["speedup_vs_bsp"] = bsp.batch_time_s / m.batch_time_s if (m and bsp) else None
+        r["predicted_speedup_vs_bsp"] = rows[2]["predicted_s"] / r["predicted_s"]
+        r["same_plan_as"] = same_as.get(r["method"])
+        r["error"] = errors.get(r["method"], "")
+    return {
+        "model": case.label,
+        "global_batch": case.batch,
+        "layers": len(profile),
+        "profile_s": profile_s,
+        "planned_by": best,
+        "planners": candidates,
+        "data_parallel_planner": {
+            "plan": dp_choice.to_dict(),
+            "describe": describe(dp_choice),
+            "predicted_s": simulate(dp_choice, profile, spec).batch_time_s,
+        },
+        "rows": rows,
+    }
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def print_table(docs: list[dict[str, Any]], steps: int, console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(
+        title=f"TAPP table on local-hetero, EMULATED (single-step time; accuracy after {steps} "
+        "steps on digits)",
+        title_justify="left",
+    )
+    cols = ("model", "method", "plan", "step ms", "± std", "predicted ms", "speed-up vs BSP",
+            "comm fraction", "train acc", "loss")  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("model", "method", "plan") else "right")
+    for d in docs:
+        for r in d["rows"]:
+            method = r["method"] + (f" ({d['planned_by']})" if r["method"] == "Planned" else "")
+            t.add_row(
+                d["model"],
+                method,
+                r["describe"] + (f" = {r['same_plan_as']}" if r["same_plan_as"] else ""),
+                _f(r["measured_s"] and r["measured_s"] * 1e3, ".0f"),
+                _f(r["measured_std_s"] and r["measured_std_s"] * 1e3, ".0f"),
+                _f(r["predicted_s"] * 1e3, ".0f"),
+                _f(r["speedup_vs_bsp"], ".2f") + "x",
+                _f(r["comm_fraction"], ".3f"),
+                _f(r["accuracy"], ".3f"),
+                _f(r["loss"], ".3f"),
+            )
+        t.add_section()
+    console.print(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--planners", default="dp,tapp", help="candidates for the Planned row")
+    ap.add_argument("--plan-seconds", type=float, default=30.0, help="budget per planner")
+    ap.add_argument("--train-steps", type=int, default=12, help="steps trained per plan")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the time")
+    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer")
+    ap.add_argument(
+        "--profile-batches",
+        default="4,32",
+        help="the profiler's two batch sizes: the range of samples per operation",
+    )
+    ap.add_argument(
+        "--object-store-mb",
+        type=int,
+        default=STORE_MB,
+        help="object store per Ray node (BSP's gradient exchange goes through it)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cluster", default=str(CLUSTER))
+    ap.add_argument("--quick", action="store_true", help="dp only, 4 steps, 3 profile repeats")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    from rich.console import Console
+
+    if a.quick:
+        a.planners, a.train_steps, a.repeats = "dp", 4, 3
+    if a.train_steps <= a.warmup:
+        ap.error("--train-steps must exceed --warmup")
+    models = a.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    out = Path(a.out or RESULTS / ("tapp_table_quick.json" if a.quick else "tapp_table.json"))
+    spec = ClusterSpec.load(a.cluster)
+    console = Console(width=170)
+    console.print(f"[bold]{EMULATED_NOTE}[/bold]")
+    t0 = time.perf_counter()
+    docs = []
+    with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
+        console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
+        for key in models:
+            docs.append(model_table(MODELS[key], spec, a, console))
+    print_table(docs, a.train_steps, console)
+    wall = time.perf_counter() - t0
+    console.print(f"wall {wall / 60:.1f} min")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "note": EMULATED_NOTE,
+        "cluster": spec.to_dict(),
+        "config": {
+            "train_steps": a.train_steps,
+            "warmup": a.warmup,
+            "optimizer": OPTIMIZER.__dict__,
+            "data": "digits",
+            "planners": a.planners,
+            "plan_seconds": a.plan_seconds,
+            "profile_repeats": a.repeats,
+            "profile_batch_sizes": a.profile_batches,
+            "object_store_mb": a.object_store_mb,
+            "accuracy": f"mean training-batch accuracy of the last {LAST} steps",
+            "quick": a.quick,
+        },
+        "wall_s": wall,
+        "models": docs,
+    }
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
