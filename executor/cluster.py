@@ -4,9 +4,10 @@
 in this process (``ray.cluster_utils.Cluster``): each advertises its devices as
 ``device:TYPE`` resources and a ``pipeplan_node:NAME`` marker (:mod:`executor.placement`),
 binds loopback only, and runs with Ray's token authentication on. Every device is the same
-CPU; speed differences are **emulated** by the stage workers, which sleep after each
-forward and backward ``(slowdown - 1) x`` its compute, with
-``slowdown = fastest flops / type flops`` (:func:`slowdown`). Numbers measured on such a
+CPU; speed differences are **emulated** by the stage workers, which make each forward and
+backward last ``slowdown x`` its CPU time (sleeping the rest,
+:func:`executor.stage.emulation_sleep`), with ``slowdown = fastest flops / type flops``
+(:func:`slowdown`). Numbers measured on such a
 cluster are emulated and say so.
 
 :func:`connect` joins a running cluster instead, :func:`discover` describes it as a

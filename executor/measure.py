@@ -21,8 +21,8 @@ from executor.microbatch import Layout
 from executor.stage import OpRecord
 
 EMULATED_NOTE = (
-    "EMULATED: every device is this machine's CPU; slower device types sleep "
-    "(slowdown - 1) x each forward and backward"
+    "EMULATED: every device is this machine's CPU; a type k times slower than the fastest "
+    "makes each forward and backward last k x its CPU time (sleeping the rest)"
 )
 
 
@@ -69,6 +69,8 @@ class StageMeasurement:
     """Batch time not spent computing (forward, backward, update): transfer and bubbles."""
     emulated_s: float
     """Part of forward + backward that is emulation sleep."""
+    cpu_s: float = 0.0
+    """CPU time of the real forward + backward (without the sleep and core waits)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ def _replica(res: StepResult, s: int, k: int, moved: dict[RecordKey, float]) -> 
         "backward": sum(r.compute_s for r in mine if r.kind == "B"),
         "update": sum(r.compute_s for r in mine if r.kind == "U"),
         "emulated": sum(r.emulated_s for r in mine),
+        "cpu": sum(r.cpu_s for r in mine if r.kind in ("F", "B")),
         "transfer": sum(v for (st, rep, _, _), v in moved.items() if st == s and rep == k),
     }
 
@@ -224,4 +227,5 @@ def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement
         transfer_s=mean("transfer"),
         wait_s=mean("wait"),
         emulated_s=mean("emulated"),
+        cpu_s=mean("cpu"),
     )

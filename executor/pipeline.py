@@ -65,7 +65,8 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """Optimizer of every stage."""
     emulate: bool = True
-    """Sleep ``(slowdown - 1) x`` each compute to emulate slower device types."""
+    """Emulate slower device types: each compute lasts ``slowdown x`` its CPU time
+    (:func:`executor.stage.emulation_sleep`)."""
     deterministic: bool = False
     """Disable dropout (needed to compare with single-process training)."""
     data: Literal["digits", "synthetic"] = "synthetic"

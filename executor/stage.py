@@ -22,10 +22,15 @@ saying which rows to take.
 both token and payload, and a method that receives a ``Failure`` passes it on untouched, so
 the driver sees the original error once.
 
-**Emulation.** After each real forward and backward the worker sleeps ``(slowdown - 1) x``
-that compute, so a device type ``k`` times slower than the fastest takes ``k`` times as
-long. The optimizer update is not slowed: it is memory-bound, and the cost model costs it by
-memory bandwidth (rule 8), which ``local-hetero`` gives every type alike.
+**Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
+each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
+``k x cpu - wall`` after it (when positive). The CPU time is this thread's
+(:func:`time.thread_time`; one torch thread per actor), so on a machine with fewer cores
+than busy actors the time a compute spent waiting for a core is absorbed into the slowdown
+instead of being multiplied by it: sleeping ``(k - 1) x wall`` would stretch every
+scheduling delay ``k`` times. On an idle core ``cpu == wall`` and both rules agree. The
+optimizer update is not slowed: it is memory-bound, and the cost model costs it by memory
+bandwidth (rule 8), which ``local-hetero`` gives every type alike.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ class OpRecord:
     """Real compute plus the emulation sleep."""
     emulated_s: float
     """The emulation sleep alone."""
+    cpu_s: float = 0.0
+    """CPU time of the real compute (this thread's)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +207,7 @@ class StageWorker:
         The last stage also gets the labels (the last payload, rows ``labels``) and returns
         the loss terms instead of activations.
         """
-        start, t0 = time.time(), time.perf_counter()
+        clock = Clock.now()
         data = payloads[: len(pieces)]
         values = gather(self.graph.inputs, pieces, data, self.kinds)
         leaves = {
@@ -229,7 +236,7 @@ class StageWorker:
         else:
             payload = {n: to_numpy(v) for n, v in outputs.items()}
         self.saved[key] = (leaves, outputs)
-        return self._record("F", step, microbatch, start, t0), payload
+        return self._record("F", step, microbatch, clock), payload
 
     @_guarded("B")
     @ray.method(num_returns=2)
@@ -237,7 +244,7 @@ class StageWorker:
         self, token: Any, step: int, microbatch: int, pieces: Sequence[Piece], *payloads: Any
     ) -> tuple[OpRecord, Payload | None]:
         """Backward of one microbatch; ``payloads`` are the next stage's input gradients."""
-        start, t0 = time.time(), time.perf_counter()
+        clock = Clock.now()
         key = (step, microbatch)
         if key not in self.saved:
             raise RuntimeError(
@@ -258,15 +265,15 @@ class StageWorker:
         payload = None
         if self.spec.stage > 0:
             payload = {n: None if v.grad is None else v.grad.numpy() for n, v in leaves.items()}
-        return self._record("B", step, microbatch, start, t0), payload
+        return self._record("B", step, microbatch, clock), payload
 
     @_guarded("G")
     @ray.method(num_returns=2)
     def gradients(self, token: Any, step: int) -> tuple[OpRecord, Payload]:
         """This replica's accumulated parameter gradients (for the replicas' all-reduce)."""
-        start, t0 = time.time(), time.perf_counter()
+        clock = Clock.now()
         grads = {n: None if p.grad is None else p.grad.numpy() for n, p in self.params.items()}
-        return self._record("G", step, -1, start, t0, emulate=False), grads
+        return self._record("G", step, -1, clock, emulate=False), grads
 
     @_guarded("U")
     @ray.method(num_returns=2)
@@ -275,14 +282,14 @@ class StageWorker:
         order, so all replicas compute the same sum and keep identical weights): each holds
         the gradient of *its* samples' share of the global-batch mean loss, so the sum is the
         gradient of the whole batch (the average of per-replica mean-loss gradients)."""
-        start, t0 = time.time(), time.perf_counter()
+        clock = Clock.now()
         if replica_grads:
             for name, p in self.params.items():
                 p.grad = _sum([g[name] for g in replica_grads if g[name] is not None])
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        return self._record("U", step, -1, start, t0, emulate=False), None
+        return self._record("U", step, -1, clock, emulate=False), None
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The stage's parameters, by the model's parameter names."""
@@ -291,16 +298,50 @@ class StageWorker:
     # --- helpers ----------------------------------------------------------------------------
 
     def _record(
-        self, kind: OpKind, step: int, mb: int, start: float, t0: float, emulate: bool = True
+        self, kind: OpKind, step: int, mb: int, clock: Clock, emulate: bool = True
     ) -> OpRecord:
-        real = time.perf_counter() - t0
-        sleep = (self.spec.slowdown - 1.0) * real if emulate else 0.0
+        wall, cpu = clock.elapsed()
+        sleep = emulation_sleep(self.spec.slowdown, wall, cpu) if emulate else 0.0
         if sleep > 0:
             time.sleep(sleep)
         spec = self.spec
         return OpRecord(
-            spec.stage, spec.replica, kind, step, mb, start, time.time(), real + sleep, sleep
+            spec.stage,
+            spec.replica,
+            kind,
+            step,
+            mb,
+            clock.start,
+            time.time(),
+            wall + sleep,
+            sleep,
+            cpu,
         )
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When an operation began: wall clock, a monotonic clock and this thread's CPU time."""
+
+    start: float
+    wall: float
+    cpu: float
+
+    @classmethod
+    def now(cls) -> Clock:
+        return cls(time.time(), time.perf_counter(), time.thread_time())
+
+    def elapsed(self) -> tuple[float, float]:
+        """Wall seconds and CPU seconds since :meth:`now`."""
+        return time.perf_counter() - self.wall, time.thread_time() - self.cpu
+
+
+def emulation_sleep(slowdown: float, wall_s: float, cpu_s: float) -> float:
+    """How long to sleep after a compute of ``cpu_s`` CPU seconds that took ``wall_s`` so
+    that it lasts ``slowdown x cpu_s`` in all (never negative)."""
+    if slowdown <= 1.0:
+        return 0.0
+    return max(0.0, slowdown * cpu_s - wall_s)
 
 
 def _sum(parts: Sequence[np.ndarray]) -> torch.Tensor | None:

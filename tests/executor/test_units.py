@@ -13,7 +13,7 @@ from executor.microbatch import Layout, Piece, pieces, replica_shares
 from executor.model import ModelSource, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
 from executor.placement import LiveNode, busy_devices, check_feasible, nodes_from_ray
-from executor.stage import gather, gather_gradients
+from executor.stage import Clock, emulation_sleep, gather, gather_gradients
 from tests.executor.models import skipnet
 
 NODES = [
@@ -143,3 +143,21 @@ def test_piecewise_loss_sums_to_the_batch_mean() -> None:
         batch_loss(loss_terms(logits[s], labels[s]), 3, 6) for s in (slice(0, 3), slice(3, 6))
     )
     assert float(parts) == pytest.approx(float(whole), abs=1e-6)
+
+
+def test_emulation_sleeps_to_slowdown_times_cpu() -> None:
+    # An idle core (wall == cpu): sleep (k - 1) x the compute.
+    assert emulation_sleep(4.0, 0.1, 0.1) == pytest.approx(0.3)
+    # Waiting for a core (wall > cpu) is absorbed, not multiplied.
+    assert emulation_sleep(4.0, 0.25, 0.1) == pytest.approx(0.15)
+    assert emulation_sleep(2.0, 0.5, 0.1) == 0.0
+    assert emulation_sleep(1.0, 0.1, 0.1) == 0.0
+
+
+def test_clock_counts_this_threads_cpu_not_sleep() -> None:
+    import time
+
+    clock = Clock.now()
+    time.sleep(0.05)
+    wall, cpu = clock.elapsed()
+    assert wall >= 0.05 and cpu < 0.04
