@@ -170,6 +170,9 @@ class _Simulation:
             for s in range(self.S - 1)
         ]
         self.events: list[Event] = []
+        # Rule 10's transfer time, summed from each send's duration as it is costed (not
+        # recovered as ``end - start`` later, which loses the small durations of a long run).
+        self.transfer = [0.0] * self.S
 
     def _stage_time(self, s: int, costs: dict[str, LayerCosts], kind: str) -> float:
         """Rule 2: max over replicas of the summed layer times for a ``b_s / r_s`` share."""
@@ -199,8 +202,10 @@ class _Simulation:
     ) -> float:
         """Rule 7: one send on a directional link, after the previous one; returns delivery."""
         start = max(ready, link_free[li])
-        end = start + self.links[li].transfer_s(nbytes)
+        duration = self.links[li].transfer_s(nbytes)
+        end = start + duration
         link_free[li] = end
+        self.transfer[s] += duration
         self.events.append(Event(s, kind, j, start, end))
         return end
 
@@ -226,7 +231,8 @@ class _Simulation:
                         if s and k not in delivered[s - 1]:
                             break
                         dep = delivered[s - 1][k] if s else 0.0
-                        end = max(free[s], dep) + self.fwd[s]
+                        start = max(free[s], dep)
+                        end = start + self.fwd[s]
                         fwd_end[s][j] = end
                         if s < S - 1:
                             delivered[s][j] = self._send(
@@ -237,15 +243,14 @@ class _Simulation:
                         if s < S - 1 and k not in grad_at[s + 1]:
                             break
                         dep = grad_at[s + 1][k] if s < S - 1 else 0.0
-                        end = max(free[s], dep, fwd_end[s][j]) + self.bwd[s]
+                        start = max(free[s], dep, fwd_end[s][j])
+                        end = start + self.bwd[s]
                         last_bwd[s] = end
                         if s > 0:
                             grad_at[s][j] = self._send(
                                 s, grad_link, end, self.x[s - 1] * b[s], s - 1, "grad", j
                             )
-                    self.events.append(
-                        Event(s, kind, j, end - (self.fwd[s] if kind == "F" else self.bwd[s]), end)
-                    )
+                    self.events.append(Event(s, kind, j, start, end))
                     free[s] = end
                     pos[s] += 1
                     remaining -= 1
@@ -257,10 +262,7 @@ class _Simulation:
     def _finish(self, last_bwd: Sequence[float], m: Sequence[int]) -> Estimate:
         plan, profile, cluster = self.plan, self.profile, self.cluster
         stages, problems = [], []
-        transfer = [0.0] * self.S
-        for e in self.events:
-            if e.kind in ("send", "grad"):
-                transfer[e.stage] += e.end - e.start
+        transfer = self.transfer
         for s, st in enumerate(plan.stages):
             layers = profile.layers[st.start : st.end]
             params = float(sum(layer.params_bytes for layer in layers))

@@ -209,3 +209,19 @@ def test_intra_node_link_when_all_on_one_node() -> None:
     est = simulate(plan, chain(2, act=1000), c)
     sends = [e for e in est.timeline if e.kind == "send"]
     assert sends[0].end - sends[0].start == pytest.approx(2000 / 1e9)
+
+
+def test_comm_fraction_keeps_short_sends_of_a_long_batch_exact() -> None:
+    """Rule 10 sums every send's duration; ``end - start`` at t ~ 1000 s would lose 2e-9 of it.
+
+    S=2, B=1 across nodes, 1 layer each: F = 1e12 / 1e9 = 1000 s, Bk = 2000 s; no activation
+    bytes, so each send (one forward, one gradient) is exactly the 50 us inter-node latency.
+    """
+    plan = Plan(1, (Stage((0, 1), ("n0/a:0",), 1), Stage((1, 2), ("n1/a:0",), 1)))
+    est = simulate(plan, chain(2, flops=1e12, act=0, params=0), cluster())
+    comm = 2 * 50e-6
+    assert est.comm_fraction == pytest.approx(comm / (comm + 2 * 3000.0), rel=1e-12, abs=0)
+    assert est.transfer_s == pytest.approx(comm, rel=1e-12, abs=0)
+    b1 = next(e for e in est.timeline if (e.stage, e.kind) == (1, "B"))
+    assert b1.start == pytest.approx(2000.0 + 50e-6, rel=1e-15)
+    assert b1.end == pytest.approx(4000.0 + 50e-6, rel=1e-15)

@@ -1,0 +1,274 @@
+"""An independent, deliberately plain reading of DESIGN.md's cost-model contract.
+
+Written from the ten rules (and the defaults paragraph) alone, without looking at
+``core/costmodel.py`` or ``core/batch_eval.py``, so that the property tests in
+``test_costmodel_reference.py`` can hold the real implementation against it. It favours
+obviousness over speed: every operation and every send is an explicit record, and the
+simulation runs stage by stage, op by op, until nothing is left.
+
+How the rules were read where the text leaves room (each marked "reading" below):
+
+- Rule 1: the "no timing" fallback is decided per layer (a layer without an entry for the
+  device type falls back to FLOPs, even if other layers have one). The fixed cost is paid
+  once per operation call, whatever the share of samples.
+- Rule 2: a replica's share ``b_s / r_s`` may be fractional; F_s and Bk_s are maxima taken
+  separately (the slowest forward replica need not be the slowest backward one).
+- Rule 4/7: a transfer always carries the whole microbatch ``b_s`` (not a replica's share).
+  "One link" is the connection between two adjacent stages, one per direction; a link is
+  used by exactly one sender, so its queue is that sender's op order.
+- Rule 6/7: stage s < S-1 sends forward after every forward op; stage s > 0 sends a gradient
+  after every backward op. The last stage sends no forward, the first no gradient. Stage 0's
+  forwards wait for nothing (the input transfer is not costed); the last stage's backward j
+  waits only for its own forward j.
+- Rule 8: "slowest replica" for the update is the one with the lowest memory bandwidth; the
+  all-reduce ``bw`` is the link class's bytes per second (``gbps * 1e9 / 8``), its latency in
+  seconds; the link class is intra-node when every replica is on one node.
+- Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches.
+- Rule 10: "total forward and backward op time" is the sum of the op durations (M_s x
+  (F_s + Bk_s) per stage, not multiplied by replicas); "total transfer time" is the sum of
+  every send's duration (latency included). When both are zero the fraction is 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.cluster import ClusterSpec, DeviceType, Link
+from core.plan import Plan, Schedule
+from core.profile import LayerProfile, ModelProfile
+
+Op = tuple[str, int]  # ("F" | "B", microbatch index)
+
+
+@dataclass(frozen=True)
+class RefEstimate:
+    """What the reference computes for one plan."""
+
+    batch_time: float
+    throughput: float
+    cost_per_hour: float
+    cost_per_batch: float
+    comm_fraction: float
+    fits: bool
+    memory: tuple[float, ...]
+    """Memory per device of each stage, bytes."""
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    stage_end: tuple[float, ...]
+    """Last backward end + update + all-reduce, per stage."""
+    op_times: dict[tuple[int, str, int], tuple[float, float]]
+    """(stage, "F"/"B", microbatch) -> (start, end)."""
+    send_times: dict[tuple[int, str, int], tuple[float, float]]
+    """(sending stage, "send"/"grad", microbatch) -> (start, end = delivered)."""
+    transfer: float
+    """Total transfer time, both directions."""
+
+
+# --- rule 1 and 2: compute ------------------------------------------------------------------
+
+
+def layer_forward(layer: LayerProfile, dtype: DeviceType, n: float) -> float:
+    timing = layer.timings.get(dtype.name)
+    if timing is None:
+        return n * layer.flops / dtype.flops
+    return timing.fwd_fixed_s + n * timing.fwd_s
+
+
+def layer_backward(layer: LayerProfile, dtype: DeviceType, n: float) -> float:
+    timing = layer.timings.get(dtype.name)
+    if timing is None:
+        return 2.0 * n * layer.flops / dtype.flops
+    return timing.bwd_fixed_s + n * timing.bwd_s
+
+
+def stage_compute(
+    plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int
+) -> tuple[float, float]:
+    """(F_s, Bk_s): the slowest replica's forward and backward for its share of b_s."""
+    stage = plan.stages[s]
+    share = stage.microbatch / len(stage.devices)
+    layers = profile.layers[stage.start : stage.end]
+    fwd = []
+    bwd = []
+    for device in stage.devices:
+        dtype = cluster.device_types[cluster.device(device).type]
+        fwd.append(sum(layer_forward(layer, dtype, share) for layer in layers))
+        bwd.append(sum(layer_backward(layer, dtype, share) for layer in layers))
+    return max(fwd), max(bwd)
+
+
+# --- rules 3 and 4: boundaries and links ----------------------------------------------------
+
+
+def boundary_bytes(plan: Plan, profile: ModelProfile, s: int) -> float:
+    """X_s: per-sample bytes of every layer before stage s's end feeding a layer after it."""
+    cut = plan.stages[s].end
+    total = 0.0
+    for i in range(cut):
+        layer = profile.layers[i]
+        if any(j >= cut for j in layer.successors):
+            total += layer.activation_bytes
+    return total
+
+
+def link_between(cluster: ClusterSpec, a: tuple[str, ...], b: tuple[str, ...]) -> Link:
+    crosses = any(cluster.device(x).node != cluster.device(y).node for x in a for y in b)
+    return cluster.network.inter_node if crosses else cluster.network.intra_node
+
+
+def transfer_time(link: Link, per_sample_bytes: float, n: float) -> float:
+    return link.latency_us * 1e-6 + per_sample_bytes * n / (link.bandwidth_gbps * 1e9 / 8)
+
+
+# --- rule 5: op orders ----------------------------------------------------------------------
+
+
+def op_order(schedule: Schedule, num_stages: int, s: int, m: int) -> list[Op]:
+    """The order in which stage ``s`` of ``num_stages`` runs its ``m`` microbatches."""
+    if schedule is Schedule.GPIPE:
+        return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+    warmup = min(num_stages - s - 1, m)
+    ops: list[Op] = [("F", j) for j in range(warmup)]
+    for i in range(m - warmup):
+        ops.append(("F", warmup + i))
+        ops.append(("B", i))
+    ops += [("B", j) for j in range(m - warmup, m)]
+    return ops
+
+
+# --- rules 6 and 7: the simulation ----------------------------------------------------------
+
+
+def upstream_microbatch(j: int, b_s: int, b_other: int) -> int:
+    """ceil((j+1) b_s / b_other) - 1, exactly, on integers."""
+    return -((-(j + 1) * b_s) // b_other) - 1
+
+
+def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> RefEstimate:
+    S = plan.num_stages
+    b = [st.microbatch for st in plan.stages]
+    M = [plan.global_batch // bs for bs in b]
+    compute = [stage_compute(plan, profile, cluster, s) for s in range(S)]
+    F = [c[0] for c in compute]
+    Bk = [c[1] for c in compute]
+    X = [boundary_bytes(plan, profile, s) for s in range(S)]
+    links = [
+        link_between(cluster, plan.stages[s].devices, plan.stages[s + 1].devices)
+        for s in range(S - 1)
+    ]
+    orders = [op_order(plan.schedule, S, s, M[s]) for s in range(S)]
+
+    op_times: dict[tuple[int, str, int], tuple[float, float]] = {}
+    send_times: dict[tuple[int, str, int], tuple[float, float]] = {}
+    fwd_delivered: list[dict[int, float]] = [{} for _ in range(S)]  # s -> s+1, by j
+    grad_delivered: list[dict[int, float]] = [{} for _ in range(S)]  # s -> s-1, by j
+    fwd_link_free = [0.0] * S
+    grad_link_free = [0.0] * S
+    stage_free = [0.0] * S
+    next_op = [0] * S
+    total_transfer = 0.0
+
+    def ready_time(s: int, op: Op) -> float | None:
+        kind, j = op
+        deps = [stage_free[s]]
+        if kind == "F":
+            if s > 0:
+                k = upstream_microbatch(j, b[s], b[s - 1])
+                if k not in fwd_delivered[s - 1]:
+                    return None
+                deps.append(fwd_delivered[s - 1][k])
+        else:
+            if (s, "F", j) not in op_times:
+                return None
+            deps.append(op_times[(s, "F", j)][1])
+            if s < S - 1:
+                k = upstream_microbatch(j, b[s], b[s + 1])
+                if k not in grad_delivered[s + 1]:
+                    return None
+                deps.append(grad_delivered[s + 1][k])
+        return max(deps)
+
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(S):
+            while next_op[s] < len(orders[s]):
+                op = orders[s][next_op[s]]
+                start = ready_time(s, op)
+                if start is None:
+                    break
+                kind, j = op
+                end = start + (F[s] if kind == "F" else Bk[s])
+                op_times[(s, kind, j)] = (start, end)
+                stage_free[s] = end
+                if kind == "F" and s < S - 1:
+                    dur = transfer_time(links[s], X[s], b[s])
+                    send_start = max(end, fwd_link_free[s])
+                    fwd_link_free[s] = send_start + dur
+                    fwd_delivered[s][j] = send_start + dur
+                    send_times[(s, "send", j)] = (send_start, send_start + dur)
+                    total_transfer += dur
+                if kind == "B" and s > 0:
+                    dur = transfer_time(links[s - 1], X[s - 1], b[s])
+                    send_start = max(end, grad_link_free[s])
+                    grad_link_free[s] = send_start + dur
+                    grad_delivered[s][j] = send_start + dur
+                    send_times[(s, "grad", j)] = (send_start, send_start + dur)
+                    total_transfer += dur
+                next_op[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"reference simulation deadlocked at ops {next_op}")
+
+    # --- rule 8: update and all-reduce --------------------------------------------------------
+    stage_end = []
+    for s, stage in enumerate(plan.stages):
+        params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
+        types = [cluster.device_types[cluster.device(d).type] for d in stage.devices]
+        update = max(4.0 * params / (t.memory_bandwidth_gbps * 1e9) for t in types)
+        r = len(stage.devices)
+        allreduce = 0.0
+        if r > 1:
+            nodes = {cluster.device(d).node for d in stage.devices}
+            link = cluster.network.intra_node if len(nodes) == 1 else cluster.network.inter_node
+            bw = link.bandwidth_gbps * 1e9 / 8
+            allreduce = 2 * (r - 1) / r * params / bw + 2 * (r - 1) * link.latency_us * 1e-6
+        last_backward_end = max(op_times[(s, "B", j)][1] for j in range(M[s]))
+        stage_end.append(last_backward_end + update + allreduce)
+    batch_time = max(stage_end)
+
+    # --- rule 9: memory -----------------------------------------------------------------------
+    memory = []
+    fits = True
+    for s, stage in enumerate(plan.stages):
+        params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
+        acts = sum(layer.activation_bytes for layer in profile.layers[stage.start : stage.end])
+        in_flight = M[s] if plan.schedule is Schedule.GPIPE else min(S - s, M[s])
+        mem = 4.0 * params + in_flight * (stage.microbatch / len(stage.devices)) * acts
+        memory.append(mem)
+        for d in stage.devices:
+            if mem > cluster.device_types[cluster.device(d).type].memory_gb * 1e9:
+                fits = False
+
+    # --- rule 10: money and the communication share -------------------------------------------
+    price = sum(cluster.device_types[cluster.device(d).type].price_per_hour for d in plan.devices)
+    total_compute = sum(M[s] * (F[s] + Bk[s]) for s in range(S))
+    denominator = total_transfer + total_compute
+    comm_fraction = total_transfer / denominator if denominator > 0 else 0.0
+    return RefEstimate(
+        batch_time=batch_time,
+        throughput=plan.global_batch / batch_time if batch_time > 0 else math.inf,
+        cost_per_hour=price,
+        cost_per_batch=price * batch_time / 3600,
+        comm_fraction=comm_fraction,
+        fits=fits,
+        memory=tuple(memory),
+        forward=tuple(F),
+        backward=tuple(Bk),
+        stage_end=tuple(stage_end),
+        op_times=op_times,
+        send_times=send_times,
+        transfer=total_transfer,
+    )
