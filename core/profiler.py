@@ -33,7 +33,10 @@ without a batch dimension, such as position embeddings, are counted as if per sa
 on inputs captured by running the whole graph in train mode. Forward, then backward of the
 outputs with random gradients (input gradients included, except for the model input); warm-up
 calls, then the median of ``repeats``; one torch thread (as in a one-thread Ray actor).
-Fixed and per-sample parts are fitted from two batch sizes.
+Fixed and per-sample parts are fitted from two batch sizes. The clock is the wall clock
+(``clock="wall"``, synchronised on CUDA) or, on CPU, this thread's CPU time
+(``clock="cpu"``): the cost of the compute itself, unaffected by other processes' load on a
+shared machine -- what an emulated device is slowed from (:mod:`executor.stage`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx, nn
@@ -406,7 +409,14 @@ def _piece(gm: fx.GraphModule, group: Sequence[Node], layer_of: Assignment, inde
     return _Piece(fx.GraphModule(gm, graph), tuple(inputs), tuple(outputs))
 
 
-def _clock(device: torch.device) -> Callable[[], float]:
+Clock = Literal["wall", "cpu"]
+
+
+def _clock(device: torch.device, clock: Clock = "wall") -> Callable[[], float]:
+    if clock == "cpu":
+        if device.type != "cpu":
+            raise PipeplanError(f"clock: 'cpu' times CPU compute only, not {device.type!r}")
+        return time.thread_time
     if device.type == "cuda":
 
         def now() -> float:
@@ -491,13 +501,14 @@ def measure_timings(
     batch_sizes: tuple[int, int],
     warmup: int,
     repeats: int,
+    clock: Clock = "wall",
 ) -> list[LayerTiming]:
     """Fixed + per-sample forward/backward seconds of every layer, one torch thread."""
     layer_of, anchors = _assign(gm)
     groups = _groups(gm, layer_of, len(anchors))
     pieces = [_piece(gm, g, layer_of, i) for i, g in enumerate(groups)]
     params = list(gm.parameters())
-    now = _clock(sample.device)
+    now = _clock(sample.device, clock)
     medians: list[list[tuple[float, float]]] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -567,6 +578,7 @@ def profile_model(
     batch_sizes: tuple[int, int] = (2, 8),
     warmup: int = 2,
     repeats: int = 5,
+    clock: Clock = "wall",
 ) -> ModelProfile:
     """Profile ``model`` layer by layer (see the module docstring for what a layer is).
 
@@ -574,9 +586,12 @@ def profile_model(
     first sample); the profile's ``input_shape`` is its shape without the batch dimension.
     ``device_type`` names the timings (``timings[device_type]``); they are measured where the
     model's parameters and the input live. ``None`` skips timing: an analytic profile.
-    The model is left as it was (train/eval flags, buffers, gradients).
+    The model is left as it was (train/eval flags, buffers, gradients). ``clock``: see the
+    module docstring.
     """
     _check_options(example_input, batch_sizes, warmup, repeats)
+    if clock not in ("wall", "cpu"):
+        raise PipeplanError(f"clock: expected 'wall' or 'cpu', got {clock!r}")
     sample = example_input[:1]
     gm = trace(model)
     with _preserved(model), torch.no_grad():
@@ -587,5 +602,7 @@ def profile_model(
     if device_type is None:
         return profile
     with _preserved(model):
-        timings = measure_timings(gm, sample, (batch_sizes[0], batch_sizes[1]), warmup, repeats)
+        timings = measure_timings(
+            gm, sample, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock
+        )
     return profile.with_timings(device_type, timings)

@@ -27,6 +27,11 @@ Two choices, both explicit arguments:
   the measurements never compete for the CPU): what a cluster of really different devices
   needs, with ``emulate=False``.
 
+- ``clock`` (default: ``"cpu"`` when emulating, else ``"wall"``): emulated devices last
+  ``slowdown x`` the CPU time of each compute, so their profile is timed in CPU time too,
+  which other processes' load on this shared machine does not inflate; a real device is
+  timed by the wall clock.
+
 Every device type of ``spec`` (or of ``device_types``) must have a live node: otherwise an
 :class:`~executor.errors.ExecutorError` names the type before any actor starts.
 """
@@ -47,6 +52,7 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
+from core.profiler import Clock
 from executor.cluster import live_nodes, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.model import ModelSource
@@ -72,13 +78,14 @@ class _Profiler:
         batch_sizes: tuple[int, int],
         warmup: int,
         repeats: int,
+        clock: Clock = "wall",
     ) -> dict[str, Any]:
         from core.profiler import profile_model
 
         t0 = time.perf_counter()
         model, example = source.build()
         profile = profile_model(
-            model, example, source.name, device_type, batch_sizes, warmup, repeats
+            model, example, source.name, device_type, batch_sizes, warmup, repeats, clock
         )
         return {
             "profile": profile.to_dict(),
@@ -154,10 +161,11 @@ def measure_on_type(
     repeats: int = 5,
     timeout_s: float = 600.0,
     nodes: Sequence[LiveNode] | None = None,
+    clock: Clock = "wall",
 ) -> TypeMeasurement:
     """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
-    such node by name); real timings, under ``timings[device_type]``. The actor is killed
-    afterwards, whatever happened."""
+    such node by name); real timings (``clock``: :func:`core.profiler.profile_model`), under
+    ``timings[device_type]``. The actor is killed afterwards, whatever happened."""
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     nodes = live_nodes() if nodes is None else nodes
     node = _node_for(device_type, nodes)
@@ -166,7 +174,7 @@ def measure_on_type(
     actor: Any = _Actor.options(**options).remote()
     try:
         ref = actor.profile.remote(
-            source, device_type, (batch_sizes[0], batch_sizes[1]), warmup, repeats
+            source, device_type, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock
         )
         try:
             got = ray.get(ref, timeout=timeout_s)
@@ -214,10 +222,12 @@ def measure_profile(
     measure_on: MeasureOn = "fastest",
     emulate: bool = True,
     device_types: Sequence[str] | None = None,
+    clock: Clock | None = None,
 ) -> ModelProfile:
     """The profile of ``source`` with timings for every device type of ``spec`` (or of
-    ``device_types``), measured on the connected cluster (module docstring: ``measure_on``
-    and ``emulate``). ``timeout_s`` bounds the whole measurement."""
+    ``device_types``), measured on the connected cluster (module docstring: ``measure_on``,
+    ``emulate`` and ``clock``). ``timeout_s`` bounds the whole measurement."""
+    clock = clock or ("cpu" if emulate else "wall")
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     if measure_on not in ("fastest", "each"):
         raise PipeplanError(f"measure_on: 'fastest' or 'each', got {measure_on!r}")
@@ -249,6 +259,7 @@ def measure_profile(
             repeats=repeats,
             timeout_s=left,
             nodes=nodes,
+            clock=clock,
         )
     first = real[order[0]].profile
     profile = ModelProfile(

@@ -251,6 +251,25 @@ def test_profiling_leaves_the_model_as_it_was() -> None:
     assert torch.get_num_threads() == threads
 
 
+def test_cpu_clock_times_the_compute_not_a_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    model, x = zoo.build("digits_cnn")
+    # Every forward of the first conv also sleeps 20 ms: the wall clock sees it, CPU time not.
+    real_forward = model.features[0].forward
+
+    def sleepy(t: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return real_forward(t)
+
+    monkeypatch.setattr(model.features[0], "forward", sleepy)
+    opts = {"batch_sizes": (2, 4), "warmup": 0, "repeats": 1}
+    wall = profile_model(model, x, "d", "cpu", clock="wall", **opts)  # type: ignore[arg-type]
+    cpu = profile_model(model, x, "d", "cpu", clock="cpu", **opts)  # type: ignore[arg-type]
+    assert wall.layers[0].timings["cpu"].forward(2) >= 0.02
+    assert cpu.layers[0].timings["cpu"].forward(2) < 0.01
+
+
 def test_fit_fixed_per_sample() -> None:
     assert fit_fixed_per_sample(2, 1.0, 8, 2.2) == pytest.approx((0.6, 0.2))
     assert fit_fixed_per_sample(2, 1.0, 8, 0.9) == (1.0, 0.0)  # slower small batch: all fixed
@@ -268,6 +287,7 @@ def test_fit_fixed_per_sample() -> None:
         ("batch_sizes", (2,)),
         ("warmup", -1),
         ("repeats", 0),
+        ("clock", "gpu"),
     ],
 )
 def test_bad_options_name_field_and_value(option: str, value: object) -> None:
