@@ -3,7 +3,8 @@
 The worker builds the model itself (zoo name and seed, so every worker has the same
 weights), cuts it with :func:`executor.partition.partition` and keeps its own stage. The
 driver calls, per microbatch, :meth:`StageWorker.forward` and :meth:`StageWorker.backward`;
-per batch, :meth:`StageWorker.gradients` (replicated stages only) and
+per batch, :meth:`StageWorker.ring_start` and :meth:`StageWorker.ring_step` (replicated
+stages only: a ring all-reduce of the gradients, :mod:`executor.ring`) and
 :meth:`StageWorker.update`.
 
 **Ordering.** Every method takes the *token* of the worker's previous operation as its first
@@ -56,6 +57,7 @@ from executor.model import (
     loss_terms,
 )
 from executor.partition import ValueKind, fetch_attr, partition
+from executor.ring import RingState
 
 OpKind = Literal["F", "B", "G", "U"]
 Payload = dict[str, Any]
@@ -172,6 +174,7 @@ class StageWorker:
         self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
         self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.losses: dict[Key, torch.Tensor] = {}
+        self.ring: RingState | None = None
 
     def reset(self, spec: WorkerSpec) -> WorkerInfo:
         """Start over with fresh weights (and possibly another batch size or slowdown), in the
@@ -269,23 +272,46 @@ class StageWorker:
 
     @_guarded("G")
     @ray.method(num_returns=2)
-    def gradients(self, token: Any, step: int) -> tuple[OpRecord, Payload]:
-        """This replica's accumulated parameter gradients (for the replicas' all-reduce)."""
+    def ring_start(self, token: Any, step: int, replicas: int) -> tuple[OpRecord, Any]:
+        """Begin the replicas' ring all-reduce (:mod:`executor.ring`) of this step's
+        gradients; returns the chunk to send to the next replica."""
         clock = Clock.now()
         grads = {n: None if p.grad is None else p.grad.numpy() for n, p in self.params.items()}
-        return self._record("G", step, -1, clock, emulate=False), grads
+        shapes = {n: tuple(p.shape) for n, p in self.params.items()}
+        dtypes = {p.detach().numpy().dtype for p in self.params.values()} or {np.dtype("f4")}
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"ring all-reduce: parameters of several dtypes {sorted(map(str, dtypes))}"
+            )
+        dtype = dtypes.pop()
+        self.ring = RingState.start(self.spec.replica, replicas, grads, shapes, dtype)
+        return self._record("G", step, -1, clock, emulate=False), self.ring.outgoing()
+
+    @_guarded("G")
+    @ray.method(num_returns=2)
+    def ring_step(self, token: Any, step: int, chunk: np.ndarray) -> tuple[OpRecord, Any]:
+        """Take the previous replica's chunk of this round; return the next one to send
+        (``None`` after the last round)."""
+        clock = Clock.now()
+        if self.ring is None:
+            raise RuntimeError(f"ring step of step {step} before ring_start")
+        self.ring.receive(chunk)
+        return self._record("G", step, -1, clock, emulate=False), self.ring.outgoing()
 
     @_guarded("U")
     @ray.method(num_returns=2)
-    def update(self, token: Any, step: int, *replica_grads: Payload) -> tuple[OpRecord, None]:
-        """Optimizer step. With replicas, first sum every replica's gradients (in replica
-        order, so all replicas compute the same sum and keep identical weights): each holds
-        the gradient of *its* samples' share of the global-batch mean loss, so the sum is the
-        gradient of the whole batch (the average of per-replica mean-loss gradients)."""
+    def update(self, token: Any, step: int) -> tuple[OpRecord, None]:
+        """Optimizer step. With replicas, the gradients are first replaced by their sum over
+        the replicas (the finished ring all-reduce): each replica holds the gradient of
+        *its* samples' share of the global-batch mean loss, so the sum is the gradient of
+        the whole batch."""
         clock = Clock.now()
-        if replica_grads:
+        if self.ring is not None:
+            summed = self.ring.result()
+            self.ring = None
             for name, p in self.params.items():
-                p.grad = _sum([g[name] for g in replica_grads if g[name] is not None])
+                g = summed[name]
+                p.grad = None if g is None else torch.from_numpy(g)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -342,16 +368,6 @@ def emulation_sleep(slowdown: float, wall_s: float, cpu_s: float) -> float:
     if slowdown <= 1.0:
         return 0.0
     return max(0.0, slowdown * cpu_s - wall_s)
-
-
-def _sum(parts: Sequence[np.ndarray]) -> torch.Tensor | None:
-    """Sum in the given order (every replica gets bit-identical results), without stacking."""
-    if not parts:
-        return None
-    total = np.array(parts[0], copy=True)
-    for part in parts[1:]:
-        total += part
-    return torch.from_numpy(total)
 
 
 def to_numpy(value: Any) -> Any:

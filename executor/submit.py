@@ -5,7 +5,7 @@ replica's previous token (so the actor runs its operations in that order) and th
 refs of the neighbour operations holding its samples (``executor.microbatch.Layout``).
 Refs exist only once their operation is submitted, so operations are submitted in rounds:
 each replica goes as far down its order as its neighbours allow; a deadlock-free schedule
-always progresses. Then, per stage, the replicas' gradient exchange and optimizer steps.
+always progresses. Then, per stage, the replicas' ring all-reduce and optimizer steps.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from core.plan import Plan
 from core.schedules import stage_order
 from executor.errors import ExecutorError
 from executor.microbatch import Layout, Piece
+from executor.ring import rounds
 from executor.stage import WorkerInfo, WorkerSpec
 
 Ref = Any  # ray.ObjectRef
@@ -135,14 +136,24 @@ def _submit_updates(
     step: int,
     out: Submission,
 ) -> None:
-    """Per stage: replicas publish gradients (if replicated), then every replica updates."""
+    """Per stage: a ring all-reduce of the replicas' gradients (if replicated: replica ``k``
+    passes each round's chunk to replica ``k+1``, :mod:`executor.ring`), then every
+    replica updates."""
     for row in rows:
-        grads: list[Ref] = []
-        if len(row) > 1:
+        r = len(row)
+        if r > 1:
+            sends: list[Ref] = []
             for w in row:
-                token, g = w.actor.gradients.remote(last_token[w.key], step)
+                token, chunk = w.actor.ring_start.remote(last_token[w.key], step, r)
                 last_token[w.key] = out.tokens_add(token, w)
-                grads.append(g)
+                sends.append(chunk)
+            for _ in range(rounds(r)):
+                received = [sends[(k - 1) % r] for k in range(r)]
+                sends = []
+                for w, chunk in zip(row, received, strict=True):
+                    token, nxt = w.actor.ring_step.remote(last_token[w.key], step, chunk)
+                    last_token[w.key] = out.tokens_add(token, w)
+                    sends.append(nxt)
         for w in row:
-            token, _ = w.actor.update.remote(last_token[w.key], step, *grads)
+            token, _ = w.actor.update.remote(last_token[w.key], step)
             last_token[w.key] = out.tokens_add(token, w)

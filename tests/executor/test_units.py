@@ -13,6 +13,7 @@ from executor.microbatch import Layout, Piece, pieces, replica_shares
 from executor.model import ModelSource, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
 from executor.placement import LiveNode, busy_devices, check_feasible, nodes_from_ray
+from executor.ring import RingState, ring_table, rounds
 from executor.stage import Clock, emulation_sleep, gather, gather_gradients
 from tests.executor.models import skipnet
 
@@ -161,3 +162,53 @@ def test_clock_counts_this_threads_cpu_not_sleep() -> None:
     time.sleep(0.05)
     wall, cpu = clock.elapsed()
     assert wall >= 0.05 and cpu < 0.04
+
+
+def test_ring_sends_each_chunk_round_the_ring() -> None:
+    # r = 3: reduce-scatter (rounds 0, 1), then all-gather (rounds 2, 3); replica k sends to
+    # k + 1, and after the reduce-scatter replica k holds the sum of chunk k + 1.
+    assert ring_table(3) == [[0, 1, 2], [2, 0, 1], [1, 2, 0], [0, 1, 2]]
+    assert rounds(1) == 0 and ring_table(2) == [[0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 5])
+def test_ring_all_reduce_sums_and_agrees_bitwise(replicas: int) -> None:
+    rng = np.random.default_rng(replicas)
+    shapes = {"w": (3, 4), "b": (4,), "unused": (2,), "sometimes": (5,)}
+    grads = []
+    for k in range(replicas):
+        g: dict[str, np.ndarray | None] = {
+            "w": rng.standard_normal((3, 4)).astype("f4"),
+            "b": rng.standard_normal(4).astype("f4"),
+            "unused": None,
+            "sometimes": rng.standard_normal(5).astype("f4") if k == 0 else None,
+        }
+        grads.append(g)
+    states = [
+        RingState.start(k, replicas, grads[k], shapes, np.dtype("f4")) for k in range(replicas)
+    ]
+    for _ in range(rounds(replicas)):
+        sent = [s.outgoing() for s in states]
+        for k, s in enumerate(states):
+            chunk = sent[(k - 1) % replicas]
+            assert chunk is not None
+            s.receive(np.array(chunk))
+    assert all(s.outgoing() is None for s in states)
+    results = [s.result() for s in states]
+    for name in ("w", "b"):
+        total = sum(g[name] for g in grads)  # type: ignore[misc]
+        np.testing.assert_allclose(results[0][name], total, rtol=1e-6)
+        assert all(np.array_equal(r[name], results[0][name]) for r in results)
+    assert all(r["unused"] is None for r in results)
+    np.testing.assert_array_equal(results[-1]["sometimes"], grads[0]["sometimes"])
+
+
+def test_ring_refuses_a_wrong_chunk_and_an_early_result() -> None:
+    shapes = {"w": (4,)}
+    a = RingState.start(0, 2, {"w": np.ones(4, "f4")}, shapes, np.dtype("f4"))
+    with pytest.raises(ValueError, match="0 of 2 rounds"):
+        a.result()
+    with pytest.raises(ValueError, match="chunk 1 has shape"):
+        a.receive(np.ones(7, "f4"))
+    with pytest.raises(ValueError, match="replica: 2 is not in 0..1"):
+        RingState.start(2, 2, {}, shapes, np.dtype("f4"))
