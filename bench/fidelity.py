@@ -16,17 +16,17 @@ median ``|error|`` <= 10%.
 The profile is fitted at 4 and 32 samples per call (``--profile-batches``), the range the
 plans' operations see: the fixed + per-sample fit is linear, and extrapolating a fit at 2 and
 8 samples to 32 overestimated ResNet-50 at 32 samples about twofold here. Each Ray node gets
-a 2400 MiB object store (``--object-store-mb``): the executor's replicas exchange gradients
-through it (every node holding a replica fetches every replica's gradients: VGG-16's BSP
-needs 4 x 537 MB), and a smaller store spills to disk, which then dominates the batch time;
-plans that would need more are skipped.
+a 2400 MiB object store (``--object-store-mb``): activations and the replicas' ring
+all-reduce chunks (:mod:`executor.ring`) go through it, and a store that spills to disk makes
+the spilling dominate the batch time; plans that would need more are skipped.
 
 Per stage the JSON also holds predicted and measured compute (forward + backward), transfer
 and update, and the measured real compute (without the emulation's sleep) over the profiled
 one, so a gap can be traced to its term; the run prints that ratio's median for one-actor
 and several-actor plans (CPU contention on this shared 2-core machine). Numbers are
-EMULATED: every device is this machine's CPU, and slower types sleep ``(slowdown - 1) x``
-each forward and backward.
+EMULATED: every device is this machine's CPU, and a type ``k`` times slower than the fastest
+makes each forward and backward last ``k x`` its CPU time (:mod:`executor.stage`); the
+profile is timed in CPU time too (:mod:`executor.profiling`).
 
     .venv/bin/python -m bench.fidelity            # 4 models x 5 plans (~15 min on 2 cores)
     .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans (~3 min)
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
-from agents import Budget, Objective, Problem, make_planner
-from core.cluster import ClusterSpec
+from agents import Budget, Objective, Problem, literal, make_planner
+from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import ModelProfile
@@ -137,13 +137,11 @@ def replicated_plan(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Pla
 
 
 def bsp_all(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
-    """One stage replicated on every device (TAPP's literal BSP), the microbatch the cost
-    model likes best. (The ``data_parallel`` planner may keep only a prefix of the devices,
-    fastest first: on local-hetero it keeps the fast device alone, the same plan as ``dp``.)"""
-    devices = tuple(spec.device_ids)
-    sizes = [m for m in range(len(devices), batch + 1) if batch % m == 0]
-    plans = [Plan(batch, (Stage((0, len(profile)), devices, m),)) for m in sizes]
-    return min(plans, key=lambda p: simulate(p, profile, spec).batch_time_s)
+    """One stage replicated on every device (TAPP's literal BSP, :func:`agents.literal.bsp_all`),
+    the microbatch the cost model likes best. (The ``data_parallel`` planner may keep only a
+    prefix of the devices, fastest first: on local-hetero it keeps the fast device alone, the
+    same plan as ``dp``.)"""
+    return literal.bsp_all(Problem(profile, spec, Objective.TIME, batch))
 
 
 def planned(name: str, profile: ModelProfile, spec: ClusterSpec, batch: int, seed: int) -> Plan:
@@ -228,9 +226,11 @@ class Result:
             if m is not None:
                 ms = m.stages[s]
                 row["measured_real_compute_s"] = ms.compute_s - ms.emulated_s
+                row["measured_cpu_s"] = ms.cpu_s
                 row["real_compute_inflation"] = (ms.compute_s - ms.emulated_s) / (
                     ps.compute_s / factor
                 )
+                row["cpu_ratio"] = ms.cpu_s / (ps.compute_s / factor)
                 row |= {
                     "measured_compute_s": ms.compute_s,
                     "measured_transfer_s": ms.transfer_s,
@@ -261,17 +261,21 @@ class Result:
 
 
 def store_need_bytes(plan: Plan, profile: ModelProfile) -> float:
-    """Object-store bytes a node needs for the replicas' gradient exchange: every replica
-    publishes its gradients and fetches every other replica's (executor.pipeline), so a node
-    holding a replica of stage s holds r_s copies of its parameters' gradients."""
-    return max(
-        (
-            s.replicas * sum(layer.params_bytes for layer in profile.layers[s.start : s.end])
-            for s in plan.stages
-            if s.replicas > 1
-        ),
-        default=0.0,
-    )
+    """Object-store bytes a node may need for the replicas' ring all-reduce (at most, if no
+    chunk were freed before the step ends): each of its replicas of stage s sends
+    ``2 (r_s - 1)`` chunks of ``params_bytes_s / r_s``."""
+    need = 0.0
+    for s in plan.stages:
+        if s.replicas < 2:
+            continue
+        params = sum(layer.params_bytes for layer in profile.layers[s.start : s.end])
+        per_node: dict[str, int] = {}
+        for d in s.devices:
+            node = parse_device_id(d)[0]
+            per_node[node] = per_node.get(node, 0) + 1
+        r = s.replicas
+        need = max(need, max(per_node.values()) * 2 * (r - 1) / r * params)
+    return need
 
 
 def run_plan(
@@ -287,7 +291,7 @@ def run_plan(
     need = store_need_bytes(plan, profile)
     if need > 0.9 * store_mb * 2**20:
         result.error = (
-            f"skipped: the replicas' gradient exchange needs {need / 2**20:.0f} MiB of object "
+            f"skipped: the replicas' ring all-reduce needs {need / 2**20:.0f} MiB of object "
             f"store per node (> 90% of {store_mb:.0f} MiB; it would spill to disk)"
         )
         return result
@@ -467,9 +471,9 @@ def main() -> None:
     )
     single, multi = inflation(results)
     console.print(
-        "real compute, measured / profiled (CPU contention; the emulation multiplies it by the "
-        f"slowdown): median {single:.2f}x in one-actor plans, {multi:.2f}x in plans of "
-        "several actors"
+        "real compute wall time / profiled CPU time (waits for a core on this shared machine; "
+        "the emulation absorbs them on slowed types, not on the fastest): median "
+        f"{single:.2f}x in one-actor plans, {multi:.2f}x in plans of several actors"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {

@@ -1,8 +1,9 @@
 """TAPP's table (Mao et al. 2021, Table 3 style), measured on the local EMULATED cluster.
 
 For AlexNet, VGG-16 and Inception-V3 at small inputs (64, 32, 75 pixels), on
-``local-hetero`` (one Ray node per cluster node; every device is this machine's CPU, slower
-types sleep ``(slowdown - 1) x`` each forward and backward), four ways to train:
+``local-hetero`` (one Ray node per cluster node; every device is this machine's CPU, and a
+type ``k`` times slower than the fastest makes each forward and backward last ``k x`` its CPU
+time), four ways to train:
 
 - ``SingleCPU``: the whole model on the fastest single device;
 - ``Pipe-Torch``: GPipe's equal split, equal layer counts over every device, fastest first;
@@ -38,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
-from agents import Budget, Objective, Problem, make_planner
+from agents import Budget, Objective, Problem, literal, make_planner
 from bench.fidelity import CLUSTER, STORE_MB, ModelCase, bsp_all, describe, fastest_first
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
-from core.plan import Plan, Schedule, Stage, uniform_stages
+from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
 from executor.cluster import LocalCluster
 from executor.measure import EMULATED_NOTE, Measurement
@@ -83,11 +84,8 @@ def single_device(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
 
 
 def pipe_torch(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
-    devices = fastest_first(spec)
-    ranges = uniform_stages(len(profile), min(len(devices), len(profile)))
-    return best_microbatch(
-        profile, spec, batch, [(r, (d,)) for r, d in zip(ranges, devices, strict=False)]
-    )
+    """Equal layer counts over every device, fastest first (``agents.literal``)."""
+    return literal.pipe_torch_all(Problem(profile, spec, Objective.TIME, batch))
 
 
 def plan_with(

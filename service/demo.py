@@ -5,17 +5,19 @@
 2. Measure the model's profile on it (:func:`executor.profiling.measure_profile`: an actor
    pinned to a device type times every layer) -> ``OUT/MODEL.profile.json``.
 3. Plan with the cost model fed by that profile: the exact planners (``brute``, ``dp``), the
-   learned one (``tapp``, a small number of iterations) and the baselines ``uniform``
-   ("Pipe-Torch") and ``data_parallel`` ("BSP").
+   learned one (``tapp``, a small number of iterations), the baseline planners ``uniform``
+   and ``data_parallel`` (which also try fewer, faster devices), and TAPP's literal
+   baselines on every device: ``pipe-torch-all`` (equal layer counts) and ``bsp-all`` (one
+   stage replicated on every device).
 4. Run every distinct plan for real on the cluster (:class:`executor.reward.MeasuredReward`:
    warm-up + ``steps`` training steps each; actors are reused when stages repeat).
 5. Print one table (predicted vs measured batch time, their error, measured speed-up over
-   ``data_parallel``, comm fraction, loss) and write ``OUT/demo.json``, every plan under
+   ``bsp-all``, TAPP's reference, comm fraction, loss) and write ``OUT/demo.json``, every plan under
    ``OUT/plans/`` and the Gantt chart of the best planned plan, ``OUT/best.gantt.png``.
 
 Numbers from ``local-hetero`` are EMULATED (every device is this machine's CPU; slower
-types sleep) and the table says so. On this 2-core machine the default (AlexNet at 64 x 64,
-batch 32) takes about 1-2 minutes.
+types are slowed by sleeping) and the table says so. On this 2-core machine the default
+(AlexNet at 64 x 64, batch 32) takes about 1-2 minutes.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ if TYPE_CHECKING:
 EXACT = ("brute", "dp")
 LEARNED = ("tapp",)
 BASELINES = ("uniform", "data_parallel")
-REFERENCE = "data_parallel"  # speed-ups are measured against it (TAPP's BSP)
+LITERAL = ("pipe-torch-all", "bsp-all")
+"""TAPP's baselines as the paper ran them, on every device (:mod:`agents.literal`)."""
+REFERENCE = "bsp-all"  # speed-ups are measured against it (TAPP's BSP)
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,35 @@ def plan_all(problem: Problem, tapp_iterations: int) -> list[tuple[str, PlanResu
             highlight=False,
         )
         results.append((name, result))
+    results.extend(literal_baselines(problem))
     return results
+
+
+def literal_baselines(problem: Problem) -> list[tuple[str, PlanResult | str]]:
+    """TAPP's Pipe-Torch and BSP on every device (no search), as PlanResults."""
+    from agents.literal import bsp_all, pipe_torch_all
+    from agents.problem import PlanResult
+    from core.costmodel import simulate
+    from core.errors import PipeplanError
+
+    out: list[tuple[str, PlanResult | str]] = []
+    for name, make in zip(LITERAL, (pipe_torch_all, bsp_all), strict=True):
+        t0 = time.perf_counter()
+        try:
+            plan = make(problem)
+        except PipeplanError as e:
+            out.append((name, str(e)))
+            continue
+        est = simulate(plan, problem.profile, problem.cluster)
+        seconds = time.perf_counter() - t0
+        evaluations = len(problem.microbatch_sizes())
+        out.append(
+            (
+                name,
+                PlanResult(plan, est, problem.score_estimate(est), (), evaluations, seconds, name),
+            )
+        )
+    return out
 
 
 def run_all(

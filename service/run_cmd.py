@@ -137,6 +137,13 @@ def quiet_ray_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+RUN_OBJECT_STORE_MB = 1024
+"""Object store per Ray node of the clusters ``run``, ``profile --measure``, ``plan --reward
+measured`` and ``demo`` start: activations and the replicas' all-reduce chunks pass through
+it (AlexNet's gradients alone are 230 MB), and a store that spills to disk makes the spilling
+dominate the measured batch time. Shared memory is only taken as it is used."""
+
+
 @contextmanager
 def live_cluster(spec: ClusterSpec | None, address: str | None) -> Iterator[ClusterSpec]:
     """A connected Ray cluster for the ``with`` body: a new :class:`LocalCluster` for
@@ -151,7 +158,7 @@ def live_cluster(spec: ClusterSpec | None, address: str | None) -> Iterator[Clus
     if address is None:
         if spec is None:
             raise CliError("--cluster: required unless --address joins a running cluster")
-        cluster = LocalCluster(spec)
+        cluster = LocalCluster(spec, object_store_mb=RUN_OBJECT_STORE_MB)
         with err.status(f"starting local cluster {spec.name!r} ({len(spec.nodes)} Ray nodes)"):
             cluster.start()
         err.print(

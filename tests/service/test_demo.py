@@ -1,0 +1,48 @@
+"""``pipeplan demo`` end to end on a tiny model: it starts its own local-hetero cluster
+(so this module shares no cluster), measures, plans, runs every plan and writes its files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.plan import Plan
+from service.cli import main
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_demo_runs_the_main_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "demo"
+    args = ["--model", "digits_cnn", "--input-size", "8", "--batch", "16", "--steps", "1"]
+    args += ["--tapp-iterations", "2", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["pipeplan", "demo", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    printed = capsys.readouterr().out
+    assert (e.value.code or 0) == 0, printed
+    assert "EMULATED" in printed and "speed-up vs bsp-all" in printed
+    doc = json.loads((out / "demo.json").read_text())
+    rows = {r["planner"]: r for r in doc["rows"]}
+    expected = {"brute", "dp", "tapp", "uniform", "data_parallel", "pipe-torch-all", "bsp-all"}
+    assert set(rows) == expected and doc["reference"] == "bsp-all"
+    for name, row in rows.items():
+        assert row["error"] is None, (name, row["error"])
+        plan = Plan.from_dict(row["plan"])
+        assert (out / "plans" / f"{name}.plan.json").exists()
+        measured = row["measured"]
+        assert measured["batch_time_s"] > 0
+        assert Plan.from_dict(measured["plan"]) == plan
+    # brute is exact: no plan the demo ran is predicted faster than brute's
+    best = rows["brute"]["predicted"]["batch_time_s"]
+    assert all(r["predicted"]["batch_time_s"] >= best * (1 - 1e-9) for r in rows.values())
+    assert len(Plan.from_dict(rows["bsp-all"]["plan"]).stages[0].devices) == 4
+    assert rows["bsp-all"]["measured"]["note"].startswith("EMULATED")  # slow devices in it
+    assert (out / "best.gantt.png").stat().st_size > 0
+    assert (out / "digits_cnn.profile.json").exists()
