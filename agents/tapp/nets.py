@@ -26,13 +26,25 @@ A sampled plan is three decisions, in this order:
    group's compute time on it. Used devices are masked (no device twice) and so are devices
    the group does not fit (unless none fits). The group vector also holds the FLOP shares of
    the next and of the largest later group, so a small group can leave a fast device to a
-   bigger one behind it, and the cost of the cut after it.
+   bigger one behind it, and the cost of the cut after it;
+4. **replicas** (attention, beyond the paper, so that the space holds brute's optimum): every
+   device left over, in device order, attends over the groups plus an "idle" slot and joins
+   the group it picks as a data-parallel replica (the stage's microbatch is shared among its
+   replicas, DESIGN.md rule 2) or stays unused. Its query is the device's features; a
+   group's key comes from its shares of parameters/FLOPs/activations, its primary device,
+   its stage time now and with this device joined (and relative to the slowest stage), its
+   replica count, whether the device shares a node with the group, whether the group fits
+   in the device's memory and the all-reduce the join would add; the idle slot's key is a
+   flag. The idle slot starts at probability 1/2 (``log(groups)`` added to its score), so
+   the ``cost`` objective can keep devices idle and ``time`` can use them all. Only devices
+   no group holds can join (no device twice); the cost model decides memory fit.
 
 Every width is fixed (independent of the model and the cluster), so one policy can plan any
 model on any cluster. Sampling is batched over ``n`` plans and returns the log-probability
 and the entropy of each plan for REINFORCE; the entropy is the sum over the three heads of
 the mean entropy per decision (so an entropy weight means the same for 20 or 300 layers).
-No replication: one device per stage.
+``sample_plans(..., given=sample)`` replays the decisions of earlier plans instead of drawing
+them: their log-probabilities and entropies under the current policy (the trainer's elite).
 """
 
 from __future__ import annotations
@@ -61,6 +73,8 @@ GROUP_IN = WIDTH + FEEDS + 3 + 3 + 3  # mean encoding, feeds, shares, where, wha
 DEVICE_STATIC = 3  # speed, memory (log, relative to the model), price
 QUERY_IN = GROUP_IN + DEVICE_STATIC + 1  # + previous group's device, has-previous flag
 KEY_IN = DEVICE_STATIC + 3  # + same node as previous, group fits, group time on it
+REPLICA_QUERY_IN = DEVICE_STATIC + 2  # the device's features, groups open, devices left
+REPLICA_KEY_IN = 3 + DEVICE_STATIC + 7 + 1  # shares, primary device, join features, idle flag
 MICROBATCH_IN = 4  # log2 M, log2 b, log model size, device count
 
 
@@ -95,6 +109,8 @@ class PlanContext:
     cut: Tensor  # (L+1,) bytes per sample crossing a cut before layer l, float64
     link_latency: float  # seconds: the link a cut is priced on (inter-node when there is one)
     link_bytes_per_s: float
+    intra_latency: float  # seconds: the link of replicas on one node
+    intra_bytes_per_s: float
     partition_prior: float
 
     @property
@@ -173,6 +189,8 @@ def make_context(
         cut=torch.from_numpy(cut_bytes(profile)),
         link_latency=link.latency_s,
         link_bytes_per_s=link.bytes_per_s,
+        intra_latency=net.intra_node.latency_s,
+        intra_bytes_per_s=net.intra_node.bytes_per_s,
         partition_prior=math.log(p0 / (1.0 - p0)),
     )
 
@@ -207,23 +225,26 @@ class PartitionNet(nn.Module):
 
 
 class AllocationNet(nn.Module):
-    """Scaled dot-product attention of one group (query) over the devices (keys)."""
+    """Scaled dot-product attention of one query over a set of keys: a group over the
+    devices (primary allocation) or a left-over device over the groups and "idle"."""
 
-    def __init__(self, hidden: int, dim: int) -> None:
+    def __init__(
+        self, hidden: int, dim: int, query_in: int = QUERY_IN, key_in: int = KEY_IN
+    ) -> None:
         super().__init__()
-        self.query = _mlp(QUERY_IN, hidden, dim, last_std=0.1)
-        self.key = _mlp(KEY_IN, hidden, dim, last_std=0.1)
+        self.query = _mlp(query_in, hidden, dim, last_std=0.1)
+        self.key = _mlp(key_in, hidden, dim, last_std=0.1)
         self.dim = dim
 
     def forward(self, query_in: Tensor, key_in: Tensor) -> Tensor:
-        """(P, QUERY_IN), (P, D, KEY_IN) -> (P, D) scores."""
+        """(P, query_in), (P, K, key_in) -> (P, K) scores."""
         q, k = self.query(query_in), self.key(key_in)
         scores: Tensor = (k @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(self.dim)
         return scores
 
 
 class TAPPPolicy(nn.Module):
-    """The three heads of a TAPP plan: microbatch, partition, allocation."""
+    """The four heads of a TAPP plan: microbatch, partition, allocation, replicas."""
 
     def __init__(self, hidden: int = 64, attention_dim: int = 32) -> None:
         super().__init__()
@@ -231,6 +252,7 @@ class TAPPPolicy(nn.Module):
         self.microbatch = _mlp(MICROBATCH_IN, hidden, 1)
         self.partition = PartitionNet(hidden)
         self.allocation = AllocationNet(hidden, attention_dim)
+        self.replica = AllocationNet(hidden, attention_dim, REPLICA_QUERY_IN, REPLICA_KEY_IN)
 
     def save(self, path: str | Path) -> None:
         torch.save(
@@ -259,7 +281,8 @@ class Sample:
 
     size_index: np.ndarray  # (n,) index into context.sizes
     opens: np.ndarray  # (n, L) bool: layer l opens a group
-    devices: np.ndarray  # (n, G) device index of each group, -1 past the last group
+    devices: np.ndarray  # (n, G) primary device index of each group, -1 past the last group
+    replica_of: np.ndarray  # (n, D) group a device joins as a replica, -1: primary or idle
     log_prob: Tensor  # (n,)
     entropy: Tensor  # (n,)
 
@@ -267,11 +290,19 @@ class Sample:
     def n(self) -> int:
         return len(self.size_index)
 
+    def group_of(self, i: int) -> np.ndarray:
+        """(D,) the group each device of plan ``i`` serves (primary or replica), -1 idle."""
+        out = self.replica_of[i].copy()
+        primaries = self.devices[i][self.devices[i] >= 0]
+        out[primaries] = np.flatnonzero(self.devices[i] >= 0)
+        return out
+
     def key(self, i: int) -> bytes:
-        """A hashable identity of plan ``i`` (equal plans, equal keys)."""
+        """A hashable identity of plan ``i`` (equal plans, equal keys; which of a group's
+        devices is its primary does not matter)."""
         return (
             self.size_index[i].tobytes() + np.packbits(self.opens[i]).tobytes()
-            + self.devices[i].tobytes()
+            + self.group_of(i).tobytes()
         )  # fmt: skip
 
     def plan(self, i: int, ctx: PlanContext) -> Plan:
@@ -279,23 +310,48 @@ class Sample:
         starts = np.flatnonzero(self.opens[i]).tolist()
         ends = [*starts[1:], ctx.n_layers]
         b = ctx.sizes[int(self.size_index[i])]
+        group = self.group_of(i)
         stages = tuple(
-            Stage((s, e), (ids[int(self.devices[i, g])],), b)
+            Stage((s, e), tuple(ids[d] for d in np.flatnonzero(group == g)), b)
             for g, (s, e) in enumerate(zip(starts, ends, strict=True))
         )
         return Plan(ctx.global_batch, stages, ctx.schedule)
 
+    def take(self, rows: Sequence[int]) -> Sample:
+        """The plans at ``rows`` (decisions only: log-probability and entropy detached)."""
+        idx = np.asarray(rows, dtype=np.int64)
+        t = torch.from_numpy(idx)
+        return Sample(
+            self.size_index[idx], self.opens[idx], self.devices[idx], self.replica_of[idx],
+            self.log_prob.detach()[t], self.entropy.detach()[t],
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(parts: Sequence[Sample]) -> Sample:
+        return Sample(
+            np.concatenate([p.size_index for p in parts]),
+            np.concatenate([p.opens for p in parts]),
+            np.concatenate([p.devices for p in parts]),
+            np.concatenate([p.replica_of for p in parts]),
+            torch.cat([p.log_prob for p in parts]),
+            torch.cat([p.entropy for p in parts]),
+        )
+
 
 @dataclass(frozen=True)
 class Draw:
-    """How decisions are drawn: from a seeded generator, at a temperature (every logit is
-    divided by it; the log-probabilities are those of the tempered policy), or greedily."""
+    """How decisions are made: drawn from a seeded generator at a temperature (every logit
+    is divided by it; the log-probabilities are those of the tempered policy), greedily, or
+    replayed from ``given`` (earlier plans: their log-probabilities under this policy)."""
 
     generator: torch.Generator
     temperature: float = 1.0
     greedy: bool = False
+    given: Sample | None = None
 
-    def choose(self, logits: Tensor) -> Tensor:
+    def choose(self, logits: Tensor, given: np.ndarray | None = None) -> Tensor:
+        if given is not None:
+            return torch.from_numpy(np.asarray(given, dtype=np.int64))
         if self.greedy:
             return logits.argmax(-1)
         return torch.multinomial(F.softmax(logits, -1), 1, generator=self.generator).squeeze(-1)
@@ -308,20 +364,27 @@ def sample_plans(
     generator: torch.Generator,
     greedy: bool = False,
     temperature: float = 1.0,
+    given: Sample | None = None,
 ) -> Sample:
-    """Sample ``n`` plans (``greedy``: the most likely decision at every step)."""
-    draw = Draw(generator, temperature, greedy)
+    """Sample ``n`` plans (``greedy``: the most likely decision at every step; ``given``:
+    replay its ``n`` plans' decisions)."""
+    if given is not None and given.n != n:
+        raise ValueError(f"given: holds {given.n} plans, n is {n}")
+    draw = Draw(generator, temperature, greedy, given)
     lp_mb, ent_mb, size_index = _sample_microbatch(policy, ctx, n, draw)
     b = torch.tensor([float(ctx.sizes[k]) for k in size_index.tolist()], dtype=torch.float64)
     cut_cost = _cut_cost(ctx, b)
     lp_part, ent_part, opens = _sample_partition(policy, ctx, cut_cost, draw)
-    lp_alloc, ent_alloc, devices = _sample_allocation(policy, ctx, opens, b, cut_cost, draw)
+    groups = _group_tables(ctx, opens, b, cut_cost)
+    lp_alloc, ent_alloc, devices = _sample_allocation(policy, ctx, groups, draw)
+    lp_rep, ent_rep, replica_of = _sample_replicas(policy, ctx, groups, devices, draw)
     return Sample(
         size_index=size_index.numpy(),
         opens=opens.numpy(),
         devices=devices.numpy(),
-        log_prob=lp_mb + lp_part + lp_alloc,
-        entropy=ent_mb + ent_part + ent_alloc,
+        replica_of=replica_of.numpy(),
+        log_prob=lp_mb + lp_part + lp_alloc + lp_rep,
+        entropy=ent_mb + ent_part + ent_alloc + ent_rep,
     )
 
 
@@ -330,7 +393,7 @@ def _sample_microbatch(
 ) -> tuple[Tensor, Tensor, Tensor]:
     logits = policy.microbatch(ctx.microbatch_inputs).squeeze(-1).expand(n, -1)
     logits = logits / draw.temperature
-    choice = draw.choose(logits.detach())
+    choice = draw.choose(logits.detach(), None if draw.given is None else draw.given.size_index)
     logp = F.log_softmax(logits, -1)
     ent = -(logp.exp() * logp).sum(-1)
     return logp.gather(-1, choice[:, None]).squeeze(-1), ent, choice
@@ -340,10 +403,16 @@ def _cut_cost(ctx: PlanContext, b: Tensor) -> Tensor:
     """(P, L+1) float32: one transfer across a cut before layer l, relative to a balanced
     stage's compute (the whole model's per microbatch on the fastest device / max_groups),
     as ``log1p(ratio) / 4``: how much a cut there costs for this model on this cluster."""
-    t_ref = (ctx.fixed.sum(1)[None] + b[:, None] * ctx.per_sample.sum(1)[None]).min(-1).values
     transfer = ctx.link_latency + ctx.cut[None, :] * b[:, None] / ctx.link_bytes_per_s
-    ratio = ctx.max_groups * transfer / t_ref.clamp(min=1e-30)[:, None]
+    ratio = ctx.max_groups * transfer / _reference_time(ctx, b)[:, None]
     return (torch.log1p(ratio) / 4.0).float()
+
+
+def _reference_time(ctx: PlanContext, b: Tensor) -> Tensor:
+    """(P,) seconds: the whole model's forward + backward of one microbatch on the fastest
+    device (the scale of every time feature)."""
+    t = (ctx.fixed.sum(1)[None] + b[:, None] * ctx.per_sample.sum(1)[None]).min(-1).values
+    return t.clamp(min=1e-30)
 
 
 def _sample_partition(
@@ -363,7 +432,12 @@ def _sample_partition(
         x = torch.cat([ctx.layer_inputs[layer].expand(n, -1), state], -1)
         logit = (policy.partition(x) + ctx.partition_prior) / draw.temperature
         p = torch.sigmoid(logit).detach()
-        raw = p > 0.5 if draw.greedy else torch.rand(n, generator=draw.generator) < p
+        if draw.given is not None:
+            raw = torch.from_numpy(draw.given.opens[:, layer].copy())
+        elif draw.greedy:
+            raw = p > 0.5
+        else:
+            raw = torch.rand(n, generator=draw.generator) < p
         free = count < G  # a real decision (else forced to stay)
         opened = raw & free
         lp = torch.where(opened, F.logsigmoid(logit), F.logsigmoid(-logit))
@@ -375,6 +449,46 @@ def _sample_partition(
         fill = torch.where(opened, flops[layer], fill + flops[layer])
         opens.append(opened)
     return logp, ent / decisions.clamp(min=1), torch.stack(opens, 1)
+
+
+@dataclass(frozen=True)
+class GroupTables:
+    """The sampled partition's groups as tensors, for both attention heads."""
+
+    n_groups: Tensor  # (P,)
+    inputs: Tensor  # (P, G, GROUP_IN) group vectors
+    params: Tensor  # (P, G) bytes, float64
+    acts: Tensor  # (P, G) activation bytes per sample, float64
+    fixed: Tensor  # (P, G, D) seconds per call on each device, fwd + bwd, float64
+    per_sample: Tensor  # (P, G, D) seconds per sample on each device, float64
+    b: Tensor  # (P,) microbatch size, float64
+    t_ref: Tensor  # (P,) seconds (:func:`_reference_time`)
+    in_flight: Tensor  # (P, G) microbatches whose activations a stage holds (rule 9)
+
+
+def _group_tables(ctx: PlanContext, opens: Tensor, b: Tensor, cut_cost: Tensor) -> GroupTables:
+    G = ctx.max_groups
+    gid = torch.cumsum(opens.long(), -1) - 1  # (P, L)
+    n_groups = gid[:, -1] + 1
+    member = F.one_hot(gid, G).float()  # (P, L, G)
+    m64 = member.double()
+    micro = ctx.global_batch / b  # (P,) microbatch count M
+    if ctx.schedule is Schedule.GPIPE:
+        in_flight = micro[:, None].expand(-1, G)
+    else:
+        left = (n_groups[:, None] - torch.arange(G)[None]).double()
+        in_flight = torch.minimum(left, micro[:, None])
+    return GroupTables(
+        n_groups=n_groups,
+        inputs=_group_inputs(ctx, member, n_groups, cut_cost),
+        params=m64.transpose(1, 2) @ ctx.params,
+        acts=m64.transpose(1, 2) @ ctx.acts,
+        fixed=torch.einsum("plg,dl->pgd", m64, ctx.fixed),
+        per_sample=torch.einsum("plg,dl->pgd", m64, ctx.per_sample),
+        b=b,
+        t_ref=_reference_time(ctx, b),
+        in_flight=in_flight,
+    )
 
 
 def _group_inputs(ctx: PlanContext, member: Tensor, n_groups: Tensor, cut_cost: Tensor) -> Tensor:
@@ -407,41 +521,25 @@ def _group_inputs(ctx: PlanContext, member: Tensor, n_groups: Tensor, cut_cost: 
 
 
 def _sample_allocation(
-    policy: TAPPPolicy,
-    ctx: PlanContext,
-    opens: Tensor,
-    b: Tensor,
-    cut_cost: Tensor,
-    draw: Draw,
+    policy: TAPPPolicy, ctx: PlanContext, groups: GroupTables, draw: Draw
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Groups in order choose unused devices by attention; (logp, entropy, devices)."""
-    n, L = opens.shape
-    D, G = ctx.n_devices, ctx.max_groups
-    gid = torch.cumsum(opens.long(), -1) - 1  # (P, L)
-    n_groups = gid[:, -1] + 1
-    member = F.one_hot(gid, G).float()  # (P, L, G)
-    groups = _group_inputs(ctx, member, n_groups, cut_cost)
-    m64 = member.double()
-    params = m64.transpose(1, 2) @ ctx.params  # (P, G)
-    acts = m64.transpose(1, 2) @ ctx.acts
-    t = torch.einsum("plg,dl->pgd", m64, ctx.fixed) + b[:, None, None] * torch.einsum(
-        "plg,dl->pgd", m64, ctx.per_sample
-    )  # (P, G, D) seconds per microbatch
-    t_ref = (ctx.fixed.sum(1)[None] + b[:, None] * ctx.per_sample.sum(1)[None]).min(-1).values
-    time_feature = torch.log1p(D * t / t_ref.clamp(min=1e-30)[:, None, None]).float()
-    micro = ctx.global_batch / b  # (P,) microbatch count M
+    n, D, G = groups.b.shape[0], ctx.n_devices, ctx.max_groups
+    n_groups, b = groups.n_groups, groups.b
+    t = groups.fixed + b[:, None, None] * groups.per_sample  # (P, G, D) s per microbatch
+    time_feature = torch.log1p(D * t / groups.t_ref[:, None, None]).float()
     used = torch.zeros(n, D, dtype=torch.bool)
     devices = torch.full((n, G), -1, dtype=torch.long)
     prev = torch.zeros(n, dtype=torch.long)
     logp, ent = torch.zeros(n), torch.zeros(n)
     rows = torch.arange(n)
+    zero = torch.zeros(())
     for g in range(G):
         active = n_groups > g
-        in_flight = micro if ctx.schedule is Schedule.GPIPE else torch.minimum(n_groups - g, micro)
-        memory = 4.0 * params[:, g] + in_flight * b * acts[:, g]
+        memory = 4.0 * groups.params[:, g] + groups.in_flight[:, g] * b * groups.acts[:, g]
         fits = memory[:, None] <= ctx.capacity[None, :]  # (P, D)
         has_prev = torch.full((n, 1), float(g > 0))
-        query = torch.cat([groups[:, g], ctx.device_static[prev] * has_prev, has_prev], -1)
+        query = torch.cat([groups.inputs[:, g], ctx.device_static[prev] * has_prev, has_prev], -1)
         same_node = (ctx.node[None, :] == ctx.node[prev][:, None]).float() * has_prev
         keys = torch.cat(
             [
@@ -457,9 +555,9 @@ def _sample_allocation(
         allowed = free & fits
         allowed = torch.where(allowed.any(-1, keepdim=True), allowed, free)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        choice = draw.choose(scores.detach())
+        given = None if draw.given is None else draw.given.devices[:, g].clip(min=0)
+        choice = draw.choose(scores.detach(), given)
         lsm = F.log_softmax(scores, -1)
-        zero = torch.zeros(())
         logp = logp + torch.where(active, lsm[rows, choice], zero)
         ent = ent + torch.where(active, -(lsm.exp() * lsm).sum(-1), zero)
         choice = torch.where(active, choice, torch.full_like(choice, -1))
@@ -467,3 +565,87 @@ def _sample_allocation(
         used = used | (F.one_hot(choice.clamp(min=0), D).bool() & active[:, None])
         prev = choice.clamp(min=0)
     return logp, ent / n_groups, devices
+
+
+def _stage_time(groups: GroupTables, member: Tensor) -> Tensor:
+    """(P, G) seconds per microbatch of each stage on its replicas (``member``: (P, G, D)
+    bool), the slowest replica's share ``b / r`` (rule 2); 0 for a stage with no device."""
+    r = member.sum(-1).clamp(min=1).double()
+    t = groups.fixed + (groups.b[:, None] / r)[..., None] * groups.per_sample
+    return torch.where(member, t, torch.zeros(())).amax(-1)
+
+
+def _sample_replicas(
+    policy: TAPPPolicy, ctx: PlanContext, groups: GroupTables, devices: Tensor, draw: Draw
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every device no group holds, in device order, attends over the groups and an idle
+    slot (slot ``G``) and joins the group it picks as a replica; (logp, entropy, replica_of)."""
+    n, D, G = groups.b.shape[0], ctx.n_devices, ctx.max_groups
+    n_groups, b = groups.n_groups, groups.b
+    primary = devices >= 0
+    member = torch.zeros(n, G, D, dtype=torch.bool)  # devices serving each group
+    member[primary] = F.one_hot(devices[primary], D).bool()
+    is_primary = member.any(1)  # (P, D)
+    open_group = torch.arange(G)[None] < n_groups[:, None]  # (P, G)
+    primary_static = ctx.device_static[devices.clamp(min=0)] * primary[..., None]  # (P, G, 3)
+    shares = groups.inputs[..., WIDTH + FEEDS : WIDTH + FEEDS + 3]  # (P, G, 3)
+    t_ref = groups.t_ref[:, None]
+    micro = (ctx.global_batch / b)[:, None]
+    idle_key = torch.zeros(n, 1, REPLICA_KEY_IN)
+    idle_key[..., -1] = 1.0
+    idle_prior = torch.log(n_groups.float())  # p(idle) = 1/2 at a uniform start
+    replica_of = torch.full((n, D), -1, dtype=torch.long)
+    logp, ent, decisions = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    rows = torch.arange(n)
+    zero = torch.zeros(())
+    for k in range(D):
+        active = ~is_primary[:, k]
+        r = member.sum(-1).double()  # (P, G)
+        now = _stage_time(groups, member)
+        joined = member.clone()
+        joined[:, :, k] = open_group
+        after = _stage_time(groups, joined)
+        slowest = now.amax(-1, keepdim=True).clamp(min=1e-30)
+        memory = 4.0 * groups.params + groups.in_flight * (b[:, None] / (r + 1)) * groups.acts
+        fits = memory <= ctx.capacity[k]
+        on_node = (ctx.node == ctx.node[k])[None, None, :]
+        same = (member & on_node).sum(-1).double() / r.clamp(min=1)
+        bw = torch.where(same >= 1.0, ctx.intra_bytes_per_s, ctx.link_bytes_per_s)
+        lat = torch.where(same >= 1.0, ctx.intra_latency, ctx.link_latency)
+        all_reduce = 2.0 * r / (r + 1) * groups.params / bw + 2.0 * r * lat
+        join = torch.stack(
+            [
+                torch.log1p(D * now / t_ref),
+                torch.log1p(D * after / t_ref),
+                now / slowest,
+                r / D,
+                same,
+                fits.double(),
+                torch.log1p(D * all_reduce / (micro * t_ref)),
+            ],
+            dim=-1,
+        ).float()  # (P, G, 7)
+        keys = torch.cat([shares, primary_static, join, torch.zeros(n, G, 1)], dim=-1)
+        keys = torch.cat([keys, idle_key], dim=1)  # (P, G+1, REPLICA_KEY_IN)
+        left = torch.full((n, 1), (D - k) / D)
+        query = torch.cat(
+            [ctx.device_static[k].expand(n, -1), n_groups[:, None].float() / D, left], -1
+        )
+        scores = policy.replica(query, keys)
+        scores = torch.cat([scores[:, :G], scores[:, G:] + idle_prior[:, None]], -1)
+        scores = scores / draw.temperature
+        allowed = torch.cat([open_group, torch.ones(n, 1, dtype=torch.bool)], -1)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        given = None
+        if draw.given is not None:
+            g_of = draw.given.replica_of[:, k]
+            given = np.where(g_of >= 0, g_of, G)
+        choice = draw.choose(scores.detach(), given)
+        lsm = F.log_softmax(scores, -1)
+        logp = logp + torch.where(active, lsm[rows, choice], zero)
+        ent = ent + torch.where(active, -(lsm.exp() * lsm).sum(-1), zero)
+        decisions = decisions + active.float()
+        joins = active & (choice < G)
+        replica_of[:, k] = torch.where(joins, choice, torch.full_like(choice, -1))
+        member[rows[joins], choice[joins], k] = True
+    return logp, ent / decisions.clamp(min=1), replica_of

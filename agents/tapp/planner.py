@@ -9,8 +9,8 @@ Generalisation: ``TAPPPlanner(policy=train_policy(profiles, cluster))`` starts f
 trained on other models (few updates), with ``frozen=True`` it only samples it (zero
 updates); ``pretrained=PATH`` loads one saved by ``TAPPPolicy.save``. A trained policy is
 nearly deterministic: sample it at ``temperature=4`` or so to spend the budget on distinct
-plans (on an unseen ResNet-18 that took the gap to exact from 12% to about 3% in 200
-evaluations).
+plans. How close that gets on unseen models is measured by ``bench/rl_quality.py``
+(generalisation section of ``bench/results/rl_quality.json``).
 """
 
 from __future__ import annotations

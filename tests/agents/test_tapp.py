@@ -1,5 +1,6 @@
-"""TAPP: the REINFORCE maths on a hand-computed case, valid samples, seeds, a tiny run that
-learns, pretrained policies, and (marked) Ray workers."""
+"""TAPP: the REINFORCE maths on a hand-computed case, valid samples (with replicated stages),
+replayed decisions, the elite, seeds, tiny runs that learn (one whose optimum needs a
+replicated stage), pretrained policies, and (marked) Ray workers."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from hypothesis import strategies as st
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.search import Search
 from agents.tapp import TAPPConfig, TAPPPlanner, TAPPPolicy, make_context, train_policy
-from agents.tapp.nets import sample_plans
+from agents.tapp.nets import Sample, sample_plans
 from agents.tapp.parallel import evaluate_chunk, record
 from agents.tapp.rewards import SimulatedReward, shape_rewards
-from agents.tapp.trainer import advantages, reinforce_loss
-from core.cluster import ClusterSpec
+from agents.tapp.trainer import Task, advantages, reinforce_loss, update_elite
+from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.formats.pipedream import load_pipedream
 from core.plan import Schedule
-from core.profile import ModelProfile
+from core.profile import LayerProfile, LayerTiming, ModelProfile
 from tests.core.strategies import clusters, divisors, profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,28 @@ def alexnet() -> ModelProfile:
 @cache
 def local() -> ClusterSpec:
     return ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")
+
+
+def tiny_replicated() -> tuple[ModelProfile, ClusterSpec]:
+    """A heavy first layer and a light three-layer tail; one fast and three slow devices on
+    one node: the optimum runs the tail on the three slow devices as one replicated stage."""
+    layers = tuple(
+        LayerProfile(
+            f"l{i}",
+            "conv",
+            1000,
+            1e9,
+            1000,
+            (i + 1,) if i < 3 else (),
+            {"fast": LayerTiming(f, 2 * f), "slow": LayerTiming(3 * f, 6 * f)},
+        )  # fmt: skip
+        for i, f in enumerate([4e-3, 1e-3, 1e-3, 1e-3])
+    )
+    types = {"fast": DeviceType("fast", 1e12, 16), "slow": DeviceType("slow", 3e11, 16)}
+    cluster = ClusterSpec(
+        "tiny", types, (Node("n0", {"fast": 1, "slow": 3}),), Network(Link(100.0, 5.0))
+    )
+    return ModelProfile("tiny", (1,), layers), cluster
 
 
 def problem(seed: int = 0, evaluations: int = 200, **kw: object) -> Problem:
@@ -96,18 +119,72 @@ def test_rewards_are_log_ratios_and_infeasible_plans_sit_below_the_worst() -> No
     schedule=st.sampled_from(list(Schedule)),
     seed=st.integers(0, 1000),
     greedy=st.booleans(),
+    temperature=st.sampled_from([0.5, 1.0, 4.0]),
 )
 def test_sampled_plans_are_valid(
-    profile: ModelProfile, cluster: ClusterSpec, schedule: Schedule, seed: int, greedy: bool
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    schedule: Schedule,
+    seed: int,
+    greedy: bool,
+    temperature: float,
 ) -> None:
     ctx = make_context(profile, cluster, 8, divisors(8), schedule)
-    policy = TAPPPolicy(hidden=8, attention_dim=4)
-    sample = sample_plans(policy, ctx, 6, torch.Generator().manual_seed(seed), greedy)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = TAPPPolicy(hidden=8, attention_dim=4)
+    gen = torch.Generator().manual_seed(seed)
+    sample = sample_plans(policy, ctx, 6, gen, greedy, temperature)
     assert torch.isfinite(sample.log_prob).all() and torch.isfinite(sample.entropy).all()
     for i in range(sample.n):
         plan = sample.plan(i, ctx)  # Plan checks contiguity and no device twice
         plan.validate(profile, cluster)
         assert plan.num_stages <= min(len(cluster.device_ids), len(profile))
+        served = [d for st in plan.stages for d in st.devices]
+        assert len(served) == len(set(served))
+        joined = sample.replica_of[i][sample.replica_of[i] >= 0]
+        assert (joined < plan.num_stages).all()  # replicas join open groups only
+        assert sum(st.replicas - 1 for st in plan.stages) == joined.size
+        assert len({st.microbatch for st in plan.stages}) == 1  # equal microbatches
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    profile=profiles(min_layers=1, max_layers=8),
+    cluster=clusters(),
+    seed=st.integers(0, 1000),
+)
+def test_replaying_a_sample_gives_its_plans_and_log_probabilities(
+    profile: ModelProfile, cluster: ClusterSpec, seed: int
+) -> None:
+    ctx = make_context(profile, cluster, 8, divisors(8), Schedule.GPIPE)
+    policy = TAPPPolicy(hidden=8, attention_dim=4)
+    sample = sample_plans(policy, ctx, 5, torch.Generator().manual_seed(seed), temperature=2.0)
+    again = sample_plans(
+        policy, ctx, 5, torch.Generator().manual_seed(seed + 1), temperature=2.0, given=sample
+    )
+    assert [again.key(i) for i in range(5)] == [sample.key(i) for i in range(5)]
+    assert torch.allclose(again.log_prob, sample.log_prob, atol=1e-5)
+    assert torch.allclose(again.entropy, sample.entropy, atol=1e-5)
+
+
+def test_replicated_stages_are_sampled_and_keys_ignore_which_replica_is_primary() -> None:
+    ctx = make_context(alexnet(), local(), 16, [4], Schedule.GPIPE)
+    policy = TAPPPolicy()
+    sample = sample_plans(policy, ctx, 256, torch.Generator().manual_seed(0))
+    plans = [sample.plan(i, ctx) for i in range(sample.n)]
+    # the idle slot starts at 1/2: both replicated stages and idle devices occur
+    assert any(st.replicas > 1 for p in plans for st in p.stages)
+    assert any(len(p.devices) < len(local().device_ids) for p in plans)
+    # the same plan with the primary and a replica swapped has the same key
+    i = next(i for i, p in enumerate(plans) if any(st.replicas > 1 for st in p.stages))
+    one = sample.take([i])
+    k = int(np.flatnonzero(one.replica_of[0] >= 0)[0])
+    g = int(one.replica_of[0, k])
+    devices, replica_of = one.devices.copy(), one.replica_of.copy()
+    replica_of[0, devices[0, g]], replica_of[0, k], devices[0, g] = g, -1, k
+    swapped = Sample(one.size_index, one.opens, devices, replica_of, one.log_prob, one.entropy)
+    assert swapped.key(0) == one.key(0) and swapped.plan(0, ctx) == one.plan(0, ctx)
 
 
 def test_log_prob_of_a_greedy_plan_is_the_largest_in_a_batch() -> None:
@@ -129,6 +206,35 @@ def test_tiny_budget_run_improves_on_its_first_sample() -> None:
     assert result.evaluations <= 300
     assert result.value < result.history[0].best
     assert result.plan.num_stages >= 2
+
+
+def test_optimum_with_a_replicated_stage_is_found_with_a_small_budget() -> None:
+    profile, cluster = tiny_replicated()
+    exact_problem = Problem(profile, cluster, global_batch=8, budget=Budget(None, 60))
+    exact = make_planner("brute").plan(exact_problem)
+    one_per_stage = make_planner("brute", max_replicas=1).plan(exact_problem)
+    assert max(st.replicas for st in exact.plan.stages) == 3
+    assert one_per_stage.value > 1.1 * exact.value  # the replicas are worth finding
+    p = Problem(profile, cluster, global_batch=8, seed=0, budget=Budget(200, 60))
+    found = make_planner("tapp", batch_size=16).plan(p)
+    assert found.value == pytest.approx(exact.value, rel=1e-9)
+    assert found.plan.stages == exact.plan.stages
+
+
+def test_the_elite_keeps_the_best_distinct_feasible_plans() -> None:
+    ctx = make_context(alexnet(), local(), 16, [4], Schedule.GPIPE)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        policy = TAPPPolicy()
+    sample = sample_plans(policy, ctx, 6, torch.Generator().manual_seed(0))
+    assert len({sample.key(i) for i in range(6)}) == 6
+    task = Task(ctx, SimulatedReward(Search(problem(), "tapp", {})))
+    values = np.array([5.0, 3.0, np.inf, 4.0, 1.0, 2.0])
+    update_elite(task, sample, values, size=3)
+    assert sorted(value for value, _ in task.elite.values()) == [1.0, 2.0, 3.0]
+    assert set(task.elite) == {sample.key(4), sample.key(5), sample.key(1)}
+    update_elite(task, sample, values, size=3)  # seen again: nothing changes
+    assert sorted(value for value, _ in task.elite.values()) == [1.0, 2.0, 3.0]
 
 
 def test_same_seed_same_plan_and_history() -> None:
