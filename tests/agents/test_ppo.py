@@ -1,4 +1,5 @@
-"""PPO on RLlib: a one-iteration smoke test with one env runner, checkpoint and restore."""
+"""PPO on RLlib: a one-iteration smoke test with one env runner, checkpoint and restore; the
+local search that polishes PPO's best plan (no Ray)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents import Budget, Problem, ProblemError, make_planner
+from agents.rllib_ppo import neighbours, polish
+from agents.search import Search
 from core.cluster import ClusterSpec
+from core.plan import Plan, Stage
 from core.profile import LayerProfile, ModelProfile
-
-pytestmark = [pytest.mark.rllib, pytest.mark.ray, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +25,10 @@ def ray_session():  # type: ignore[no-untyped-def]
 
     ray.init(
         address="local",
-        num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 2**20,
+        log_to_driver=False,
     )
     yield
     ray.shutdown()
@@ -39,6 +44,9 @@ def chain(n: int = 6) -> ModelProfile:
     return ModelProfile("chain", (3, 8, 8), tuple(layers))
 
 
+@pytest.mark.rllib
+@pytest.mark.ray
+@pytest.mark.timeout(300)
 def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, seed=1, budget=Budget(None, None))
@@ -55,7 +63,8 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
     result = planner.plan(problem)
     result.plan.validate(problem.profile, cluster)
     assert result.estimate.fits
-    assert result.evaluations >= 60 // 6  # every episode of 6 steps costs one plan
+    # every episode (a microbatch count, 6 layers, maybe replicas) costs one plan
+    assert result.evaluations >= 60 // (1 + 6 + 5)
     assert result.history and result.history[-1].best == result.value
     assert ckpt.exists()
     again = make_planner(
@@ -69,3 +78,32 @@ def test_bad_options_are_refused_before_ray_starts() -> None:
         make_planner("ppo", iterations=0)
     with pytest.raises(ProblemError, match="known options"):
         make_planner("ppo", learning_rate=1.0)
+
+
+def test_neighbours_are_valid_plans_one_edit_away() -> None:
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    problem = Problem(chain(), cluster, global_batch=8)
+    ids = cluster.device_ids
+    plan = Plan(8, (Stage((0, 2), (ids[0],), 2), Stage((2, 6), (ids[1], ids[2]), 2)))
+    near = neighbours(plan, problem)
+    for p in near:
+        p.validate(problem.profile, cluster)
+    shapes = {tuple((s.layers, s.devices) for s in p.stages) for p in near}
+    assert (((0, 3), (ids[0],)), ((3, 6), (ids[1], ids[2]))) in shapes  # boundary moved
+    assert (((0, 2), (ids[1], ids[2])), ((2, 6), (ids[0],))) in shapes  # groups reordered
+    assert (((0, 6), (ids[0], ids[1], ids[2])),) in shapes  # merged
+    assert (((0, 2), (ids[0],)), ((2, 6), (ids[1], ids[2], ids[3]))) in shapes  # replica
+    assert {p.stages[0].microbatch for p in near} == {1, 2, 4, 8}
+
+
+def test_polish_only_improves_and_stops_at_a_local_optimum() -> None:
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    problem = Problem(chain(), cluster, global_batch=8, budget=Budget(None, None))
+    search = Search(problem, "ppo", {})
+    worst = Plan(8, (Stage((0, 6), (cluster.device_ids[3],), 1),))
+    start = float(search.evaluate_plans([worst])[0])
+    polish(search, 10_000)
+    assert search.best_value < start
+    assert search.best_plan is not None
+    again = search.evaluate_plans(neighbours(search.best_plan, problem))
+    assert again.min() >= search.best_value  # no neighbour is better

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import envs
+from agents import Budget, InfeasibleError, Problem, make_planner
 from core.cluster import ClusterSpec, DeviceType, Node
 from core.costmodel import simulate
 from core.profile import LayerProfile, ModelProfile
@@ -23,9 +25,11 @@ from envs.placement import (
     PlacementEnv,
     action_mask,
     initial_state,
+    is_terminal,
     make_instance,
     memory_mask,
     structural_mask,
+    to_plan,
     transition,
 )
 from tests.core.strategies import clusters, profiles
@@ -48,10 +52,13 @@ def two_devices(memory_gb: float = 16.0) -> ClusterSpec:
 # --- gymnasium ------------------------------------------------------------------------------
 
 
-def test_check_env_passes_without_warnings(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "extra", [{}, {"microbatches": None, "max_replicas": 3}], ids=["fixed", "choices+replicas"]
+)
+def test_check_env_passes_without_warnings(tmp_path: Path, extra: dict[str, object]) -> None:
     profile = tmp_path / "chain.json"
     chain(6).save(profile)
-    config = {"profile": str(profile), "cluster": str(CLUSTER), "global_batch": 16}
+    config = {"profile": str(profile), "cluster": str(CLUSTER), "global_batch": 16, **extra}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         env = gymnasium.make(envs.ENV_ID, config=config)
@@ -65,7 +72,7 @@ def test_spaces_are_what_rllib_action_masking_expects() -> None:
     obs_space = env.observation_space
     assert set(obs_space.spaces) == {"observations", "action_mask"}
     assert obs_space["action_mask"].shape == (6,)
-    assert obs_space["observations"].shape == (WIDTH * 3 + 5 * 5 + 6,)
+    assert obs_space["observations"].shape == (WIDTH * 3 + 5 * 5 + 10,)
     obs, _ = env.reset(seed=0)
     assert obs_space.contains(obs)
     assert obs["action_mask"].tolist() == [0, 1, 1, 1, 1, 1]  # layer 0 must open a stage
@@ -82,7 +89,8 @@ def test_episode_reward_is_reference_over_batch_time() -> None:
     assert [s.devices for s in plan.stages] == [("n0/g:0",), ("n1/g:0",)]
     est = simulate(plan, env.instance.profile, env.instance.cluster)
     assert info["estimate"] == est and info["value"] == est.batch_time_s
-    # reference: all 4 layers on one device, 8 samples, fwd 1 GFLOP/1 TFLOP/s, bwd twice that
+    # reference: the whole batch (8 samples) at once through 4 layers on one device,
+    # fwd 1 GFLOP/1 TFLOP/s per sample, bwd twice that
     assert env.instance.reference == pytest.approx(8 * 4 * 3e-3)
     assert r == pytest.approx(env.instance.reference / est.batch_time_s)
 
@@ -111,21 +119,21 @@ def test_masked_action_is_repaired_and_flagged() -> None:
 
 def test_min_stages_forces_opening_when_layers_run_short() -> None:
     inst = make_instance(chain(3), ClusterSpec.load(CLUSTER), min_stages=3, max_stages=3)
-    s = transition(initial_state(), 1)
+    s = transition(inst, initial_state(inst), 1)
     assert action_mask(inst, s)[0] == 0  # 2 layers left, 2 stages still needed
-    s = transition(s, 2)
+    s = transition(inst, s, 2)
     assert action_mask(inst, s)[0] == 0
-    s = transition(s, 3)
+    s = transition(inst, s, 3)
     assert action_mask(inst, s).tolist() == [1, 0, 0, 0, 0, 0]  # terminal
 
 
 def test_memory_mask_keeps_stages_within_memory() -> None:
     # 1 GB per layer of weights (x4 = 4 GB): two layers do not fit a 6 GB device
     inst = make_instance(chain(3, params=10**9, act=0), two_devices(6.0))
-    s = transition(initial_state(), 1)
+    s = transition(inst, initial_state(inst), 1)
     assert memory_mask(inst, s).tolist() == [False, True, True]
     assert action_mask(inst, s).tolist() == [0, 0, 1]
-    s = transition(s, 2)
+    s = transition(inst, s, 2)
     # nothing fits any more: fall back to the structurally valid actions (an infeasible plan)
     assert not (structural_mask(inst, s) & memory_mask(inst, s)).any()
     assert action_mask(inst, s).tolist() == [1, 0, 0]
@@ -149,6 +157,9 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
     ("change", "message"),
     [
         ({"microbatches": 3}, "microbatches"),
+        ({"microbatches": [2, 2]}, "repeated counts"),
+        ({"microbatches": []}, "microbatches"),
+        ({"max_replicas": 3}, "max_replicas"),
         ({"objective": "speed"}, "objective"),
         ({"max_stages": 9}, "max_stages"),
         ({"colour": 1}, "unknown key 'colour'"),
@@ -169,22 +180,28 @@ def test_bad_config_names_the_key(change: dict[str, object], message: str) -> No
     profile=profiles(min_layers=1, max_layers=10),
     cluster=clusters(),
     schedule=st.sampled_from(["gpipe", "1f1b"]),
-    m=st.sampled_from([1, 2, 4]),
+    m=st.sampled_from([1, 2, 4, None, [8, 2]]),
     data=st.data(),
 )
 def test_random_masked_rollouts_give_valid_plans(
-    profile: ModelProfile, cluster: ClusterSpec, schedule: str, m: int, data: st.DataObject
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    schedule: str,
+    m: int | list[int] | None,
+    data: st.DataObject,
 ) -> None:
     n_dev = len(cluster.device_ids)
     top = data.draw(st.integers(1, n_dev))
     low = data.draw(st.integers(1, min(top, len(profile))))
+    replicas = data.draw(st.integers(1, n_dev))
     env = PlacementEnv(
         {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": m,
-         "schedule": schedule, "min_stages": low, "max_stages": top}
+         "schedule": schedule, "min_stages": low, "max_stages": top, "max_replicas": replicas}
     )  # fmt: skip
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     obs, _ = env.reset(seed=0)
-    fell_back, done, info = False, False, {}
+    fell_back, done = False, False
+    info: dict[str, Any] = {}
     while not done:
         assert env.observation_space.contains(obs)
         inst, state = env.instance, env.state
@@ -195,8 +212,124 @@ def test_random_masked_rollouts_give_valid_plans(
     plan = info["plan"]
     plan.validate(profile, cluster)  # contiguous, known devices (Plan checks no device twice)
     assert low <= plan.num_stages <= top
+    assert all(s.replicas <= replicas for s in plan.stages)
+    if isinstance(m, int):
+        assert {s.microbatch for s in plan.stages} == {8 // m}
     if not fell_back and schedule == "gpipe":
         assert info["estimate"].fits  # the memory mask is exact for GPipe
+
+
+# --- choosing the microbatch count, adding replicas ------------------------------------------
+
+
+def test_first_step_chooses_the_microbatch_count() -> None:
+    env = PlacementEnv(
+        {"profile": chain(2), "cluster": two_devices(), "global_batch": 8, "microbatches": None}
+    )
+    inst = env.instance
+    assert inst.counts == (1, 2, 4, 8) and env.action_space.n == 1 + 2 + 4
+    obs, _ = env.reset(seed=0)
+    assert obs["action_mask"].tolist() == [0, 0, 0, 1, 1, 1, 1]  # only the counts
+    assert obs["observations"][-1] == 1.0  # "choosing the microbatch count"
+    obs, *_ = env.step(3 + 2)  # M = 4
+    assert obs["action_mask"].tolist() == [0, 1, 1, 0, 0, 0, 0]
+    assert obs["observations"][-1] == 0.0
+    env.step(1)
+    *_, done, _, info = env.step(0)
+    assert done and [s.microbatch for s in info["plan"].stages] == [2]
+
+
+def test_a_replica_joins_the_stage_just_opened_and_the_end_can_take_one() -> None:
+    cluster = ClusterSpec.load(CLUSTER)  # 5 devices
+    env = PlacementEnv({"profile": chain(3), "cluster": cluster, "max_replicas": 2})
+    inst = env.instance
+    assert env.action_space.n == 1 + 5 + 5 and inst.replica_offset == 6
+    env.reset(seed=0)
+    obs, *_ = env.step(1)  # stage on device 0 holds layer 0
+    assert obs["action_mask"][6:].tolist() == [0, 1, 1, 1, 1]  # replicas on unused devices
+    obs, *_ = env.step(6 + 2)  # device 2 joins; no layer placed
+    assert env.state.layer == 1 and env.state.devices == ((0, 2),)
+    assert obs["action_mask"][6:].sum() == 0  # max_replicas reached
+    obs, *_ = env.step(0)  # layer 1 stays
+    obs, *_ = env.step(2)  # layer 2 opens a stage on device 1
+    assert env.state.layer == 3 and not is_terminal(inst, env.state)
+    assert obs["action_mask"].tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]
+    obs, r, done, _, info = env.step(0)  # "stay" at the end: no replica, done
+    assert done and r > 0
+    ids = cluster.device_ids
+    assert [s.devices for s in info["plan"].stages] == [(ids[0], ids[2]), (ids[1],)]
+
+
+def test_replicas_leave_the_devices_min_stages_needs() -> None:
+    inst = make_instance(chain(3), two_devices(), min_stages=2, max_replicas=2)
+    s = transition(inst, initial_state(inst), 1)
+    assert structural_mask(inst, s)[3:].tolist() == [False, False]
+    inst = make_instance(chain(3), two_devices(), max_replicas=2)
+    s = transition(inst, initial_state(inst), 1)
+    assert structural_mask(inst, s)[3:].tolist() == [False, True]
+
+
+def test_a_replica_halves_the_activation_share_it_must_fit() -> None:
+    # 2 layers of 1 GB of activations per sample, batch 4 in one microbatch: 4 GB per layer on
+    # one device, 2 GB on each of two replicas; devices of 5 GB
+    big = chain(2, params=0, act=10**9)
+    inst = make_instance(big, two_devices(5.0), global_batch=4, microbatches=1, max_replicas=2)
+    s = transition(inst, initial_state(inst), 1)
+    assert memory_mask(inst, s).tolist() == [False, True, True, True, True]
+    assert action_mask(inst, s).tolist() == [0, 0, 1, 0, 1]  # stay does not fit: open or replica
+    s = transition(inst, s, 3 + 1)
+    assert action_mask(inst, s).tolist() == [1, 0, 0, 0, 0]  # 2 x 2 GB on each replica fits
+    s = transition(inst, s, 0)
+    assert is_terminal(inst, s)
+    est = simulate(to_plan(inst, s), inst.profile, inst.cluster)
+    assert est.fits
+
+
+@st.composite
+def small_clusters(draw: st.DrawFn) -> ClusterSpec:
+    """1-4 devices of 1-3 types on 1-2 nodes: small enough for ``brute``."""
+    big = draw(clusters())
+    nodes = tuple(
+        Node(f"n{k}", {t: draw(st.integers(0, 1)) for t in big.device_types})
+        for k in range(draw(st.integers(1, 2)))
+    )
+    if not any(sum(n.devices.values()) for n in nodes):
+        nodes = (Node("n0", {next(iter(big.device_types)): 1}), *nodes[1:])
+    return ClusterSpec("small", big.device_types, nodes, big.network)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profile=profiles(min_layers=1, max_layers=5), cluster=small_clusters())
+def test_the_exact_optimum_is_an_episode_of_the_env(
+    profile: ModelProfile, cluster: ClusterSpec
+) -> None:
+    n_dev = len(cluster.device_ids)
+    assert n_dev <= 6
+    problem = Problem(profile, cluster, global_batch=8, budget=Budget(None, None))
+    try:
+        best = make_planner("brute", max_stages=min(3, n_dev)).plan(problem)
+    except InfeasibleError:
+        return
+    env = PlacementEnv(
+        {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": None,
+         "max_replicas": n_dev, "max_stages": min(3, n_dev)}
+    )  # fmt: skip
+    env.reset(seed=0)
+    inst, ids = env.instance, cluster.device_ids
+    actions = [inst.count_offset + inst.counts.index(8 // best.plan.stages[0].microbatch)]
+    for st_ in best.plan.stages:
+        first, *rest = (ids.index(d) for d in st_.devices)
+        actions += [1 + first] + [inst.replica_offset + d for d in rest]
+        actions += [0] * (st_.end - st_.start - 1)
+    info: dict[str, object] = {}
+    done = False
+    for a in actions:
+        _, _, done, _, info = env.step(a)
+        assert not info["repaired"]
+    if not done:
+        _, _, done, _, info = env.step(0)
+    assert done
+    assert info["value"] == pytest.approx(best.value, rel=1e-9)
 
 
 # --- the encoding ---------------------------------------------------------------------------
