@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,18 +11,8 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan
 from core.profile import ModelProfile
-from service.cli import main
 from tests.core.test_formats import CLUSTER, PLAN, PROFILE
-
-
-def run(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["pipeplan", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out, cap.err
+from tests.service.runner import run_cli as run
 
 
 @pytest.fixture

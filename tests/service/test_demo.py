@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.plan import Plan
-from service.cli import main
+from tests.service.runner import run_cli
 
 
 @pytest.mark.ray
@@ -22,11 +21,8 @@ def test_demo_runs_the_main_job(
     out = tmp_path / "demo"
     args = ["--model", "digits_cnn", "--input-size", "8", "--batch", "16", "--steps", "1"]
     args += ["--tapp-iterations", "2", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", ["pipeplan", "demo", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    printed = capsys.readouterr().out
-    assert (e.value.code or 0) == 0, printed
+    code, printed, err = run_cli(monkeypatch, capsys, "demo", *args)
+    assert code == 0, err
     assert "EMULATED" in printed and "speed-up vs bsp-all" in printed
     doc = json.loads((out / "demo.json").read_text())
     rows = {r["planner"]: r for r in doc["rows"]}

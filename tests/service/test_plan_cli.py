@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ from core.costmodel import simulate
 from core.formats.pipedream import load_pipedream
 from core.plan import Plan
 from core.profile import ModelProfile
-from service.cli import load_cluster, main
+from service.cli import load_cluster
+from tests.service.runner import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,16 +27,6 @@ class FailingPlanner(Planner):
 
     def search(self, problem: Problem, search: Search) -> None:
         raise ProblemError("failing: the space has 10^12 plans, more than max_space 10^6")
-
-
-def run(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["pipeplan", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out, cap.err
 
 
 @pytest.fixture(scope="module")

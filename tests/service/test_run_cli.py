@@ -8,7 +8,6 @@ device types), started without connecting this process: the commands join it wit
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from core.cluster import ClusterSpec, Node
 from core.plan import Plan, Stage
-from service.cli import main
+from tests.service.runner import run_cli as cli
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
 SMALL = ClusterSpec(
@@ -28,16 +27,6 @@ SMALL = ClusterSpec(
 TWO_STAGES = Plan(
     16, (Stage((0, 4), ("n0/fast:0",), 8), Stage((4, 8), ("n1/mid:0",), 8))
 )  # digits_cnn has 8 layers
-
-
-def cli(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["pipeplan", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out, cap.err
 
 
 @pytest.fixture
