@@ -120,9 +120,17 @@ class ClusterSpec:
     device_types: Mapping[str, DeviceType]
     nodes: tuple[Node, ...]
     network: Network = Network()
+    emulation_headroom: float = 1.0
+    """Only for a cluster *emulated* on one machine (``executor``): the fastest type runs this
+    many times slower than the machine's core, every other type in proportion, so that
+    waiting for a core on a busy machine is absorbed by the emulation instead of adding to
+    it (``emulation: {headroom: 1.5}`` in the file; 1 = the fastest type is the core)."""
     _devices: Mapping[DeviceId, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        h = self.emulation_headroom
+        if isinstance(h, bool) or not isinstance(h, int | float) or not h >= 1.0:
+            raise FormatError(f"cluster {self.name!r}.emulation.headroom: must be >= 1, got {h!r}")
         object.__setattr__(self, "device_types", _io.FrozenMap(dict(self.device_types)))
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
@@ -207,7 +215,12 @@ class ClusterSpec:
                     "latency_us": net.inter_node.latency_us,
                 },
             },
-        }
+        } | ({"emulation": {"headroom": self.emulation_headroom}} if self.emulated_slower else {})
+
+    @property
+    def emulated_slower(self) -> bool:
+        """Whether an emulation runs even the fastest type slower than the machine's core."""
+        return self.emulation_headroom != 1.0
 
     @classmethod
     def from_dict(cls, doc: Any) -> ClusterSpec:
@@ -243,7 +256,11 @@ class ClusterSpec:
             intra_node=_link(net_doc, "intra_node", Network.intra_node),
             inter_node=_link(net_doc, "inter_node", Network.inter_node),
         )
-        return cls(name, types, tuple(nodes), network)
+        emulation = _io.field(doc, "emulation", "cluster", {}) or {}
+        if not isinstance(emulation, Mapping):
+            raise FormatError(f"cluster.emulation: expected an object, got {emulation!r}")
+        headroom = _io.number(emulation, "headroom", "emulation", 1.0, minimum=1.0)
+        return cls(name, types, tuple(nodes), network, headroom)
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterSpec:

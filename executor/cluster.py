@@ -52,13 +52,14 @@ DEFAULT_FLOPS = 1.0e12
 
 
 def slowdown(spec: ClusterSpec, device_type: str) -> float:
-    """Emulation factor of a device type: ``fastest flops / its flops`` (1 for the fastest)."""
+    """Emulation factor of a device type: ``headroom x fastest flops / its flops`` (the
+    spec's ``emulation_headroom`` for the fastest type, usually 1)."""
     if device_type not in spec.device_types:
         raise PipeplanError(
             f"device type {device_type!r}: not in cluster {spec.name!r} "
             f"(types: {', '.join(spec.device_types)})"
         )
-    return spec.fastest_flops() / spec.device_types[device_type].flops
+    return spec.emulation_headroom * spec.fastest_flops() / spec.device_types[device_type].flops
 
 
 def node_resources(node: Node) -> dict[str, float]:

@@ -222,7 +222,7 @@ def emulated_timings(prof: ModelProfile, spec: ClusterSpec, measured: str) -> Mo
         spec.device_types[measured].flops if measured in spec.device_types else spec.fastest_flops()
     )
     for t in sorted(spec.counts_by_type()):
-        k = base / spec.device_types[t].flops
+        k = spec.emulation_headroom * base / spec.device_types[t].flops
         timings = [_scaled(layer.timings[measured], k) for layer in prof.layers]
         prof = prof.with_timings(t, timings)
     return prof

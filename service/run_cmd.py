@@ -233,7 +233,9 @@ def measure_on_cluster(
     from service.cli import err
 
     types = device_types or sorted(spec.counts_by_type())
-    emulated = any(spec.device_types[t].flops != spec.fastest_flops() for t in types)
+    emulated = spec.emulated_slower or any(
+        spec.device_types[t].flops != spec.fastest_flops() for t in types
+    )
     t0 = time.perf_counter()
     with err.status(f"measuring the profile of {source.name} on the cluster"):
         prof = measure_profile(source, spec, device_types=types)

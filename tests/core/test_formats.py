@@ -133,6 +133,15 @@ def test_cluster_yaml_and_json_round_trip(tmp_path: Path) -> None:
         assert ClusterSpec.load(tmp_path / name) == c
 
 
+def test_emulation_headroom_is_optional_and_round_trips(tmp_path: Path) -> None:
+    plain = ClusterSpec.from_dict(CLUSTER)
+    assert plain.emulation_headroom == 1.0 and "emulation" not in plain.to_dict()
+    slowed = ClusterSpec.from_dict(CLUSTER | {"emulation": {"headroom": 1.5}})
+    assert slowed.emulation_headroom == 1.5 and slowed.emulated_slower
+    slowed.save(tmp_path / "c.yaml")
+    assert ClusterSpec.load(tmp_path / "c.yaml") == slowed
+
+
 @settings(max_examples=30, deadline=None)
 @given(clusters())
 def test_random_clusters_round_trip(c: ClusterSpec) -> None:
@@ -149,6 +158,8 @@ def test_random_clusters_round_trip(c: ClusterSpec) -> None:
         ("device_types.t4.memory_gb", -16, "device_types.t4.memory_gb: must be >= 0, got -16"),
         ("nodes.0.devices", {"t4": -1}, "devices.t4: expected a count >= 0, got -1"),
         ("nodes", [], "nodes: empty"),
+        ("emulation", {"headroom": 0.5}, "emulation.headroom: must be >= 1, got 0.5"),
+        ("emulation", "fast", "cluster.emulation: expected an object, got 'fast'"),
     ],
 )
 def test_cluster_errors_name_field_and_value(path: str, value: Any, message: str) -> None:
