@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from core.costmodel import layer_costs
 from core.formats.pipedream import load_pipedream
-from core.profile import ModelProfile
+from core.profile import LayerTiming, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("local-hetero", "tapp-paper", "cloud-mix")
@@ -22,6 +23,7 @@ ZOO = {  # name -> (zoo name, input size, options): sizes small enough to profil
     "gpt": ("gpt", 64, {"n_layer": 12}),
 }
 PIPEDREAM = ("pipedream-alexnet", "pipedream-resnet18")
+WEIGHT_READS = "+weights"  # model-name suffix: per-call weight-read costs (weight_reads)
 
 
 @dataclass(frozen=True)
@@ -84,5 +86,41 @@ def cluster(name: str) -> ClusterSpec:
     return ClusterSpec.load(ROOT / "examples" / "clusters" / f"{name}.yaml")
 
 
+def weight_reads(profile: ModelProfile, spec: ClusterSpec) -> ModelProfile:
+    """The profile with a fixed cost per call on every device type of ``spec``: a roofline
+    term for streaming the layer's weights from device memory once per call (forward: read
+    the weights; backward: read them and write their gradients, twice the bytes), on top of
+    the per-sample times the profile already has (or FLOP-derived ones, rule 1).
+
+    Analytic profiles cost a call linearly in its samples, so the microbatch size only moves
+    fill, drain and per-transfer latency; real kernels pay per call (the DESIGN's AlexNet
+    classifier: ~0.24 s per call), which is what unequal microbatches (UMPIPE) trade on.
+    """
+    costs = {name: layer_costs(profile, t) for name, t in spec.device_types.items()}
+    layers = []
+    for i, layer in enumerate(profile.layers):
+        timings = dict(layer.timings)
+        for name, t in spec.device_types.items():
+            c, read = costs[name], layer.params_bytes / (t.memory_bandwidth_gbps * 1e9)
+            timings[name] = LayerTiming(
+                float(c.fwd_per_sample[i]),
+                float(c.bwd_per_sample[i]),
+                float(c.fwd_fixed[i]) + read,
+                float(c.bwd_fixed[i]) + 2 * read,
+            )
+        layers.append(replace(layer, timings=timings))
+    return replace(profile, name=profile.name + WEIGHT_READS, layers=tuple(layers))
+
+
+def instance(model: str, cluster_name: str) -> Instance:
+    """``model`` may end in :data:`WEIGHT_READS` for :func:`weight_reads` on that cluster."""
+    spec = cluster(cluster_name)
+    base = model.removesuffix(WEIGHT_READS)
+    profile = model_profile(base)
+    if base != model:
+        profile = weight_reads(profile, spec)
+    return Instance(model, cluster_name, profile, spec)
+
+
 def instances(models: list[str], clusters: list[str]) -> list[Instance]:
-    return [Instance(m, c, model_profile(m), cluster(c)) for m in models for c in clusters]
+    return [instance(m, c) for m in models for c in clusters]

@@ -50,6 +50,12 @@ dependencies; it only chooses among the DP's candidates); no mixed-type stages (
 one slow replica -- ``brute`` finds those); equal microbatches only; the table grows as the
 product of the class sizes, so clusters of many distinct (node, type) classes are out of
 reach (e.g. 9 classes of 2 devices: P = 19683).
+
+So ``dp`` equals ``brute`` except where ``brute``'s optimum has a mixed-type stage, or where
+the bottleneck optimum is not the simulated optimum (then ``brute``'s plan has a bottleneck
+no better than the DP's in every model). :func:`explain_gap` says which applies to a given
+plan, or that the DP missed a better bottleneck (a bug); the tests and
+``bench/plan_quality.py`` hold every gap to it.
 """
 
 from __future__ import annotations
@@ -439,3 +445,45 @@ def _batch(cands: list[Candidate]) -> PlanBatch:
     bounds = np.array([c.bounds for c in cands], dtype=np.int64)
     mb = np.array([[c.microbatch] * S for c in cands], dtype=np.int64)
     return PlanBatch(bounds, mb, dev)
+
+
+def explain_gap(problem: Problem, plan: Plan, cands: list[Candidate]) -> tuple[bool, str]:
+    """Why ``plan`` (e.g. ``brute``'s optimum) can beat ``dp``'s answer, and whether that is
+    consistent with ``dp`` being exact for its bottleneck: ``(consistent, reason)``.
+
+    Legitimate: the plan has a stage of two device types or unequal microbatches (outside the
+    DP's space), or its bottleneck is no better than the DP's optimum in every model (the
+    simulated batch time adds fill, drain and dependencies that the bottleneck leaves out).
+    A plan of the DP's space whose bottleneck beats the DP's optimum would be a DP bug
+    (``cost``: price x the ``overlap`` bottleneck under the throughput target, the quantity
+    the DP ranks by).
+    """
+    cluster, profile = problem.cluster, problem.profile
+    mixed = [
+        s
+        for s, st in enumerate(plan.stages)
+        if len({cluster.device(d).type for d in st.devices}) > 1
+    ]
+    if mixed:
+        return True, f"outside dp's space: stage {mixed[0]} mixes device types"
+    if len({st.microbatch for st in plan.stages}) > 1:
+        return True, "outside dp's space: unequal microbatches"
+    price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
+    cost = problem.objective is Objective.COST
+    models = [StageModel.OVERLAP] if cost else list(StageModel)
+    B, tp = problem.global_batch, problem.min_throughput or 0.0
+    for model in models:
+        pool = [c for c in cands if c.model is model]
+        if cost:
+            pool = [c for c in pool if c.bound == 0 or B / c.bound >= tp]
+        best = min(((c.price if cost else 1.0) * c.bound for c in pool), default=float("inf"))
+        mine = (price if cost else 1.0) * bottleneck(plan, profile, cluster, model)
+        if mine < best * (1 - 1e-9):
+            return False, (
+                f"DP NOT EXACT: the plan's {model.value} bottleneck {mine:.6g} beats the DP's "
+                f"optimum {best:.6g}"
+            )
+    return True, (
+        "in dp's space with a bottleneck no better than dp's optimum: the simulated batch "
+        "time adds fill, drain and dependencies the bottleneck leaves out"
+    )

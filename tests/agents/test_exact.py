@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
 from agents.baselines.brute import BrutePlanner, count_assignments, count_matrices
-from agents.baselines.dp import DPPlanner, StageModel, bottleneck
+from agents.baselines.dp import Candidate, DPPlanner, StageModel, bottleneck, explain_gap
 from agents.baselines.pipedream_dp import assumed_type, pipedream_partition
 from core.batch_eval import BatchEvaluator
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
@@ -265,6 +265,34 @@ def test_dp_equals_brute_where_one_stage_is_all_there_is(data: st.DataObject) ->
     problem = Problem(profile, cluster, objective, 8, schedule, budget=UNBOUNDED)
     brute = value_or_inf("brute", problem)
     assert value_or_inf("dp", problem) == pytest.approx(brute, rel=1e-9) or brute == float("inf")
+
+
+@FAST
+@given(tiny_problems())
+def test_dp_differs_from_brute_only_for_a_stated_reason(problem: Problem) -> None:
+    try:
+        brute = make_planner("brute").plan(problem)
+    except InfeasibleError:
+        return
+    dp = value_or_inf("dp", problem)
+    if dp == pytest.approx(brute.value, rel=1e-9):
+        return
+    cands = DPPlanner().solve(problem, BatchEvaluator(problem.profile, problem.cluster))
+    consistent, why = explain_gap(problem, brute.plan, cands)
+    assert consistent, why
+    assert why.startswith(("outside dp's space", "in dp's space with a bottleneck"))
+
+
+def test_explain_gap_flags_a_dp_that_missed_a_better_bottleneck() -> None:
+    cluster = ClusterSpec("one", {"a": DeviceType("a", 1e12, 16)}, (Node("n0", {"a": 2}),))
+    problem = Problem(chain(3), cluster, global_batch=4, budget=UNBOUNDED)
+    plan = make_planner("brute").plan(problem).plan
+    truth = bottleneck(plan, problem.profile, cluster)
+    worse = [Candidate(m, 2 * truth + 1.0, 0.0, (0, 3), ((0,),), 4) for m in StageModel]
+    consistent, why = explain_gap(problem, plan, worse)
+    assert not consistent and "DP NOT EXACT" in why
+    fair = [Candidate(m, truth, 0.0, (0, 3), ((0,),), 4) for m in StageModel]
+    assert explain_gap(problem, plan, fair)[0]
 
 
 def test_dp_refuses_a_table_over_max_states() -> None:

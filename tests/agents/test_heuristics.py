@@ -19,7 +19,7 @@ from core.profile import LayerProfile, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
-HEURISTICS = ("balanced", "data_parallel", "greedy")
+HEURISTICS = ("uniform", "balanced", "data_parallel", "greedy")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,18 @@ def test_unreachable_throughput_target_is_named(name: str, alexnet: ModelProfile
     problem = Problem(alexnet, cluster, Objective.COST, 64, min_throughput=1e9)
     with pytest.raises(InfeasibleError, match=r"min_throughput 1e\+09 samples/s"):
         make_planner(name).plan(problem)
+
+
+@pytest.mark.parametrize("name", HEURISTICS)
+def test_nothing_fits_in_memory_is_named(name: str) -> None:
+    cluster = ClusterSpec(
+        "tiny-memory",
+        {"cpu": DeviceType("cpu", 1e11, 0.001), "gpu": DeviceType("gpu", 1e13, 0.002)},
+        (Node("n0", {"cpu": 1}), Node("n1", {"gpu": 2})),
+    )
+    model = chain(("conv", 4_000_000, 1e9, 100_000), ("fc", 8_000_000, 2e9, 1_000))
+    with pytest.raises(InfeasibleError, match="memory"):
+        make_planner(name).plan(Problem(model, cluster, Objective.TIME, 8))
 
 
 def test_greedy_cost_drops_devices_below_its_fastest_plan(alexnet: ModelProfile) -> None:

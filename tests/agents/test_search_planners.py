@@ -117,6 +117,13 @@ def test_bayes_respects_the_evaluation_budget() -> None:
     assert make_planner("bayes", n_trials=50, seeds=2).plan(problem).evaluations == 4
 
 
+def test_bayes_returns_its_first_trial_when_seeding_spends_the_time_budget() -> None:
+    budget = Budget(evaluations=None, seconds=1e-6)
+    problem = Problem(chain(4), tiny_cluster(), global_batch=8, budget=budget)
+    plan = check_result(problem, "bayes", **SMALL_BAYES)
+    assert len(plan.stages) >= 1
+
+
 # --- objectives and microbatches -----------------------------------------------------------------
 
 
@@ -137,6 +144,15 @@ def test_cost_objective_unreachable_target_says_why() -> None:
     problem = Problem(alexnet(), cluster, Objective.COST, global_batch=64, min_throughput=1e9)
     with pytest.raises(InfeasibleError, match="min_throughput"):
         make_planner("genetic", **SMALL_GA).plan(problem)
+
+
+@pytest.mark.parametrize("planner", ["genetic", "bayes"])
+def test_nothing_fits_in_memory_is_named(planner: str) -> None:
+    types = {"fast": DeviceType("fast", 4e12, 0.001), "slow": DeviceType("slow", 1e12, 0.002)}
+    cluster = ClusterSpec("tiny-memory", types, (Node("n0", {"fast": 1, "slow": 2}),))
+    problem = Problem(chain(4), cluster, global_batch=8)
+    with pytest.raises(InfeasibleError, match="memory"):
+        make_planner(planner, **SMALL[planner]).plan(problem)
 
 
 def test_unequal_microbatches_decode_to_valid_plans() -> None:
