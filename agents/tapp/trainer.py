@@ -13,6 +13,7 @@ drifting away from the best region it has found (self-imitation).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -293,7 +294,7 @@ def new_policy(config: TAPPConfig, seed: int) -> TAPPPolicy:
 
 def train_policy(
     profiles: Sequence[ModelProfile],
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | Sequence[ClusterSpec],
     *,
     objective: Objective | str = Objective.TIME,
     global_batch: int = 64,
@@ -305,16 +306,19 @@ def train_policy(
     seed: int = 0,
     on_iteration: OnIteration | None = None,
 ) -> TAPPPolicy:
-    """Train one policy on several models (each iteration picks one at random) and return
-    it, for planning unseen models: ``TAPPPlanner(policy=p)`` (few updates) or with
-    ``frozen=True`` (zero updates)."""
+    """Train one policy on several models, on one cluster or several (every model on every
+    cluster; each iteration picks one pair at random) and return it, for planning unseen
+    models: ``TAPPPlanner(policy=p)`` (few updates) or with ``frozen=True`` (zero updates)."""
+    clusters = [cluster] if isinstance(cluster, ClusterSpec) else list(cluster)
     if not profiles:
         raise ProblemError("train_policy: profiles: empty list")
+    if not clusters:
+        raise ProblemError("train_policy: cluster: empty list")
     tasks = []
-    for profile in profiles:
+    for profile, spec in itertools.product(profiles, clusters):
         problem = Problem(
             profile,
-            cluster,
+            spec,
             objective=Objective(objective),
             global_batch=global_batch,
             schedule=Schedule(schedule),
@@ -324,7 +328,7 @@ def train_policy(
             budget=Budget(evaluations=None, seconds=None),
         )
         ctx = make_context(
-            profile, cluster, global_batch, problem.microbatch_sizes(), problem.schedule,
+            profile, spec, global_batch, problem.microbatch_sizes(), problem.schedule,
             config.max_groups,
         )  # fmt: skip
         tasks.append(Task(ctx, SimulatedReward(Search(problem, "tapp", {}))))

@@ -279,6 +279,27 @@ def test_pretrained_policy_plans_an_unseen_model_and_round_trips(tmp_path: Path)
     assert again.plan == frozen.plan and again.value == frozen.value
 
 
+def test_train_policy_on_several_clusters_is_seeded_and_refuses_none() -> None:
+    config = TAPPConfig(batch_size=8)
+    other = ClusterSpec.load(ROOT / "examples/clusters/tapp-paper.yaml")
+
+    def weights(clusters: list[ClusterSpec]) -> list[torch.Tensor]:
+        logs: list[object] = []
+        policy = train_policy(
+            [alexnet()], clusters, global_batch=16, config=config, iterations=6,
+            on_iteration=logs.append,
+        )  # fmt: skip
+        assert len(logs) == 6
+        return [p.detach().clone() for p in policy.parameters()]
+
+    both = weights([local(), other])
+    assert all(torch.equal(a, b) for a, b in zip(both, weights([local(), other]), strict=True))
+    alone = weights([local()])
+    assert not all(torch.equal(a, b) for a, b in zip(both, alone, strict=True))
+    with pytest.raises(ProblemError, match="cluster"):
+        train_policy([alexnet()], [], config=config, iterations=1)
+
+
 # --- Ray workers ----------------------------------------------------------------------------
 
 
