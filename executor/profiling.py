@@ -27,6 +27,8 @@ Two choices, both explicit arguments:
   the measurements never compete for the CPU): what a cluster of really different devices
   needs, with ``emulate=False``.
 
+- The layers' times are calibrated to the whole model timed in one call
+  (:func:`core.profiler.profile_model`, ``calibrate``), as a stage worker runs its slice.
 - ``clock`` (default: ``"cpu"`` when emulating, else ``"wall"``): emulated devices last
   ``slowdown x`` the CPU time of each compute, so their profile is timed in CPU time too,
   which other processes' load on this shared machine does not inflate; a real device is
@@ -79,13 +81,22 @@ class _Profiler:
         warmup: int,
         repeats: int,
         clock: Clock = "wall",
+        calibrate: bool = True,
     ) -> dict[str, Any]:
         from core.profiler import profile_model
 
         t0 = time.perf_counter()
         model, example = source.build()
         profile = profile_model(
-            model, example, source.name, device_type, batch_sizes, warmup, repeats, clock
+            model,
+            example,
+            source.name,
+            device_type,
+            batch_sizes,
+            warmup,
+            repeats,
+            clock,
+            calibrate,
         )
         return {
             "profile": profile.to_dict(),

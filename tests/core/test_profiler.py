@@ -19,6 +19,7 @@ from core import zoo
 from core.errors import PipeplanError
 from core.profile import ModelProfile
 from core.profiler import (
+    calibrated,
     fit_fixed_per_sample,
     layer_nodes,
     layer_of_nodes,
@@ -268,6 +269,17 @@ def test_cpu_clock_times_the_compute_not_a_sleep(monkeypatch: pytest.MonkeyPatch
     cpu = profile_model(model, x, "d", "cpu", clock="cpu", **opts)  # type: ignore[arg-type]
     assert wall.layers[0].timings["cpu"].forward(2) >= 0.02
     assert cpu.layers[0].timings["cpu"].forward(2) < 0.01
+
+
+def test_calibration_scales_layers_to_the_whole_model() -> None:
+    layers = [(1.0, 2.0), (3.0, 0.0), (0.0, 2.0)]
+    assert calibrated(layers, (8.0, 2.0)) == [(2.0, 1.0), (6.0, 0.0), (0.0, 1.0)]
+    assert calibrated([(0.0, 0.0)], (1.0, 1.0)) == [(0.0, 0.0)]  # nothing to scale
+    model, x = zoo.build("digits_cnn")
+    opts = {"batch_sizes": (2, 4), "warmup": 1, "repeats": 2, "clock": "cpu"}
+    p = profile_model(model, x, "d", "cpu", calibrate=True, **opts)  # type: ignore[arg-type]
+    assert all(layer.timings["cpu"].forward(4) >= 0 for layer in p.layers)
+    assert sum(layer.timings["cpu"].forward(4) for layer in p.layers) > 0
 
 
 def test_fit_fixed_per_sample() -> None:
