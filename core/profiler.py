@@ -448,13 +448,38 @@ def _time_piece(
     now: Callable[[], float],
 ) -> tuple[float, float]:
     """Median forward and backward seconds of one layer on the captured inputs."""
+    return _time_calls(piece.module, lambda: _call_args(piece, env), params, warmup, repeats, now)
+
+
+def _time_whole(
+    gm: fx.GraphModule,
+    batch: torch.Tensor,
+    params: Sequence[nn.Parameter],
+    warmup: int,
+    repeats: int,
+    now: Callable[[], float],
+) -> tuple[float, float]:
+    """Median forward and backward seconds of the whole model in one call each."""
+    return _time_calls(gm, lambda: [batch], params, warmup, repeats, now)
+
+
+def _time_calls(
+    forward: Callable[..., Any],
+    make_args: Callable[[], list[Any]],
+    params: Sequence[nn.Parameter],
+    warmup: int,
+    repeats: int,
+    now: Callable[[], float],
+) -> tuple[float, float]:
+    """Median seconds of ``forward(*make_args())`` (the arguments made untimed) and of the
+    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls."""
     fwd: list[float] = []
     bwd: list[float] = []
     grads: list[torch.Tensor] | None = None
     for r in range(warmup + repeats):
-        args = _call_args(piece, env)
+        args = make_args()
         t0 = now()
-        outs = piece.module(*args)
+        outs = forward(*args)
         t1 = now()
         tensors = [t for t in tree_leaves(outs) if isinstance(t, torch.Tensor) and t.requires_grad]
         if grads is None:
@@ -469,38 +494,6 @@ def _time_piece(
             fwd.append(t1 - t0)
             bwd.append(t3 - t2)
         del outs, tensors, args
-    return statistics.median(fwd), statistics.median(bwd)
-
-
-def _time_whole(
-    gm: fx.GraphModule,
-    batch: torch.Tensor,
-    params: Sequence[nn.Parameter],
-    warmup: int,
-    repeats: int,
-    now: Callable[[], float],
-) -> tuple[float, float]:
-    """Median forward and backward seconds of the whole model in one call each."""
-    fwd: list[float] = []
-    bwd: list[float] = []
-    grads: list[torch.Tensor] | None = None
-    for r in range(warmup + repeats):
-        for p in params:
-            p.grad = None
-        t0 = now()
-        outs = gm(batch)
-        t1 = now()
-        tensors = [t for t in tree_leaves(outs) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if grads is None:
-            grads = [torch.randn_like(t) for t in tensors]
-        t2 = now()
-        if tensors:
-            torch.autograd.backward(tensors, grads)
-        t3 = now()
-        if r >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t3 - t2)
-        del outs, tensors
     return statistics.median(fwd), statistics.median(bwd)
 
 
