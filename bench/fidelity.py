@@ -392,12 +392,8 @@ def draw(results: list[Result], path: Path, median: float) -> None:
 # --- main -------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--plans", default=",".join(PLANS))
-    ap.add_argument("--steps", type=int, default=3, help="measured steps per plan")
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per plan")
+def add_cluster_options(ap: argparse.ArgumentParser) -> None:
+    """Options the Ray benchmarks share: profiling, the local cluster, seed and output."""
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer")
     ap.add_argument(
         "--profile-batches",
@@ -409,12 +405,21 @@ def main() -> None:
         "--object-store-mb",
         type=int,
         default=STORE_MB,
-        help="object store per Ray node; replicated plans needing more are skipped",
+        help="object store per Ray node (activations and the replicas' all-reduce chunks)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cluster", default=str(CLUSTER))
-    ap.add_argument("--quick", action="store_true", help="alexnet and the GPT, 3 plans each")
     ap.add_argument("--out", default=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per plan")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per plan")
+    add_cluster_options(ap)
+    ap.add_argument("--quick", action="store_true", help="alexnet and the GPT, 3 plans each")
     a = ap.parse_args()
     from rich.console import Console
 

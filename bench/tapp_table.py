@@ -40,7 +40,13 @@ from typing import Any
 
 import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
 from agents import Budget, Objective, Problem, literal, make_planner
-from bench.fidelity import CLUSTER, STORE_MB, ModelCase, bsp_all, describe, fastest_first
+from bench.fidelity import (
+    ModelCase,
+    add_cluster_options,
+    bsp_all,
+    describe,
+    fastest_first,
+)
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
@@ -248,22 +254,8 @@ def main() -> None:
     ap.add_argument("--plan-seconds", type=float, default=30.0, help="budget per planner")
     ap.add_argument("--train-steps", type=int, default=12, help="steps trained per plan")
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the time")
-    ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer")
-    ap.add_argument(
-        "--profile-batches",
-        default="4,32",
-        help="the profiler's two batch sizes: the range of samples per operation",
-    )
-    ap.add_argument(
-        "--object-store-mb",
-        type=int,
-        default=STORE_MB,
-        help="object store per Ray node (BSP's gradient exchange goes through it)",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cluster", default=str(CLUSTER))
+    add_cluster_options(ap)
     ap.add_argument("--quick", action="store_true", help="dp only, 4 steps, 3 profile repeats")
-    ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from rich.console import Console
 
