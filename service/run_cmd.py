@@ -574,21 +574,13 @@ def _train_measured(problem: Problem, config: TAPPConfig, reward: MeasuredReward
 
     from agents.problem import HistoryPoint, InfeasibleError, PlanResult
     from agents.search import Search
-    from agents.tapp.nets import make_context
-    from agents.tapp.trainer import Task, new_policy, train
+    from agents.tapp.trainer import Task, new_policy, problem_context, train
     from core.costmodel import simulate
     from service.plan_cmd import progress_bar
 
     options = dataclasses.asdict(config)
     search = Search(problem, "tapp", options)
-    ctx = make_context(
-        problem.profile,
-        problem.cluster,
-        problem.global_batch,
-        problem.microbatch_sizes(),
-        problem.schedule,
-        config.max_groups,
-    )
+    ctx = problem_context(problem, config)
     with progress_bar("tapp (measured)", problem) as update:
 
         class Booked:

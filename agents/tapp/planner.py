@@ -24,9 +24,9 @@ from typing import Any
 from agents.problem import Problem
 from agents.registry import Planner
 from agents.search import Search
-from agents.tapp.nets import TAPPPolicy, make_context
+from agents.tapp.nets import TAPPPolicy
 from agents.tapp.rewards import RewardSource, SimulatedReward
-from agents.tapp.trainer import OnIteration, TAPPConfig, Task, new_policy, train
+from agents.tapp.trainer import OnIteration, TAPPConfig, Task, new_policy, problem_context, train
 
 
 class TAPPPlanner(Planner):
@@ -50,14 +50,7 @@ class TAPPPlanner(Planner):
             policy = copy.deepcopy(self.policy)  # fine-tuning leaves the caller's intact
         else:
             policy = new_policy(config, problem.seed)
-        ctx = make_context(
-            problem.profile,
-            problem.cluster,
-            problem.global_batch,
-            problem.microbatch_sizes(),
-            problem.schedule,
-            config.max_groups,
-        )
+        ctx = problem_context(problem, config)
         with ExitStack() as stack:
             source: RewardSource = SimulatedReward(search)
             if config.workers > 1:

@@ -279,6 +279,19 @@ def train(
     return logs
 
 
+def problem_context(problem: Problem, config: TAPPConfig) -> PlanContext:
+    """The sampling context of ``problem``: its profile, cluster, batch, allowed microbatch
+    sizes and schedule, with at most ``config.max_groups`` groups."""
+    return make_context(
+        problem.profile,
+        problem.cluster,
+        problem.global_batch,
+        problem.microbatch_sizes(),
+        problem.schedule,
+        config.max_groups,
+    )
+
+
 def new_policy(config: TAPPConfig, seed: int) -> TAPPPolicy:
     """A freshly initialised policy (seeded, leaving the global torch RNG as it was), or the
     one ``config.pretrained`` names."""
