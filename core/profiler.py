@@ -29,11 +29,20 @@ without a batch dimension, such as position embeddings, are counted as if per sa
 - ``params_bytes``: parameters of the layer's module or ``get_attr`` nodes, each counted once.
 - ``activation_bytes``: bytes of the layer's values read by other layers or by the output.
 
-**Timings.** Each layer is timed in isolation, as a small GraphModule cut from the fx graph,
-on inputs captured by running the whole graph in train mode. Forward, then backward of the
-outputs with random gradients (input gradients included, except for the model input); warm-up
-calls, then the median of ``repeats``; one torch thread (as in a one-thread Ray actor).
-Fixed and per-sample parts are fitted from two batch sizes. The clock is the wall clock
+**Timings.** Each layer is a small GraphModule cut from the fx graph; the layers run as a
+chain, in train mode, as a stage worker runs a slice of them: every layer's forward in order
+on the previous layers' outputs (detached at each layer: fresh leaves), then every layer's
+backward in reverse order on the gradients its consumers returned (input gradients included,
+except for the model input). So each layer is timed in the company it runs in -- its inputs
+just computed, its neighbours' weights and activations in the caches -- rather than alone,
+over and over. Warm-up passes, then the median of ``repeats``; one torch thread (as in a
+one-thread Ray actor). The fit is linear in the batch size, CPU kernels are not always:
+ResNet-50 at 32x32 takes longer at 8 samples than at 16 here (oneDNN's 1x1 convolutions on
+2x2 maps), so time the sizes a plan's operations will see.
+Fixed and per-sample parts are fitted from two batch sizes. With a ``loss`` (the training
+loss of the model's output: :func:`profile_model`), the last layer's forward and backward
+include it, as the last stage of a pipeline computes it (a cross-entropy over a language
+model's vocabulary costs as much as a block). The clock is the wall clock
 (``clock="wall"``, synchronised on CUDA) or, on CPU, this thread's CPU time
 (``clock="cpu"``): the cost of the compute itself, unaffected by other processes' load on a
 shared machine -- what an emulated device is slowed from (:mod:`executor.stage`).
@@ -427,28 +436,95 @@ def _clock(device: torch.device, clock: Clock = "wall") -> Callable[[], float]:
     return time.perf_counter
 
 
-def _call_args(piece: _Piece, env: dict[Node, Any]) -> list[Any]:
-    """Captured inputs; activations become fresh leaves (fed as clones, in-place safe)."""
-    args = []
-    for a in piece.inputs:
-        value = env[a]
-        is_activation = a.op in ("call_function", "call_method", "call_module")
-        if is_activation and isinstance(value, torch.Tensor) and value.is_floating_point():
-            value = value.detach().requires_grad_().clone()
-        args.append(value)
-    return args
+Loss = Callable[[torch.Tensor], torch.Tensor]
+"""The training loss of a model's output (a scalar), as the last pipeline stage computes it."""
 
 
-def _time_piece(
-    piece: _Piece,
+def _check_one_output(gm: fx.GraphModule) -> None:
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    count = len([v for v in tree_leaves(output.args[0]) if isinstance(v, Node)])
+    if count != 1:
+        raise PipeplanError(f"loss: needs a model with one output tensor, this one gives {count}")
+
+
+def _with_loss(forward: Callable[..., Any], loss: Loss | None) -> Callable[..., Any]:
+    """``forward``, followed by ``loss`` of its one tensor output when a loss is given."""
+    if loss is None:
+        return forward
+
+    def forward_and_loss(*args: Any) -> Any:
+        (out,) = [t for t in tree_leaves(forward(*args)) if isinstance(t, torch.Tensor)]
+        return loss(out)
+
+    return forward_and_loss
+
+
+def _time_chain(
+    pieces: Sequence[_Piece],
     env: dict[Node, Any],
     params: Sequence[nn.Parameter],
     warmup: int,
     repeats: int,
     now: Callable[[], float],
-) -> tuple[float, float]:
-    """Median forward and backward seconds of one layer on the captured inputs."""
-    return _time_calls(piece.module, lambda: _call_args(piece, env), params, warmup, repeats, now)
+    loss: Loss | None = None,
+) -> list[tuple[float, float]]:
+    """Median forward and backward seconds of every layer, the layers run as a chain.
+
+    Each repeat runs every layer's forward in order, each on the previous layers' outputs
+    (detached: fresh leaves, fed as clones), then every layer's backward in reverse order on
+    the gradients its consumers returned -- what a stage worker does over a slice of
+    layers. Inputs no layer produces (the model input, attributes) come from ``env``, a
+    captured forward pass. ``loss``: the last layer's, timed with it.
+    """
+    fwd: list[list[float]] = [[] for _ in pieces]
+    bwd: list[list[float]] = [[] for _ in pieces]
+    last = len(pieces) - 1
+    for r in range(warmup + repeats):
+        values: dict[Node, Any] = {}
+        runs: list[tuple[dict[Node, torch.Tensor], list[torch.Tensor | None]]] = []
+        for i, piece in enumerate(pieces):
+            leaves: dict[Node, torch.Tensor] = {}
+            args = []
+            for a in piece.inputs:
+                value = values.get(a, env[a])
+                if a in values and isinstance(value, torch.Tensor) and value.is_floating_point():
+                    leaves[a] = value.detach().requires_grad_()
+                    value = leaves[a].clone()
+                args.append(value)
+            forward = _with_loss(piece.module, loss if i == last else None)
+            t0 = now()
+            outs = forward(*args)
+            t1 = now()
+            results = list(outs) if isinstance(outs, tuple) else [outs]
+            if i < last:
+                values.update(zip(piece.outputs, results, strict=True))
+            runs.append((leaves, results))
+            if r >= warmup:
+                fwd[i].append(t1 - t0)
+        for p in params:
+            p.grad = None
+        grads: dict[Node, torch.Tensor] = {}
+        for i in range(last, -1, -1):
+            leaves, results = runs.pop()
+            nodes = pieces[i].outputs if i < last else (None,) * len(results)
+            pairs = [
+                (t, grads.pop(n) if n is not None else torch.ones_like(t))
+                for n, t in zip(nodes, results, strict=True)
+                if isinstance(t, torch.Tensor) and t.requires_grad and (n is None or n in grads)
+            ]
+            t2 = now()
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            t3 = now()
+            for a, leaf in leaves.items():
+                if leaf.grad is not None:
+                    grads[a] = grads[a] + leaf.grad if a in grads else leaf.grad
+            if r >= warmup:
+                bwd[i].append(t3 - t2)
+            del leaves, results, pairs
+    return [
+        (statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd, strict=True)
+    ]
 
 
 def _time_whole(
@@ -458,9 +534,11 @@ def _time_whole(
     warmup: int,
     repeats: int,
     now: Callable[[], float],
+    loss: Loss | None = None,
 ) -> tuple[float, float]:
-    """Median forward and backward seconds of the whole model in one call each."""
-    return _time_calls(gm, lambda: [batch], params, warmup, repeats, now)
+    """Median forward and backward seconds of the whole model (and ``loss``) in one call
+    each."""
+    return _time_calls(_with_loss(gm, loss), lambda: [batch], params, warmup, repeats, now)
 
 
 def _time_calls(
@@ -538,9 +616,10 @@ def measure_timings(
     repeats: int,
     clock: Clock = "wall",
     calibrate: bool = False,
+    loss: Loss | None = None,
 ) -> list[LayerTiming]:
     """Fixed + per-sample forward/backward seconds of every layer, one torch thread
-    (``calibrate``: see :func:`profile_model`)."""
+    (``calibrate``, ``loss``: see :func:`profile_model`)."""
     layer_of, anchors = _assign(gm)
     groups = _groups(gm, layer_of, len(anchors))
     pieces = [_piece(gm, g, layer_of, i) for i, g in enumerate(groups)]
@@ -554,10 +633,10 @@ def measure_timings(
         for n in batch_sizes:
             batch = _timing_input(sample, n)
             env = _capture(gm, batch)
-            layer_times = [_time_piece(p, env, params, warmup, repeats, now) for p in pieces]
+            layer_times = _time_chain(pieces, env, params, warmup, repeats, now, loss)
             del env
             if calibrate:
-                whole = _time_whole(gm, batch, params, warmup, repeats, now)
+                whole = _time_whole(gm, batch, params, warmup, repeats, now, loss)
                 layer_times = calibrated(layer_times, whole)
             medians.append(layer_times)
     finally:
@@ -622,6 +701,7 @@ def profile_model(
     repeats: int = 5,
     clock: Clock = "wall",
     calibrate: bool = False,
+    loss: Loss | None = None,
 ) -> ModelProfile:
     """Profile ``model`` layer by layer (see the module docstring for what a layer is).
 
@@ -634,6 +714,9 @@ def profile_model(
     call each at both batch sizes and scale the layers' times so that they sum to it -- a
     layer timed alone misses what running in a chain costs (caches, allocation, autograd
     bookkeeping), 10-35% of a stage on this machine; the shares between layers stay measured.
+    ``loss``: the training loss of the model's output (one tensor) to time with the last
+    layer, forward and backward (``None``: the output's backward starts from random
+    gradients, as every other layer's).
     """
     _check_options(example_input, batch_sizes, warmup, repeats)
     if clock not in ("wall", "cpu"):
@@ -647,8 +730,10 @@ def profile_model(
     profile = ModelProfile(name, tuple(sample.shape[1:]), tuple(layers))
     if device_type is None:
         return profile
+    if loss is not None:
+        _check_one_output(gm)
     with _preserved(model):
         timings = measure_timings(
-            gm, sample, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock, calibrate
+            gm, sample, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock, calibrate, loss
         )
     return profile.with_timings(device_type, timings)

@@ -119,6 +119,14 @@ def loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> LossTerms:
     return LossTerms(loss, int(target.shape[0]), correct)
 
 
+def timing_loss(logits: torch.Tensor) -> torch.Tensor:
+    """The last stage's loss work on ``logits`` against labels of class 0, for profiling: a
+    profile timed with it (:func:`core.profiler.profile_model`, ``loss``) costs what a
+    stage worker computes (:meth:`executor.stage.StageWorker.forward`)."""
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.long)
+    return loss_terms(logits, labels).loss_sum
+
+
 def batch_loss(terms: LossTerms, samples: int, global_batch: int) -> torch.Tensor:
     """This piece's share of the global-batch mean: ``loss_sum / (B x predictions per sample)``.
 

@@ -28,7 +28,9 @@ Two choices, both explicit arguments:
   needs, with ``emulate=False``.
 
 - The layers' times are calibrated to the whole model timed in one call
-  (:func:`core.profiler.profile_model`, ``calibrate``), as a stage worker runs its slice.
+  (:func:`core.profiler.profile_model`, ``calibrate``), as a stage worker runs its slice,
+  and the last layer's include the training loss (``loss``,
+  :func:`executor.model.timing_loss`), as the last stage computes it.
 - ``clock`` (default: ``"cpu"`` when emulating, else ``"wall"``): emulated devices last
   ``slowdown x`` the CPU time of each compute, so their profile is timed in CPU time too,
   which other processes' load on this shared machine does not inflate; a real device is
@@ -84,6 +86,7 @@ class _Profiler:
         calibrate: bool = True,
     ) -> dict[str, Any]:
         from core.profiler import profile_model
+        from executor.model import timing_loss
 
         t0 = time.perf_counter()
         model, example = source.build()
@@ -97,6 +100,7 @@ class _Profiler:
             repeats,
             clock,
             calibrate,
+            loss=timing_loss,
         )
         return {
             "profile": profile.to_dict(),

@@ -193,6 +193,7 @@ def _profile_zoo(
     model: str, input_size: int | None, device_type: str | None, cluster_path: str | None
 ) -> ModelProfile:
     from core import profiler, zoo
+    from executor.model import timing_loss
 
     module, example = zoo.build(model, input_size)
     spec = load_cluster(cluster_path) if cluster_path else None
@@ -201,11 +202,18 @@ def _profile_zoo(
         fastest = max(spec.counts_by_type(), key=lambda t: spec.device_types[t].flops)
         measure_as = fastest
     # Emulated types last slowdown x the CPU time of each compute (executor.stage): time the
-    # profile of an emulated cluster in CPU time too.
+    # profile of an emulated cluster in CPU time too, calibrated to the whole model, as
+    # executor.profiling.measure_profile does. The last layer carries the training loss.
     clock: profiler.Clock = "cpu" if spec is not None else "wall"
     with err.status(f"profiling {model}" + (f" (timing as {measure_as})" if measure_as else "")):
         prof = profiler.profile_model(
-            module, example, name=model, device_type=measure_as, clock=clock
+            module,
+            example,
+            name=model,
+            device_type=measure_as,
+            clock=clock,
+            calibrate=spec is not None,
+            loss=timing_loss,
         )
     if spec is not None and measure_as is not None:
         prof = emulated_timings(prof, spec, measure_as)

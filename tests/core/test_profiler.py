@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -280,6 +281,55 @@ def test_calibration_scales_layers_to_the_whole_model() -> None:
     p = profile_model(model, x, "d", "cpu", calibrate=True, **opts)  # type: ignore[arg-type]
     assert all(layer.timings["cpu"].forward(4) >= 0 for layer in p.layers)
     assert sum(layer.timings["cpu"].forward(4) for layer in p.layers) > 0
+
+
+def test_loss_is_timed_with_the_last_layer_forward_and_backward() -> None:
+    import time
+
+    model, x = zoo.build("digits_cnn")
+    seen: list[tuple[int, ...]] = []
+
+    def slow_loss(out: torch.Tensor) -> torch.Tensor:
+        # 20 ms in the loss's forward and 20 ms more in its backward (a custom op)
+        seen.append(tuple(out.shape))
+        time.sleep(0.02)
+        return _SleepyBackward.apply(out.sum())
+
+    opts = {"batch_sizes": (2, 4), "warmup": 0, "repeats": 1, "clock": "wall"}
+    with_loss = profile_model(model, x, "d", "cpu", loss=slow_loss, **opts)  # type: ignore[arg-type]
+    n_layers = len(with_loss)
+    last = with_loss.layers[-1].timings["cpu"]
+    assert last.forward(2) >= 0.02 and last.backward(2) >= 0.02
+    # only the last layer carries it, and it saw the model's output
+    assert all(layer.timings["cpu"].forward(2) < 0.02 for layer in with_loss.layers[:-1])
+    assert set(seen) == {(2, 10), (4, 10)}
+    assert n_layers == len(profile_model(model, x, "d", None))
+
+
+class _SleepyBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(0.02)
+        return g
+
+
+def test_loss_needs_one_output_tensor() -> None:
+    class TwoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(x), self.b(x)
+
+    with pytest.raises(PipeplanError, match="loss: needs a model with one output tensor"):
+        profile_model(TwoHeads(), torch.randn(1, 4), "two", "cpu", loss=lambda t: t.sum())
 
 
 def test_fit_fixed_per_sample() -> None:
