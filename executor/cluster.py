@@ -31,6 +31,7 @@ from ray.cluster_utils import Cluster
 
 from core.cluster import ClusterSpec, DeviceType, Network, Node
 from core.errors import PipeplanError
+from executor.awake import KeepAwake
 from executor.errors import ExecutorError
 from executor.persistent import start_persistent, status_persistent, stop_persistent
 from executor.placement import LiveNode, device_resource, node_resource, nodes_from_ray
@@ -94,6 +95,9 @@ class LocalCluster:
     The first spec node is the head (the driver attaches there). ``num_cpus`` is Ray's
     logical CPU count per node: stage actors ask for none, so it only bounds Ray's pool of
     task workers (1 suits a 2-core machine). ``object_store_mb`` caps each node's store.
+    ``keep_awake`` (default: when some device type is emulated slower than this machine):
+    keep the cores out of idle while the cluster is up (:class:`executor.awake.KeepAwake`),
+    so that a compute right after an emulation sleep runs at the speed it was profiled at.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class LocalCluster:
         num_cpus: float = 1,
         connect: bool = True,
         system_config: dict[str, Any] | None = None,
+        keep_awake: bool | None = None,
     ) -> None:
         if object_store_mb < 75:
             raise PipeplanError(f"object_store_mb: Ray needs >= 75, got {object_store_mb}")
@@ -112,6 +117,8 @@ class LocalCluster:
         self.num_cpus = num_cpus
         self.connect = connect
         self.system_config = system_config
+        emulated = any(slowdown(spec, t) > 1.0 for t in spec.device_types)
+        self.keep_awake = KeepAwake() if (emulated if keep_awake is None else keep_awake) else None
         self._cluster: Cluster | None = None
         self._nodes: dict[str, Any] = {}
         self._address_file: tuple[Path, str | None] | None = None
@@ -147,6 +154,8 @@ class LocalCluster:
         if self.system_config:
             head_args["_system_config"] = self.system_config
         try:
+            if self.keep_awake is not None:
+                self.keep_awake.start()
             self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
             self._nodes[head.name] = self._cluster.head_node
             for node in workers:
@@ -170,6 +179,8 @@ class LocalCluster:
         if self._address_file is not None:
             _restore_address_file(*self._address_file)
             self._address_file = None
+        if self.keep_awake is not None:
+            self.keep_awake.stop()
 
     def _node_args(self, node: Node) -> dict[str, Any]:
         return {

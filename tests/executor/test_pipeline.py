@@ -171,10 +171,11 @@ def test_emulated_measurement(digits_pipe: Pipeline) -> None:
     fast, _, slow = m.stages
     # local-hetero's headroom 1.5: fast = 1.5x, slow = 6x. Each forward and backward lasts
     # max(wall, k x its CPU time), the sleep making up the difference (at most (k-1)/k of
-    # it, as wall >= CPU); the memory-bound update is not slowed
+    # it, as wall >= CPU -- up to the two clocks' granularity: a short compute may read a few
+    # microseconds more CPU than wall time); the memory-bound update is not slowed
     for stage, k in ((fast, 1.5), (slow, 6.0)):
         assert stage.compute_s >= k * stage.cpu_s * (1 - 1e-9)
-        assert 0.0 <= stage.emulated_s <= (k - 1) / k * stage.compute_s * (1 + 1e-9)
+        assert 0.0 <= stage.emulated_s <= (k - 1) / k * stage.compute_s * (1 + 1e-3)
     assert slow.emulated_s > 0.0 and fast.cpu_s > 0.0
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,10 +13,18 @@ import torch
 from core import zoo
 from core.errors import PlanError
 from core.plan import Plan, Stage
+from executor.awake import KeepAwake
 from executor.microbatch import Layout, Piece, pieces, replica_shares
 from executor.model import ModelSource, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
-from executor.placement import LiveNode, busy_devices, check_feasible, nodes_from_ray
+from executor.placement import (
+    WORKER_ENV,
+    LiveNode,
+    actor_options,
+    busy_devices,
+    check_feasible,
+    nodes_from_ray,
+)
 from executor.ring import RingState, ring_table, rounds
 from executor.stage import Clock, emulation_sleep, gather, gather_gradients
 from tests.executor.models import skipnet
@@ -212,3 +224,28 @@ def test_ring_refuses_a_wrong_chunk_and_an_early_result() -> None:
         a.receive(np.ones(7, "f4"))
     with pytest.raises(ValueError, match="replica: 2 is not in 0..1"):
         RingState.start(2, 2, {}, shapes, np.dtype("f4"))
+
+
+def test_actors_keep_freed_memory_for_reuse() -> None:
+    options = actor_options("n2/slow:1", NODES)
+    assert options["runtime_env"] == {"env_vars": WORKER_ENV}
+    assert int(WORKER_ENV["MALLOC_MMAP_THRESHOLD_"]) == 32 * 2**20  # glibc's largest
+    assert options["resources"] == {"device:slow": 1.0, "pipeplan_node:n2": 0.001}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
+def test_keep_awake_spins_at_idle_priority_and_stops() -> None:
+    with KeepAwake(count=2) as awake:
+        pids = awake.pids
+        assert len(pids) == 2
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the policy is set by the child itself
+            if all(os.sched_getscheduler(p) == os.SCHED_IDLE for p in pids):
+                break
+            time.sleep(0.05)
+        assert all(os.sched_getscheduler(p) == os.SCHED_IDLE for p in pids)
+    assert awake.pids == ()
+    for p in pids:
+        assert not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text()
+    with pytest.raises(ValueError, match="count: expected >= 0 spinners, got -1"):
+        KeepAwake(count=-1)
