@@ -2,9 +2,11 @@
 
 An emulated device sleeps most of each operation (:mod:`executor.stage`), so the cores go
 idle many times a second, and a core that has just left idle runs the next computation
-slower: measured here (a two-stage GPT slice, one process, 30 ms pauses between operations),
-each forward or backward took 1.2-1.35x the CPU time it takes back to back; with the cores
-kept busy by idle-priority spinners, 1.04-1.15x. A real device does not pay that, and the
+slower: measured here (``bench/idle_slowdown.py``: a two-stage GPT slice in one process,
+30 ms pauses between operations) at 1.21-1.60x the CPU time the profile predicts, against
+0.77-0.97x back to back. Keeping the cores busy with idle-priority spinners gave 1.04-1.16x
+in three runs but 1.23x in a fourth: on this machine the effect is real and the remedy
+helps most of the time, not always. A real device does not pay that, and the
 profile (timed back to back) does not predict it.
 
 :class:`KeepAwake` starts one spinner process per core under ``SCHED_IDLE``, Linux's

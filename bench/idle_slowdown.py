@@ -1,0 +1,115 @@
+"""Idle cores and emulation: CPU time of pipeline operations back to back, with pauses (as an
+emulated device sleeps between them), and with pauses while :class:`executor.awake.KeepAwake`
+keeps the cores busy at idle priority.
+
+One process, no Ray: the GPT of ``bench.fidelity`` cut in two stages (real
+:class:`executor.stage.StageWorker` code), GPipe order, 4 microbatches of 4. Each row is the
+median CPU time of every forward and backward over the profile's prediction for it.
+
+    .venv/bin/python -m bench.idle_slowdown     # ~1 min
+Writes bench/results/idle_slowdown.json. Noisy on this shared machine: two runs gave
+0.97 / 1.21 / 1.23x and 0.77 / 1.60 / 1.04x (each case profiles afresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.fidelity import MODELS, RESULTS
+from core.profiler import profile_model
+from executor.awake import KeepAwake
+from executor.microbatch import Piece
+from executor.model import OptimizerConfig, timing_loss
+from executor.partition import partition
+from executor.pipeline import RunConfig, make_batches
+from executor.stage import StageWorker, WorkerSpec
+
+BOUNDS = (0, 15, 30)
+MICRO, COUNT = 4, 4
+
+
+def run(pause_s: float, steps: int) -> list[float]:
+    """CPU time over the profile's prediction, per operation (steps after two warm-ups)."""
+    case = MODELS["gpt"]
+    model, example = case.source.build()
+    torch.set_num_threads(1)
+    prof = profile_model(model, example, "gpt", "cpu", (4, 32), 2, 5, "cpu", True, timing_loss)
+    batch = MICRO * COUNT
+    spec = [
+        WorkerSpec(s, 0, "-", "-", BOUNDS, batch, case.source, OptimizerConfig()) for s in (0, 1)
+    ]
+    workers = [StageWorker(w) for w in spec]
+    name = partition(model, example, BOUNDS).model_inputs[0]
+
+    def predicted(s: int, kind: str) -> float:
+        t = [prof.layers[i].timings["cpu"] for i in range(BOUNDS[s], BOUNDS[s + 1])]
+        return sum(x.forward(MICRO) if kind == "F" else x.backward(MICRO) for x in t)
+
+    ratios: list[float] = []
+    for step, (x, y) in enumerate(make_batches(case.source, batch, steps + 2, RunConfig())):
+        outs = []
+        for j in range(COUNT):
+            own = Piece(-1, 0, 0, j * MICRO, (j + 1) * MICRO, True)
+            tok, act = workers[0].forward(None, step, j, [own], None, {name: x.numpy()})
+            tok1, _ = workers[1].forward(
+                None, step, j, [Piece(0, j, 0, 0, MICRO, True)], own, act, y.numpy()
+            )
+            outs.append((tok, tok1))
+            time.sleep(pause_s)
+        for j in range(COUNT):
+            tok1, grad = workers[1].backward(None, step, j, [])
+            time.sleep(pause_s)
+            tok, _ = workers[0].backward(None, step, j, [Piece(1, j, 0, 0, MICRO, True)], grad)
+            time.sleep(pause_s)
+            if step >= 2:
+                f0, f1 = outs[j]
+                ratios += [f0.cpu_s / predicted(0, "F"), f1.cpu_s / predicted(1, "F")]
+                ratios += [tok.cpu_s / predicted(0, "B"), tok1.cpu_s / predicted(1, "B")]
+        for w in workers:
+            w.update(None, step)
+    return ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pause-ms", type=float, default=30.0)
+    ap.add_argument("--steps", type=int, default=6)
+    a = ap.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = []
+    for label, pause, awake in (
+        ("back to back", 0.0, False),
+        (f"{a.pause_ms:.0f} ms pauses", a.pause_ms / 1e3, False),
+        (f"{a.pause_ms:.0f} ms pauses, KeepAwake", a.pause_ms / 1e3, True),
+    ):
+        spinners = KeepAwake() if awake else None
+        if spinners:
+            spinners.start()
+        try:
+            ratios = run(pause, a.steps)
+        finally:
+            if spinners:
+                spinners.stop()
+        rows.append({"case": label, "median_cpu_over_profile": statistics.median(ratios),
+                     "ops": len(ratios)})  # fmt: skip
+    t = Table(title="GPT stage operations: CPU time / profiled CPU time", title_justify="left")
+    for col in ("case", "median ratio", "ops"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(str(r["case"]), f"{r['median_cpu_over_profile']:.2f}x", str(r["ops"]))
+    Console().print(t)
+    out = RESULTS / "idle_slowdown.json"
+    out.write_text(json.dumps({"pause_ms": a.pause_ms, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {Path('bench/results') / out.name}")
+
+
+if __name__ == "__main__":
+    main()
