@@ -8,7 +8,7 @@ devices) or the model cannot be cut at (:func:`executor.partition.partition`). T
 type, and its placement is checked.
 
 :meth:`Pipeline.step` trains one global batch: :func:`executor.submit.submit_step` submits
-every operation (each replica's in its schedule's order, chained by tokens, reading its
+every operation (each replica's in its schedule's order, which the actor keeps, reading its
 neighbours' payloads by object ref), then :func:`executor.waiting.wait_all` waits for all of
 them with a deadline; a worker's exception or a dead actor or node ends the step with one
 :class:`~executor.errors.StageFailedError` naming the stage, device and node.
@@ -109,7 +109,6 @@ class Pipeline:
         self.config = config or RunConfig()
         self.layout = _layout(plan)
         self.workers: list[list[WorkerHandle]] = []
-        self._tokens: dict[tuple[int, int], Ref] = {}
         self._step = 0
         self.input_name = ""
 
@@ -168,7 +167,6 @@ class Pipeline:
             for w, spec in zip(row, specs, strict=True):
                 w.spec = spec
                 refs[w.actor.reset.remote(spec)] = w
-        self._tokens = {}
         self._await_ready(refs, {n.name: n.node_id for n in live_nodes()})
 
     def close(self) -> None:
@@ -177,7 +175,6 @@ class Pipeline:
             with contextlib.suppress(Exception):  # already dead, or the cluster is gone
                 ray.kill(w.actor, no_restart=True)
         self.workers = []
-        self._tokens = {}
 
     def all_workers(self) -> list[WorkerHandle]:
         return [w for row in self.workers for w in row]
@@ -287,9 +284,9 @@ class Pipeline:
         start, t0 = time.time(), time.perf_counter()
         x_ref = ray.put({self.input_name: x.detach().numpy()})
         y_ref = ray.put(y.detach().numpy())
-        sub = submit_step(self.plan, self.layout, self.workers, self._tokens, t, x_ref, y_ref)
+        sub = submit_step(self.plan, self.layout, self.workers, t, x_ref, y_ref)
         deadline = time.monotonic() + self.config.timeout_s
-        records = wait_all(sub.tokens, self.all_workers(), deadline, f"step {t}")
+        records = wait_all(sub.records, self.all_workers(), deadline, f"step {t}")
         losses = {ref: None for ref in sub.losses}
         terms = list(wait_all(losses, self.all_workers(), deadline, f"step {t}").values())
         batch_time = time.perf_counter() - t0

@@ -7,12 +7,15 @@ per batch, :meth:`StageWorker.ring_start` and :meth:`StageWorker.ring_step` (rep
 stages only: a ring all-reduce of the gradients, :mod:`executor.ring`) and
 :meth:`StageWorker.update`.
 
-**Ordering.** Every method takes the *token* of the worker's previous operation as its first
-argument and returns a new token (an :class:`OpRecord`) beside its payload
-(``num_returns=2``). Ray runs an actor task only once its object-ref arguments exist, so the
-token chain makes a worker run its operations exactly in the schedule's order, and the
-payload refs passed in (activations from the previous stage, gradients from the next one)
-make every cross-stage dependency explicit. Nothing relies on Ray's submission order.
+**Ordering.** Every method returns an :class:`OpRecord` (what it did, when) beside its
+payload (``num_returns=2``). The driver submits a worker's operations in the schedule's
+order, and a single-threaded Ray actor runs the tasks of one submitter in submission order,
+even when an earlier task still waits for an argument (Ray's documented actor task order;
+the actors have no task retries, which would void it; a test checks it). So no argument
+chains a worker's operations: each is sent to the actor as soon as its own inputs exist, and
+the actor starts it the moment the previous one ends, with no round trip through the driver
+in between. The payload refs passed in (activations from the previous stage, gradients from
+the next one) make every cross-stage dependency explicit.
 
 **Payloads.** Activations and gradients travel as ``{value name: numpy array}`` (Ray moves
 numpy arrays faster than torch tensors); each call gets the payloads of the neighbour
@@ -20,8 +23,10 @@ operations that hold its samples and a :class:`~executor.microbatch.Piece` per p
 saying which rows to take.
 
 **Failures.** A method never raises: it returns a :class:`Failure` (with the traceback) as
-both token and payload, and a method that receives a ``Failure`` passes it on untouched, so
-the driver sees the original error once.
+both record and payload. A method that receives a ``Failure`` passes it on untouched, and a
+worker that has failed or seen a failure returns that ``Failure`` from every later operation
+(until :meth:`StageWorker.reset`), so the driver sees the original error once and no worker
+steps on a broken batch.
 
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
@@ -84,7 +89,7 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class OpRecord:
-    """What one operation did; also the token that orders the worker's next operation."""
+    """What one operation did."""
 
     stage: int
     replica: int
@@ -125,22 +130,24 @@ class WorkerInfo:
 
 
 def _guarded(kind: OpKind) -> Callable[[Any], Any]:
-    """Pass an upstream :class:`Failure` on; turn an exception into a ``Failure``."""
+    """Pass an upstream :class:`Failure` on; turn an exception into a ``Failure``; after
+    either, answer every operation with that ``Failure``."""
 
     def wrap(method: Any) -> Any:
         @functools.wraps(method)
-        def guarded(self: StageWorker, token: Any, *args: Any) -> Any:
-            for a in (token, *args):
-                if isinstance(a, Failure):
-                    return a, a
+        def guarded(self: StageWorker, *args: Any) -> Any:
+            if self.failure is None:
+                self.failure = next((a for a in args if isinstance(a, Failure)), None)
+            if self.failure is not None:
+                return self.failure, self.failure
             try:
-                return method(self, token, *args)
+                return method(self, *args)
             except Exception:
                 spec = self.spec
-                f = Failure(
+                self.failure = Failure(
                     spec.stage, spec.replica, spec.device, spec.node, kind, traceback.format_exc()
                 )
-                return f, f
+                return self.failure, self.failure
 
         return guarded
 
@@ -175,6 +182,7 @@ class StageWorker:
         self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.losses: dict[Key, torch.Tensor] = {}
         self.ring: RingState | None = None
+        self.failure: Failure | None = None
 
     def reset(self, spec: WorkerSpec) -> WorkerInfo:
         """Start over with fresh weights (and possibly another batch size or slowdown), in the
@@ -198,7 +206,6 @@ class StageWorker:
     @ray.method(num_returns=2)
     def forward(
         self,
-        token: Any,
         step: int,
         microbatch: int,
         pieces: Sequence[Piece],
@@ -244,7 +251,7 @@ class StageWorker:
     @_guarded("B")
     @ray.method(num_returns=2)
     def backward(
-        self, token: Any, step: int, microbatch: int, pieces: Sequence[Piece], *payloads: Any
+        self, step: int, microbatch: int, pieces: Sequence[Piece], *payloads: Any
     ) -> tuple[OpRecord, Payload | None]:
         """Backward of one microbatch; ``payloads`` are the next stage's input gradients."""
         clock = Clock.now()
@@ -272,7 +279,7 @@ class StageWorker:
 
     @_guarded("G")
     @ray.method(num_returns=2)
-    def ring_start(self, token: Any, step: int, replicas: int) -> tuple[OpRecord, Any]:
+    def ring_start(self, step: int, replicas: int) -> tuple[OpRecord, Any]:
         """Begin the replicas' ring all-reduce (:mod:`executor.ring`) of this step's
         gradients; returns the chunk to send to the next replica."""
         clock = Clock.now()
@@ -289,7 +296,7 @@ class StageWorker:
 
     @_guarded("G")
     @ray.method(num_returns=2)
-    def ring_step(self, token: Any, step: int, chunk: np.ndarray) -> tuple[OpRecord, Any]:
+    def ring_step(self, step: int, chunk: np.ndarray) -> tuple[OpRecord, Any]:
         """Take the previous replica's chunk of this round; return the next one to send
         (``None`` after the last round)."""
         clock = Clock.now()
@@ -300,7 +307,7 @@ class StageWorker:
 
     @_guarded("U")
     @ray.method(num_returns=2)
-    def update(self, token: Any, step: int) -> tuple[OpRecord, None]:
+    def update(self, step: int) -> tuple[OpRecord, None]:
         """Optimizer step. With replicas, the gradients are first replaced by their sum over
         the replicas (the finished ring all-reduce): each replica holds the gradient of
         *its* samples' share of the global-batch mean loss, so the sum is the gradient of

@@ -1,11 +1,12 @@
 """Submit one training step: every operation of every stage replica, as Ray actor calls.
 
-Each stage replica runs ``core.schedules.stage_order`` for its stage: each call passes the
-replica's previous token (so the actor runs its operations in that order) and the payload
-refs of the neighbour operations holding its samples (``executor.microbatch.Layout``).
-Refs exist only once their operation is submitted, so operations are submitted in rounds:
-each replica goes as far down its order as its neighbours allow; a deadlock-free schedule
-always progresses. Then, per stage, the replicas' ring all-reduce and optimizer steps.
+Each stage replica runs ``core.schedules.stage_order`` for its stage, submitted in that order
+(the actor runs one submitter's tasks in submission order, :mod:`executor.stage`); each call
+passes the payload refs of the neighbour operations holding its samples
+(``executor.microbatch.Layout``). Refs exist only once their operation is submitted, so
+operations are submitted in rounds: each replica goes as far down its order as its
+neighbours allow; a deadlock-free schedule always progresses. Then, per stage, the replicas'
+ring all-reduce and optimizer steps.
 """
 
 from __future__ import annotations
@@ -46,29 +47,25 @@ class WorkerHandle:
 class Submission:
     """The refs of one submitted step."""
 
-    tokens: dict[Ref, WorkerHandle] = field(default_factory=dict)
-    """Every operation's token, with the replica that runs it."""
+    records: dict[Ref, WorkerHandle] = field(default_factory=dict)
+    """Every operation's record (:class:`~executor.stage.OpRecord`), with the replica that
+    runs it."""
     losses: list[Ref] = field(default_factory=list)
     """The last stage's forward payloads: loss terms."""
 
-    def tokens_add(self, token: Ref, worker: WorkerHandle) -> Ref:
-        self.tokens[token] = worker
-        return token
+    def add(self, record: Ref, worker: WorkerHandle) -> None:
+        self.records[record] = worker
 
 
 def submit_step(
     plan: Plan,
     layout: Layout,
     rows: Sequence[Sequence[WorkerHandle]],
-    last_token: dict[tuple[int, int], Ref],
     step: int,
     inputs: Ref,
     labels: Ref,
 ) -> Submission:
-    """Submit step ``step`` (``inputs``/``labels``: the batch in the object store).
-
-    ``last_token`` holds each replica's latest token and is updated in place.
-    """
+    """Submit step ``step`` (``inputs``/``labels``: the batch in the object store)."""
     S = plan.num_stages
     orders = [stage_order(plan.schedule, layout.microbatches(s), s, S) for s in range(S)]
     workers = [w for row in rows for w in row]
@@ -86,17 +83,17 @@ def submit_step(
                 if args is None:
                     break  # a neighbour's payload is not submitted yet
                 method = w.actor.forward if kind == "F" else w.actor.backward
-                token, payload = method.remote(last_token.get(w.key), step, j, *args)
+                record, payload = method.remote(step, j, *args)
                 payloads[kind][(s, j, k)] = payload
                 if kind == "F" and s == S - 1:
                     out.losses.append(payload)
-                last_token[w.key] = out.tokens_add(token, w)
+                out.add(record, w)
                 cursor[w.key] += 1
                 progressed += 1
         if not progressed:
             raise ExecutorError(f"step {step}: schedule {plan.schedule} cannot progress")
         remaining -= progressed
-    _submit_updates(rows, last_token, step, out)
+    _submit_updates(rows, step, out)
     return out
 
 
@@ -110,7 +107,7 @@ def _arguments(
     inputs: Ref,
     labels: Ref,
 ) -> list[Any] | None:
-    """Arguments after ``(token, step, microbatch)``, or None if a payload is missing."""
+    """Arguments after ``(step, microbatch)``, or None if a payload is missing."""
     s, k = w.key
     last = s == plan.num_stages - 1
     lo, hi = layout.spans[s][j][k]
@@ -132,7 +129,6 @@ def _arguments(
 
 def _submit_updates(
     rows: Sequence[Sequence[WorkerHandle]],
-    last_token: dict[tuple[int, int], Ref],
     step: int,
     out: Submission,
 ) -> None:
@@ -144,16 +140,16 @@ def _submit_updates(
         if r > 1:
             sends: list[Ref] = []
             for w in row:
-                token, chunk = w.actor.ring_start.remote(last_token[w.key], step, r)
-                last_token[w.key] = out.tokens_add(token, w)
+                record, chunk = w.actor.ring_start.remote(step, r)
+                out.add(record, w)
                 sends.append(chunk)
             for _ in range(rounds(r)):
                 received = [sends[(k - 1) % r] for k in range(r)]
                 sends = []
                 for w, chunk in zip(row, received, strict=True):
-                    token, nxt = w.actor.ring_step.remote(last_token[w.key], step, chunk)
-                    last_token[w.key] = out.tokens_add(token, w)
+                    record, nxt = w.actor.ring_step.remote(step, chunk)
+                    out.add(record, w)
                     sends.append(nxt)
         for w in row:
-            token, _ = w.actor.update.remote(last_token[w.key], step)
-            last_token[w.key] = out.tokens_add(token, w)
+            record, _ = w.actor.update.remote(step)
+            out.add(record, w)

@@ -8,6 +8,7 @@ weights; other microbatches, schedule, optimizer or model of 8 layers; same proc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,6 +202,35 @@ def test_token_model_with_a_shared_position_embedding(digits_pipe: Pipeline) -> 
     config = RunConfig(optimizer=OptimizerConfig(lr=0.1), emulate=False, deterministic=True)
     digits_pipe.reconfigure(digits_plan(16, (4, 8, 2)), config, model=source)
     assert train_and_compare(digits_pipe, source, config.optimizer, batches) < TOLERANCE
+
+
+@pytest.mark.timeout(60)
+def test_an_actor_runs_one_submitters_tasks_in_submission_order(cluster: LocalCluster) -> None:
+    """The executor chains no argument between a worker's operations (:mod:`executor.stage`):
+    it relies on a sequential actor running one submitter's tasks in submission order, even
+    when an earlier task still waits for its argument and a later one is ready."""
+
+    @ray.remote(num_cpus=0)
+    def late(x: int) -> int:
+        time.sleep(1.0)
+        return x
+
+    @ray.remote(num_cpus=0)
+    class Log:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def add(self, i: int, *inputs: int) -> list[int]:
+            self.seen.append(i)
+            return self.seen
+
+    log = Log.remote()  # type: ignore[attr-defined]
+    ray.get(log.add.remote(0))
+    first = log.add.remote(1, late.remote(7))  # waits a second for its argument
+    second = log.add.remote(2)  # ready at once
+    assert ray.get(second, timeout=30) == [0, 1, 2]
+    assert ray.get(first, timeout=30) == [0, 1]
+    ray.kill(log)
 
 
 @pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from core.errors import PlanError
 from core.plan import Plan, Stage
 from executor.awake import KeepAwake
 from executor.microbatch import Layout, Piece, pieces, replica_shares
-from executor.model import ModelSource, batch_loss, loss_terms
+from executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
 from executor.placement import (
     WORKER_ENV,
@@ -26,7 +26,16 @@ from executor.placement import (
     nodes_from_ray,
 )
 from executor.ring import RingState, ring_table, rounds
-from executor.stage import Clock, emulation_sleep, gather, gather_gradients
+from executor.stage import (
+    Clock,
+    Failure,
+    OpRecord,
+    StageWorker,
+    WorkerSpec,
+    emulation_sleep,
+    gather,
+    gather_gradients,
+)
 from tests.executor.models import skipnet
 
 NODES = [
@@ -165,6 +174,27 @@ def test_emulation_sleeps_to_slowdown_times_cpu() -> None:
     assert emulation_sleep(4.0, 0.25, 0.1) == pytest.approx(0.15)
     assert emulation_sleep(2.0, 0.5, 0.1) == 0.0
     assert emulation_sleep(1.0, 0.1, 0.1) == 0.0
+
+
+def test_a_failed_worker_answers_every_later_operation_with_its_failure() -> None:
+    source = ModelSource("digits_cnn", 8, seed=0)
+    bounds = (0, 3, count_layers(source.build()[0]))
+    spec = WorkerSpec(1, 0, "n1/slow:0", "n1", bounds, 16, source, OptimizerConfig())
+    worker = StageWorker(spec)  # the plain class: no Ray needed
+    record, payload = worker.backward(0, 0, [])  # no forward yet: the worker fails
+    assert isinstance(record, Failure) and payload is record
+    assert (record.stage, record.device, record.operation) == (1, "n1/slow:0", "B")
+    assert "before its forward" in record.traceback
+    # Nothing runs after a failure (no optimizer step on a broken batch); the first error
+    # is what every later operation hands back.
+    assert worker.update(0) == (record, record)
+    worker = StageWorker(spec)
+    fresh, _ = worker.update(1)
+    assert isinstance(fresh, OpRecord) and fresh.kind == "U"
+    # A failure received from a neighbour is passed on, and also ends this worker's batch.
+    upstream = Failure(0, 0, "n0/fast:0", "n0", "F", "Traceback: upstream")
+    assert worker.forward(2, 0, [Piece(0, 0, 0, 0, 8, True)], None, upstream)[0] is upstream
+    assert worker.update(2)[0] is upstream
 
 
 def test_clock_counts_this_threads_cpu_not_sleep() -> None:
