@@ -30,7 +30,11 @@ steps on a broken batch.
 
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
-``k x cpu - wall`` after it (when positive). The CPU time is this thread's
+``k x cpu - wall`` after it (when positive). Only the device compute is slowed: the stage's
+module (and the loss on the last stage) forward, and the autograd backward. Turning payloads
+into tensors and back, and the leaves' clones, are the executor's host work, which a slower
+accelerator would not slow down and the profile does not time; they count at their real
+length. The CPU time is this thread's
 (:func:`time.thread_time`; one torch thread per actor), so on a machine with fewer cores
 than busy actors the time a compute spent waiting for a core is absorbed into the slowdown
 instead of being multiplied by it: sleeping ``(k - 1) x wall`` would stretch every
@@ -104,7 +108,8 @@ class OpRecord:
     emulated_s: float
     """The emulation sleep alone."""
     cpu_s: float = 0.0
-    """CPU time of the real compute (this thread's)."""
+    """CPU time (this thread's) of the device compute of a forward or backward (the
+    emulation's base), of the whole operation otherwise."""
 
 
 @dataclass(frozen=True)
@@ -228,16 +233,21 @@ class StageWorker:
         # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
         feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
         args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
-        produced = dict(zip(self.graph.results, self.module(*args), strict=True))
-        outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
         key = (step, microbatch)
+        y = None
         if self.last:
             if labels is None:
                 raise ValueError("the last stage's forward needs labels")
             y = torch.from_numpy(np.array(payloads[-1][labels.lo : labels.hi]))
+        compute = Clock.now()
+        produced = dict(zip(self.graph.results, self.module(*args), strict=True))
+        outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
+        if y is not None:
             terms = loss_terms(outputs[self.graph.outputs[0]], y)
             samples = sum(p.hi - p.lo for p in pieces)
             self.losses[key] = batch_loss(terms, samples, self.spec.global_batch)
+        computed = compute.elapsed()
+        if y is not None:
             payload: Payload = {
                 "loss_sum": float(terms.loss_sum.detach()),
                 "predictions": terms.predictions,
@@ -246,7 +256,7 @@ class StageWorker:
         else:
             payload = {n: to_numpy(v) for n, v in outputs.items()}
         self.saved[key] = (leaves, outputs)
-        return self._record("F", step, microbatch, clock), payload
+        return self._record("F", step, microbatch, clock, computed), payload
 
     @_guarded("B")
     @ray.method(num_returns=2)
@@ -262,6 +272,7 @@ class StageWorker:
             )
         leaves, outputs = self.saved.pop(key)
         if self.last:
+            compute = Clock.now()
             self.losses.pop(key).backward()
         else:
             grads = gather_gradients(self.graph.outputs, pieces, payloads, self.kinds)
@@ -270,12 +281,14 @@ class StageWorker:
                 for n, g in grads.items()
                 if isinstance(outputs[n], torch.Tensor) and outputs[n].requires_grad
             ]
+            compute = Clock.now()
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        computed = compute.elapsed()
         payload = None
         if self.spec.stage > 0:
             payload = {n: None if v.grad is None else v.grad.numpy() for n, v in leaves.items()}
-        return self._record("B", step, microbatch, clock), payload
+        return self._record("B", step, microbatch, clock, computed), payload
 
     @_guarded("G")
     @ray.method(num_returns=2)
@@ -292,7 +305,7 @@ class StageWorker:
             )
         dtype = dtypes.pop()
         self.ring = RingState.start(self.spec.replica, replicas, grads, shapes, dtype)
-        return self._record("G", step, -1, clock, emulate=False), self.ring.outgoing()
+        return self._record("G", step, -1, clock), self.ring.outgoing()
 
     @_guarded("G")
     @ray.method(num_returns=2)
@@ -303,7 +316,7 @@ class StageWorker:
         if self.ring is None:
             raise RuntimeError(f"ring step of step {step} before ring_start")
         self.ring.receive(chunk)
-        return self._record("G", step, -1, clock, emulate=False), self.ring.outgoing()
+        return self._record("G", step, -1, clock), self.ring.outgoing()
 
     @_guarded("U")
     @ray.method(num_returns=2)
@@ -322,7 +335,7 @@ class StageWorker:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        return self._record("U", step, -1, clock, emulate=False), None
+        return self._record("U", step, -1, clock), None
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The stage's parameters, by the model's parameter names."""
@@ -331,10 +344,21 @@ class StageWorker:
     # --- helpers ----------------------------------------------------------------------------
 
     def _record(
-        self, kind: OpKind, step: int, mb: int, clock: Clock, emulate: bool = True
+        self,
+        kind: OpKind,
+        step: int,
+        mb: int,
+        clock: Clock,
+        computed: tuple[float, float] | None = None,
     ) -> OpRecord:
+        """What the operation begun at ``clock`` did. ``computed``: wall and CPU seconds of
+        its device compute (forward and backward), which the emulation slows down;
+        ``None`` for the ring all-reduce and the update, which it does not."""
         wall, cpu = clock.elapsed()
-        sleep = emulation_sleep(self.spec.slowdown, wall, cpu) if emulate else 0.0
+        sleep = 0.0
+        if computed is not None:
+            sleep = emulation_sleep(self.spec.slowdown, *computed)
+            cpu = computed[1]
         if sleep > 0:
             time.sleep(sleep)
         spec = self.spec
