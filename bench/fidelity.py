@@ -13,9 +13,13 @@ devices with the cut where the measured compute balances -- predict each with
 one cluster. Error of a plan = ``(predicted - measured) / measured``; the target is a
 median ``|error|`` <= 10%.
 
-The profile is fitted at 4 and 32 samples per call (``--profile-batches``), the range the
-plans' operations see: the fixed + per-sample fit is linear, and extrapolating a fit at 2 and
-8 samples to 32 overestimated ResNet-50 at 32 samples about twofold here. Each Ray node gets
+Each model's profile is fitted at the two sizes of call its plans run most
+(``--profile-batches``, default ``auto``): a quarter of the global batch (the microbatch of
+GPipe's usual 4-way split, and a replica's share in ``bsp-all``) and the whole batch (``dp``).
+The fixed + per-sample fit is linear, and CPU kernels are not: ResNet-50's 1x1 convolutions
+on 2x2 maps ran slower at 8 samples than at 16 here (oneDNN picks other kernels), so a fit at
+4 and 32 under-predicted its 8-sample operations by a third; extrapolating a fit at 2 and 8
+samples to 32 overestimated it about twofold. Each Ray node gets
 a 2400 MiB object store (``--object-store-mb``): activations and the replicas' ring
 all-reduce chunks (:mod:`executor.ring`) go through it, and a store that spills to disk makes
 the spilling dominate the batch time; plans that would need more are skipped.
@@ -392,14 +396,33 @@ def draw(results: list[Result], path: Path, median: float) -> None:
 # --- main -------------------------------------------------------------------------------------
 
 
+def profile_sizes(option: str, batch: int) -> tuple[int, int]:
+    """The profiler's two batch sizes: ``auto`` (a quarter of the global batch, and all of
+    it) or ``LO,HI``."""
+    if option == "auto":
+        lo, hi = max(batch // 4, 1), batch
+    else:
+        try:
+            lo, hi = (int(x) for x in option.split(","))
+        except ValueError:
+            raise SystemExit(
+                f"--profile-batches: expected 'auto' or two integers LO,HI, got {option!r}"
+            ) from None
+    if not 0 < lo < hi:
+        raise SystemExit(
+            f"--profile-batches: need 0 < LO < HI, got ({lo}, {hi}) for global batch {batch}"
+        )
+    return lo, hi
+
+
 def add_cluster_options(ap: argparse.ArgumentParser) -> None:
     """Options the Ray benchmarks share: profiling, the local cluster, seed and output."""
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer")
     ap.add_argument(
         "--profile-batches",
-        default="4,32",
-        help="the profiler's two batch sizes (fixed + per-sample fit): the fewest and most "
-        "samples one operation of these plans gets",
+        default="auto",
+        help="the profiler's two batch sizes (fixed + per-sample fit), LO,HI; 'auto': a "
+        "quarter of the model's global batch and all of it, the calls its plans run most",
     )
     ap.add_argument(
         "--object-store-mb",
@@ -438,15 +461,19 @@ def main() -> None:
     t_all = time.perf_counter()
     results: list[Result] = []
     profiles: dict[str, Any] = {}
-    lo, hi = (int(x) for x in a.profile_batches.split(","))
     with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
         console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
         for key in models:
             case = MODELS[key]
             t0 = time.perf_counter()
-            profile = measure_profile(case.source, spec, batch_sizes=(lo, hi), repeats=a.repeats)
+            sizes = profile_sizes(a.profile_batches, case.batch)
+            profile = measure_profile(case.source, spec, batch_sizes=sizes, repeats=a.repeats)
             prof_s = time.perf_counter() - t0
-            profiles[case.label] = {"layers": len(profile), "measure_s": prof_s}
+            profiles[case.label] = {
+                "layers": len(profile),
+                "measure_s": prof_s,
+                "batch_sizes": list(sizes),
+            }
             console.print(
                 f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s"
             )
@@ -490,7 +517,7 @@ def main() -> None:
             "warmup": a.warmup,
             "profile_repeats": a.repeats,
             "profile": "measured once on the fastest type, x slowdown per type",
-            "profile_batch_sizes": [lo, hi],
+            "profile_batch_sizes": a.profile_batches,
             "object_store_mb": a.object_store_mb,
             "data": "synthetic",
             "quick": a.quick,

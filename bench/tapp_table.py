@@ -46,6 +46,7 @@ from bench.fidelity import (
     bsp_all,
     describe,
     fastest_first,
+    profile_sizes,
 )
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
@@ -141,8 +142,8 @@ def model_table(
     case: ModelCase, spec: ClusterSpec, a: argparse.Namespace, console: Any
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    lo, hi = (int(x) for x in a.profile_batches.split(","))
-    profile = measure_profile(case.source, spec, batch_sizes=(lo, hi), repeats=a.repeats)
+    sizes = profile_sizes(a.profile_batches, case.batch)
+    profile = measure_profile(case.source, spec, batch_sizes=sizes, repeats=a.repeats)
     profile_s = time.perf_counter() - t0
     console.print(f"{case.label}: profile of {len(profile)} layers measured in {profile_s:.1f} s")
     plans: dict[str, Plan] = {
