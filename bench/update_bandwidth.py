@@ -1,0 +1,107 @@
+"""The memory bandwidth the cost model's update term implies on this machine.
+
+Cost-model rule 8 costs a stage's optimizer update as ``4 x params_bytes /
+memory_bandwidth``. This times the update the executor's stage workers run (the default
+:class:`executor.model.OptimizerConfig`: plain SGD; also SGD with momentum and Adam) on the
+fidelity benchmark's models, one torch thread, gradients in place, after a warm-up, and
+prints the bandwidth that makes rule 8 exact: ``4 x params_bytes / step time``. That is the
+number ``memory_bandwidth_gbps`` of ``examples/clusters/local-hetero.yaml`` should hold (all
+its emulated devices are this machine's CPU; the emulation does not slow the update).
+
+    .venv/bin/python -m bench.update_bandwidth          # ~1 min
+Writes bench/results/update_bandwidth.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.fidelity import MODELS
+from executor.model import OptimizerConfig
+
+RESULTS = Path(__file__).parent / "results"
+OPTIMIZERS = {
+    "sgd": OptimizerConfig(),
+    "sgd+momentum": OptimizerConfig(momentum=0.9),
+    "adam": OptimizerConfig(kind="adam", lr=1e-3),
+}
+
+
+def step_seconds(params: list[torch.nn.Parameter], config: OptimizerConfig, repeats: int) -> float:
+    """Median wall time of one optimizer step (gradients set, as after a backward)."""
+    optimizer = config.make(params)
+    times = []
+    for r in range(repeats + 2):
+        for p in params:
+            p.grad = torch.ones_like(p) * 1e-6
+        t0 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if r >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default=str(RESULTS / "update_bandwidth.json"))
+    a = ap.parse_args()
+    unknown = [m for m in a.models.split(",") if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    from rich.console import Console
+    from rich.table import Table
+
+    torch.set_num_threads(1)
+    rows = []
+    for key in a.models.split(","):
+        case = MODELS[key]
+        model, _ = case.source.build()
+        params = [p for p in model.parameters() if p.requires_grad]
+        size = sum(p.numel() * p.element_size() for p in params)
+        for name, config in OPTIMIZERS.items():
+            t = step_seconds(params, config, a.repeats)
+            rows.append(
+                {
+                    "model": case.label,
+                    "optimizer": name,
+                    "params_mb": size / 1e6,
+                    "step_s": t,
+                    "rule8_bandwidth_gbps": 4 * size / t / 1e9,
+                }
+            )
+    table = Table(title="optimizer step: rule 8's 4 x params / time", title_justify="left")
+    for col in ("model", "optimizer", "params MB", "step ms", "4 x params / step, GB/s"):
+        table.add_column(col, justify="left" if col in ("model", "optimizer") else "right")
+    for r in rows:
+        table.add_row(
+            r["model"],
+            r["optimizer"],
+            f"{r['params_mb']:.0f}",
+            f"{r['step_s'] * 1e3:.1f}",
+            f"{r['rule8_bandwidth_gbps']:.1f}",
+        )
+    console = Console(width=120)
+    console.print(table)
+    sgd = [r["rule8_bandwidth_gbps"] for r in rows if r["optimizer"] == "sgd"]
+    console.print(
+        f"plain SGD (the executor's default): median {statistics.median(sgd):.1f} GB/s "
+        f"(range {min(sgd):.1f}-{max(sgd):.1f})"
+    )
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"threads": 1, "repeats": a.repeats, "rows": rows}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
