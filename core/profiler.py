@@ -522,9 +522,7 @@ def _time_chain(
             if r >= warmup:
                 bwd[i].append(t3 - t2)
             del leaves, results, pairs
-    return [
-        (statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd, strict=True)
-    ]
+    return [(statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd, strict=True)]
 
 
 def _time_whole(
