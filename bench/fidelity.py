@@ -461,18 +461,18 @@ def main() -> None:
     t_all = time.perf_counter()
     results: list[Result] = []
     profiles: dict[str, Any] = {}
+    sizes = {key: profile_sizes(a.profile_batches, MODELS[key].batch) for key in models}
     with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
         console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
         for key in models:
             case = MODELS[key]
             t0 = time.perf_counter()
-            sizes = profile_sizes(a.profile_batches, case.batch)
-            profile = measure_profile(case.source, spec, batch_sizes=sizes, repeats=a.repeats)
+            profile = measure_profile(case.source, spec, batch_sizes=sizes[key], repeats=a.repeats)
             prof_s = time.perf_counter() - t0
             profiles[case.label] = {
                 "layers": len(profile),
                 "measure_s": prof_s,
-                "batch_sizes": list(sizes),
+                "batch_sizes": list(sizes[key]),
             }
             console.print(
                 f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s"
