@@ -173,6 +173,13 @@ class BatchEvaluator:
         x = self.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
         b = batch.microbatch.astype(np.float64)
         m = global_batch // batch.microbatch
+        start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
+        valid = batch.devices >= 0
+        dev = np.where(valid, batch.devices, 0)
+        params = self.params[start, end]
+        membw = np.where(valid, self.dev_membw[dev], np.inf).min(-1)
+        update = 4.0 * params / (membw * 1e9)
+        bwd = bwd + (m - 1) / m * update  # rule 2: gradient accumulation
         if schedule is Schedule.GPIPE:
             last = _gpipe(fwd, bwd, x, lat, bps, b, m)
         else:
@@ -182,13 +189,7 @@ class BatchEvaluator:
                 last[rows] = _one_f_one_b(
                     fwd[rows], bwd[rows], x[rows], lat[rows], bps[rows], b[rows], int(mm)
                 )
-        start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
-        valid = batch.devices >= 0
-        dev = np.where(valid, batch.devices, 0)
         r = valid.sum(-1)
-        params = self.params[start, end]
-        membw = np.where(valid, self.dev_membw[dev], np.inf).min(-1)
-        update = 4.0 * params / (membw * 1e9)
         rep_cross = (hi != lo).astype(int)
         rlat, rbps = self.link_lat[rep_cross], self.link_bps[rep_cross]
         allreduce = np.where(r > 1, 2 * (r - 1) / r * params / rbps + 2 * (r - 1) * rlat, 0.0)

@@ -1,7 +1,14 @@
 """The cost model: ``simulate(plan, profile, cluster) -> Estimate``.
 
-It follows the ten rules of the contract in DESIGN.md exactly; every searcher, the env reward
-and the benchmarks use it, and ``core.batch_eval`` reproduces it for whole populations.
+It follows the ten rules of the contract in DESIGN.md exactly, with one addition to rule 2:
+a replica's backward adds into the step's gradients on every microbatch but its first, and
+that costs what rule 8 charges an update (``4 x params_bytes / memory_bandwidth``, the
+slowest replica's), so each of a stage's ``M_s`` backward ops carries ``(M_s - 1) / M_s`` of
+it. A profile times a backward into fresh gradients (:mod:`core.profiler`); on this machine
+the accumulating backward of the fidelity models took 1.04-1.27x as long
+(``bench/grad_accumulation.py``, which also compares the term with the measured cost).
+Every searcher, the env reward and the benchmarks use this module, and ``core.batch_eval``
+reproduces it for whole populations.
 """
 
 from __future__ import annotations
@@ -160,7 +167,9 @@ class _Simulation:
             for t in {cluster.device(d).type for d in plan.devices}
         }
         self.fwd = [self._stage_time(s, costs, "fwd") for s in range(self.S)]
-        self.bwd = [self._stage_time(s, costs, "bwd") for s in range(self.S)]
+        self.bwd = [
+            self._stage_time(s, costs, "bwd") + self._accumulation(s) for s in range(self.S)
+        ]
         cuts = cut_bytes(profile)
         self.x = [
             float(cuts[st.end]) if s < self.S - 1 else 0.0 for s, st in enumerate(plan.stages)
@@ -189,6 +198,18 @@ class _Simulation:
             t = sum(float(fixed[i] + n * per[i]) for i in range(stage.start, stage.end))
             best = max(best, t)
         return best
+
+    def _accumulation(self, s: int) -> float:
+        """Rule 2, gradient accumulation: a replica's backward adds into the step's gradients
+        on every microbatch but its first, rule 8's ``4 x params / bandwidth`` (slowest
+        replica) each time; spread evenly over the stage's ``M_s`` backward ops."""
+        stage = self.plan.stages[s]
+        m = self.plan.microbatches(s)
+        params = float(
+            sum(layer.params_bytes for layer in self.profile.layers[stage.start : stage.end])
+        )
+        bandwidth = min(self.cluster.device_type(d).memory_bandwidth_gbps for d in stage.devices)
+        return (m - 1) / m * 4.0 * params / (bandwidth * 1e9)
 
     def _send(
         self,

@@ -245,6 +245,7 @@ class BottleneckDP:
         cls = int(c.node == self.MULTI)
         lat, bps = ev.link_lat[cls], ev.link_bps[cls]
         allreduce = 2 * (r - 1) / r * params / bps + 2 * (r - 1) * lat if r > 1 else 0.0 * params
+        bk = bk + (M - 1) / M * update[:, None]  # rule 2: gradient accumulation
         busy = M * (f + bk) + (update + allreduce)[:, None]
         q = np.arange(self.Q)[:, None]
         in_flight = (

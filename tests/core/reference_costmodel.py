@@ -12,7 +12,9 @@ How the rules were read where the text leaves room (each marked "reading" below)
   device type falls back to FLOPs, even if other layers have one). The fixed cost is paid
   once per operation call, whatever the share of samples.
 - Rule 2: a replica's share ``b_s / r_s`` may be fractional; F_s and Bk_s are maxima taken
-  separately (the slowest forward replica need not be the slowest backward one).
+  separately (the slowest forward replica need not be the slowest backward one). Every
+  Bk_s also carries ``(M_s - 1) / M_s`` times rule 8's update time: the replica adds into the
+  step's gradients on every microbatch but its first (added to the contract by issue #5).
 - Rule 4/7: a transfer always carries the whole microbatch ``b_s`` (not a replica's share).
   "One link" is the connection between two adjacent stages, one per direction; a link is
   used by exactly one sender, so its queue is that sender's op order.
@@ -145,13 +147,23 @@ def upstream_microbatch(j: int, b_s: int, b_other: int) -> int:
     return -((-(j + 1) * b_s) // b_other) - 1
 
 
+def accumulation(plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int, m: int) -> float:
+    """Added to every Bk_s: the replica's gradient accumulation, rule 8's update time once for
+    each of the stage's microbatches but the first, spread over its m backward ops."""
+    stage = plan.stages[s]
+    params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
+    types = [cluster.device_types[cluster.device(d).type] for d in stage.devices]
+    update = max(4.0 * params / (t.memory_bandwidth_gbps * 1e9) for t in types)
+    return (m - 1) * update / m
+
+
 def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> RefEstimate:
     S = plan.num_stages
     b = [st.microbatch for st in plan.stages]
     M = [plan.global_batch // bs for bs in b]
     compute = [stage_compute(plan, profile, cluster, s) for s in range(S)]
     F = [c[0] for c in compute]
-    Bk = [c[1] for c in compute]
+    Bk = [c[1] + accumulation(plan, profile, cluster, s, M[s]) for s, c in enumerate(compute)]
     X = [boundary_bytes(plan, profile, s) for s in range(S)]
     links = [
         link_between(cluster, plan.stages[s].devices, plan.stages[s + 1].devices)

@@ -90,19 +90,21 @@ def test_two_stage_gpipe_on_paper() -> None:
     """S=2, B=4, b=2 (M=2), one device each, across nodes.
 
     F = 2 layers x 2 samples x 1e6 / 1e9 = 4 ms, backward 8 ms, both stages on type a.
-    Send: 50 us + 100 B x 2 / 1.25e9 B/s = 50.16 us.
+    Update 4 x 2000 / 1e11 = 0.08 us; every backward also accumulates gradients,
+    (M - 1) / M x 0.08 = a = 0.04 us. Send: 50 us + 100 B x 2 / 1.25e9 B/s = 50.16 us.
       s0: F0 0-4, F1 4-8; sends deliver 4.05016, 8.05016
-      s1: F0 4.05016-8.05016, F1 8.05016-12.05016, B0 -20.05016, B1 -28.05016
-      grads deliver 20.10032, 28.10032 (50.16 us each)
-      s0: B0 20.10032-28.10032, B1 28.10032-36.10032; update 4 x 2000 / 1e11 = 0.08 us
+      s1: F0 4.05016-8.05016, F1 8.05016-12.05016, B0 -20.05016+a, B1 -28.05016+2a
+      grads deliver 20.10032+a, 28.10032+2a (50.16 us each)
+      s0: B0 20.10032+a - 28.10032+2a, B1 - 36.10032+3a; update 2a
     """
+    a = 4e-8
     plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)))
     est = simulate(plan, chain(4), cluster())
-    assert est.batch_time_s == pytest.approx(0.03610032 + 8e-8, rel=1e-12)
-    assert est.stages[1].end_s == pytest.approx(0.02805016 + 8e-8, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.03610032 + 5 * a, rel=1e-12)
+    assert est.stages[1].end_s == pytest.approx(0.02805016 + 4 * a, rel=1e-12)
     assert est.throughput == pytest.approx(4 / est.batch_time_s)
     comm = 4 * 50.16e-6
-    assert est.comm_fraction == pytest.approx(comm / (comm + 4 * 0.012), rel=1e-12)
+    assert est.comm_fraction == pytest.approx(comm / (comm + 4 * (0.012 + a)), rel=1e-12)
     price = 2.0  # two devices of type a at $1/h
     assert est.cost_per_hour == price
     assert est.cost_per_batch == pytest.approx(price * est.batch_time_s / 3600)
@@ -115,13 +117,16 @@ def test_unequal_microbatches_and_replicas() -> None:
 
     s1's forward 0 waits for s0's microbatch 1; s0's backwards 0 and 1 both wait for
     s1's gradient 0. All-reduce over n1/a:0 + n0/a:1 crosses nodes:
-    2 x 1/2 x 2000 / 1.25e9 + 2 x 50 us = 101.6 us.
+    2 x 1/2 x 2000 / 1.25e9 + 2 x 50 us = 101.6 us. Gradient accumulation per backward:
+    s1 (M=2) 1/2 x 0.08 us = 0.04 us, s0 (M=4) 3/4 x 0.08 us = 0.06 us. s1's two backwards
+    end 0.08 us later, so s0's first starts 0.04 us later (gradient 0), and its four run back
+    to back: 0.04 + 4 x 0.06 = 0.28 us on top.
     """
     plan = Plan(8, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0", "n0/a:1"), 4)))
     est = simulate(plan, chain(4), cluster())
     assert est.stages[1].allreduce_s == pytest.approx(101.6e-6, rel=1e-12)
-    assert est.stages[1].end_s == pytest.approx(0.03605016 + 8e-8 + 101.6e-6, rel=1e-12)
-    assert est.batch_time_s == pytest.approx(0.06010048 + 8e-8, rel=1e-12)
+    assert est.stages[1].end_s == pytest.approx(0.03605016 + 8e-8 + 8e-8 + 101.6e-6, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.06010048 + 28e-8 + 8e-8, rel=1e-12)
     assert est.stages[0].microbatches == 4 and est.stages[1].microbatches == 2
 
 
@@ -148,17 +153,19 @@ def test_measured_timings_with_fixed_costs_take_precedence() -> None:
 def test_one_f_one_b_two_stages_on_paper() -> None:
     """S=2, M=2 under 1F1B: s0 runs F0 F1 B0 B1 (warm-up 1), s1 runs F0 B0 F1 B1.
 
-    s1: F0 4.05016-8.05016, B0 -16.05016, F1 (s0's F1 delivered 8.05016) 16.05016-20.05016,
-        B1 -28.05016; s0: B0 waits grad 0 at 16.10032 -> 24.10032, B1 grad 1 at 28.10032
-        -> 36.10032.
+    Every backward also accumulates gradients: a = 1/2 x 0.08 us (see the GPipe case).
+    s1: F0 4.05016-8.05016, B0 -16.05016+a, F1 (s0's F1 delivered 8.05016) 16.05016+a -
+        20.05016+a, B1 -28.05016+2a; s0: B0 waits grad 0 at 16.10032+a -> 24.10032+2a, B1
+        grad 1 at 28.10032+2a -> 36.10032+3a; update 2a.
     """
+    a = 4e-8
     plan = Plan(
         4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)), Schedule.ONE_F_ONE_B
     )
     est = simulate(plan, chain(4), cluster())
     b1 = [e for e in est.timeline if (e.stage, e.kind) == (1, "F")]
-    assert b1[1].start == pytest.approx(0.01605016, rel=1e-12)
-    assert est.batch_time_s == pytest.approx(0.03610032 + 8e-8, rel=1e-12)
+    assert b1[1].start == pytest.approx(0.01605016 + a, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.03610032 + 5 * a, rel=1e-12)
     # memory: in-flight min(S - s, M) = 2 for stage 0, 1 for stage 1
     assert est.stages[0].memory_bytes == 4 * 2000 + 2 * 2 * 200
     assert est.stages[1].memory_bytes == 4 * 2000 + 1 * 2 * 200

@@ -354,12 +354,15 @@ def test_reference_hand_computed_two_stages() -> None:
     # Stage 0: F0 [0, 2.5] send -> 3.75; F1 [2.5, 5] send [5, 6.25].
     # Stage 1 (needs upstream 1): F0 [6.25, 8.25]; B0 [8.25, 12.25]; grad 1 + 125*4/1000 = 1.5
     # -> delivered 13.75. Stage 0: B0 and B1 both need downstream microbatch 0:
-    # B0 [13.75, 17.75], B1 [17.75, 21.75]; update 4 * 1000 / 1e11 = 4e-8.
+    # B0 [13.75, 17.75], B1 [17.75, 21.75]; update 4 * 1000 / 1e11 = 4e-8, and each of
+    # stage 0's two backwards accumulates gradients for (M - 1) / M = 1/2 of that, a = 2e-8
+    # (stage 1 has one microbatch: none).
+    a = 2e-8
     assert ref.op_times[(1, "F", 0)] == (6.25, 8.25)
-    assert ref.op_times[(0, "B", 1)] == (17.75, 21.75)
-    assert ref.batch_time == pytest.approx(21.75 + 4e-8, rel=1e-12)
+    assert ref.op_times[(0, "B", 1)] == pytest.approx((17.75 + a, 21.75 + 2 * a), rel=1e-12)
+    assert ref.batch_time == pytest.approx(21.75 + 2 * a + 4e-8, rel=1e-12)
     # comm: two sends of 1.25 and one gradient of 1.5 = 4; compute 2 * 6.5 + 1 * 6 = 19.
-    assert ref.comm_fraction == pytest.approx(4 / 23, rel=1e-12)
+    assert ref.comm_fraction == pytest.approx(4 / (23 + 2 * a), rel=1e-12)
     assert ref.memory == (4 * 1000 + 2 * 2 * 125, 4 * 2000 + 1 * 4 * 10)
     assert ref.cost_per_batch == pytest.approx(7.2 * ref.batch_time / 3600, rel=1e-12)
 
