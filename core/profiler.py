@@ -36,14 +36,12 @@ backward in reverse order on the gradients its consumers returned (input gradien
 except for the model input). So each layer is timed in the company it runs in -- its inputs
 just computed, its neighbours' weights and activations in the caches -- rather than alone,
 over and over. Warm-up passes, then the median of ``repeats``; one torch thread (as in a
-one-thread Ray actor). Gradients are kept from one pass to the next, so every timed backward
-adds into the parameters' existing gradients, as a pipeline stage's backward does for every
-microbatch of a step but the first (``grad += new``: ``bench/grad_accumulation.py`` measures
-the fidelity models' backward at 1.04-1.27x its time into fresh gradients). A plan of one
-microbatch per step (data parallel) pays that on none, so its backward comes out that much
-high. The fit is linear in the batch size, CPU
-kernels are not always: ResNet-50 at 32x32 takes longer at 8 samples than at 16 here
-(oneDNN's 1x1 convolutions on 2x2 maps), so time the sizes a plan's operations will see.
+one-thread Ray actor). Every pass starts from no parameter gradients, so a backward stores
+them; adding them into a step's earlier microbatches' is the cost model's accumulation term
+(rule 2, :mod:`core.costmodel`; measured by ``bench/grad_accumulation.py``). The fit is
+linear in the batch size, CPU kernels are not always: ResNet-50 at 32x32 takes longer at 8
+samples than at 16 here (oneDNN's 1x1 convolutions on 2x2 maps), so time the sizes a plan's
+operations will see.
 Fixed and per-sample parts are fitted from two batch sizes. With a ``loss`` (the training
 loss of the model's output: :func:`profile_model`), the last layer's forward and backward
 include it, as the last stage of a pipeline computes it (a cross-entropy over a language
@@ -467,6 +465,7 @@ def _with_loss(forward: Callable[..., Any], loss: Loss | None) -> Callable[..., 
 def _time_chain(
     pieces: Sequence[_Piece],
     env: dict[Node, Any],
+    params: Sequence[nn.Parameter],
     warmup: int,
     repeats: int,
     now: Callable[[], float],
@@ -478,8 +477,7 @@ def _time_chain(
     (detached: fresh leaves, fed as clones), then every layer's backward in reverse order on
     the gradients its consumers returned -- what a stage worker does over a slice of
     layers. Inputs no layer produces (the model input, attributes) come from ``env``, a
-    captured forward pass. ``loss``: the last layer's, timed with it. Parameter gradients
-    accumulate over the repeats (see the module docstring).
+    captured forward pass. ``loss``: the last layer's, timed with it.
     """
     fwd: list[list[float]] = [[] for _ in pieces]
     bwd: list[list[float]] = [[] for _ in pieces]
@@ -506,6 +504,8 @@ def _time_chain(
             runs.append((leaves, results))
             if r >= warmup:
                 fwd[i].append(t1 - t0)
+        for p in params:
+            p.grad = None
         grads: dict[Node, torch.Tensor] = {}
         for i in range(last, -1, -1):
             leaves, results = runs.pop()
@@ -531,6 +531,7 @@ def _time_chain(
 def _time_whole(
     gm: fx.GraphModule,
     batch: torch.Tensor,
+    params: Sequence[nn.Parameter],
     warmup: int,
     repeats: int,
     now: Callable[[], float],
@@ -538,19 +539,19 @@ def _time_whole(
 ) -> tuple[float, float]:
     """Median forward and backward seconds of the whole model (and ``loss``) in one call
     each."""
-    return _time_calls(_with_loss(gm, loss), lambda: [batch], warmup, repeats, now)
+    return _time_calls(_with_loss(gm, loss), lambda: [batch], params, warmup, repeats, now)
 
 
 def _time_calls(
     forward: Callable[..., Any],
     make_args: Callable[[], list[Any]],
+    params: Sequence[nn.Parameter],
     warmup: int,
     repeats: int,
     now: Callable[[], float],
 ) -> tuple[float, float]:
     """Median seconds of ``forward(*make_args())`` (the arguments made untimed) and of the
-    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls;
-    parameter gradients accumulate over the calls."""
+    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls."""
     fwd: list[float] = []
     bwd: list[float] = []
     grads: list[torch.Tensor] | None = None
@@ -562,6 +563,8 @@ def _time_calls(
         tensors = [t for t in tree_leaves(outs) if isinstance(t, torch.Tensor) and t.requires_grad]
         if grads is None:
             grads = [torch.randn_like(t) for t in tensors]
+        for p in params:
+            p.grad = None
         t2 = now()
         if tensors:
             torch.autograd.backward(tensors, grads)
@@ -631,10 +634,10 @@ def measure_timings(
         for n in batch_sizes:
             batch = _timing_input(sample, n)
             env = _capture(gm, batch)
-            layer_times = _time_chain(pieces, env, warmup, repeats, now, loss)
+            layer_times = _time_chain(pieces, env, params, warmup, repeats, now, loss)
             del env
             if calibrate:
-                whole = _time_whole(gm, batch, warmup, repeats, now, loss)
+                whole = _time_whole(gm, batch, params, warmup, repeats, now, loss)
                 layer_times = calibrated(layer_times, whole)
             medians.append(layer_times)
     finally:
