@@ -40,7 +40,11 @@ than busy actors the time a compute spent waiting for a core is absorbed into th
 instead of being multiplied by it: sleeping ``(k - 1) x wall`` would stretch every
 scheduling delay ``k`` times. On an idle core ``cpu == wall`` and both rules agree. The
 optimizer update is not slowed: it is memory-bound, and the cost model costs it by memory
-bandwidth (rule 8), which ``local-hetero`` gives every type alike.
+bandwidth (rule 8), which ``local-hetero`` gives every type alike. Nor is the gradient
+accumulation, for the same reason (rule 2's accumulation term, :mod:`core.costmodel`): a
+backward runs into fresh gradients, timed and slowed as the profile times it, and then the
+worker adds the step's earlier gradients to them (``earlier += new``, the sum autograd would
+have formed) at the real speed.
 """
 
 from __future__ import annotations
@@ -271,6 +275,11 @@ class StageWorker:
                 f"backward of step {step} microbatch {microbatch} before its forward"
             )
         leaves, outputs = self.saved.pop(key)
+        # The backward stores fresh gradients; adding them into the step's earlier ones
+        # happens after the device compute (see the module docstring: accumulation).
+        earlier = {n: p.grad for n, p in self.params.items() if p.grad is not None}
+        for n in earlier:
+            self.params[n].grad = None
         if self.last:
             compute = Clock.now()
             self.losses.pop(key).backward()
@@ -285,6 +294,9 @@ class StageWorker:
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         computed = compute.elapsed()
+        for n, grad in earlier.items():
+            p = self.params[n]
+            p.grad = grad if p.grad is None else grad.add_(p.grad)
         payload = None
         if self.spec.stage > 0:
             payload = {n: None if v.grad is None else v.grad.numpy() for n, v in leaves.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +196,40 @@ def test_a_failed_worker_answers_every_later_operation_with_its_failure() -> Non
     upstream = Failure(0, 0, "n0/fast:0", "n0", "F", "Traceback: upstream")
     assert worker.forward(2, 0, [Piece(0, 0, 0, 0, 8, True)], None, upstream)[0] is upstream
     assert worker.update(2)[0] is upstream
+
+
+def test_each_backward_runs_into_fresh_gradients_then_adds_the_earlier_ones() -> None:
+    source = ModelSource("digits_cnn", 8, seed=0)
+    bounds = (0, count_layers(source.build()[0]))
+    spec = WorkerSpec(0, 0, "n0/fast:0", "n0", bounds, 16, source, OptimizerConfig())
+    worker = StageWorker(spec)  # one stage: the first and the last
+    # A leaf's hook sees its incoming gradient before autograd stores it: the timed backward
+    # must find no gradient there (adding into the earlier microbatches' comes after it).
+    found: list[bool] = []
+    incoming: dict[str, list[torch.Tensor]] = {n: [] for n in worker.params}
+
+    def hook(name: str, p: torch.nn.Parameter) -> Callable[[torch.Tensor], None]:
+        def seen(g: torch.Tensor) -> None:
+            found.append(p.grad is None)
+            incoming[name].append(g.clone())
+
+        return seen
+
+    for name, p in worker.params.items():
+        p.register_hook(hook(name, p))
+    rng = np.random.default_rng(0)
+    (name,) = worker.graph.inputs
+    for mb in range(2):
+        x = {name: rng.standard_normal((8, 1, 8, 8)).astype("f4")}
+        labels = rng.integers(0, 10, 8)
+        own = Piece(-1, mb, 0, 0, 8, True)
+        record, _ = worker.forward(0, mb, [own], own, x, labels)
+        assert isinstance(record, OpRecord)
+        record, _ = worker.backward(0, mb, [])
+        assert isinstance(record, OpRecord)
+    assert found and all(found)
+    for n, p in worker.params.items():
+        assert p.grad is not None and torch.equal(p.grad, incoming[n][0] + incoming[n][1])
 
 
 def test_clock_counts_this_threads_cpu_not_sleep() -> None:
