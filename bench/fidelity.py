@@ -30,9 +30,9 @@ one, so a gap can be traced to its term; the run prints that ratio's median for 
 and several-actor plans (CPU contention on this shared 2-core machine). Numbers are
 EMULATED: every device is this machine's CPU, and a type ``k`` times slower than the fastest
 makes each forward and backward last ``k x`` its CPU time (:mod:`executor.stage`); the
-profile is timed in CPU time too (:mod:`executor.profiling`), every backward adding into
-existing gradients as a pipeline's do (:mod:`core.profiler`), so the one-microbatch plans
-(``dp``, ``bsp-all``) come out high by that (``bench/grad_accumulation.py``).
+profile is timed in CPU time too (:mod:`executor.profiling`). A pipeline's backwards add
+into the step's gradients; the cost model charges that from the parameters' size
+(:mod:`core.costmodel`, ``bench/grad_accumulation.py``).
 
     .venv/bin/python -m bench.fidelity            # 4 models x 5 plans (~9 min on 2 cores)
     .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans (~3 min)

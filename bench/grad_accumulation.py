@@ -7,7 +7,9 @@ first way, as a pipeline runs it. This measures the difference on the fidelity b
 models: the whole model's backward (with the training loss, one torch thread, CPU time) at
 the microbatch size of its pipelines (a quarter of its global batch), after a pause as long
 as the backward itself (an emulated device sleeps between operations), the two ways
-alternating, median of the repeats.
+alternating, median of the repeats -- and sets the difference beside the cost model's term
+for it (:mod:`core.costmodel`, rule 2's accumulation: ``4 x params_bytes / memory
+bandwidth``, the bandwidth of ``local-hetero``'s device types).
 
     .venv/bin/python -m bench.grad_accumulation          # ~1 min
 Writes bench/results/grad_accumulation.json.
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from bench.fidelity import MODELS
+from bench.fidelity import CLUSTER, MODELS
+from core.cluster import ClusterSpec
 from executor.model import timing_loss
 
 RESULTS = Path(__file__).parent / "results"
@@ -66,6 +69,9 @@ def main() -> None:
     from executor.awake import KeepAwake
 
     torch.set_num_threads(1)
+    bandwidth = min(
+        t.memory_bandwidth_gbps for t in ClusterSpec.load(CLUSTER).device_types.values()
+    )
     rows = []
     with KeepAwake():  # as on an emulated cluster: cores kept out of idle between backwards
         for key in a.models.split(","):
@@ -79,20 +85,23 @@ def main() -> None:
             else:
                 batch = example[:1].expand(shape).contiguous()
             t = backward_seconds(model, batch, a.repeats)
+            params = sum(p.numel() * p.element_size() for p in model.parameters())
             rows.append(
                 {
                     "model": case.label,
                     "samples": n,
-                    "params_mb": sum(p.numel() * p.element_size() for p in model.parameters())
-                    / 1e6,
+                    "params_mb": params / 1e6,
                     "fresh_s": t["fresh"],
                     "accumulating_s": t["accumulating"],
                     "ratio": t["accumulating"] / t["fresh"],
+                    "extra_s": t["accumulating"] - t["fresh"],
+                    "cost_model_s": 4.0 * params / (bandwidth * 1e9),
                 }
             )
     title = "backward into fresh vs existing gradients (CPU time)"
     table = Table(title=title, title_justify="left")
-    for col in ("model", "samples", "params MB", "fresh ms", "accumulating ms", "ratio"):
+    cols = ("model", "samples", "params MB", "fresh ms", "accumulating ms", "ratio", "extra ms")
+    for col in (*cols, f"4 x params / {bandwidth:g} GB/s, ms"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         table.add_row(
@@ -102,12 +111,14 @@ def main() -> None:
             f"{r['fresh_s'] * 1e3:.1f}",
             f"{r['accumulating_s'] * 1e3:.1f}",
             f"{r['ratio']:.2f}x",
+            f"{r['extra_s'] * 1e3:.1f}",
+            f"{r['cost_model_s'] * 1e3:.1f}",
         )
     console = Console(width=120)
     console.print(table)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"threads": 1, "repeats": a.repeats, "rows": rows}
+    doc = {"threads": 1, "repeats": a.repeats, "memory_bandwidth_gbps": bandwidth, "rows": rows}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
 
