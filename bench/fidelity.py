@@ -63,7 +63,7 @@ from executor.cluster import slowdown as type_slowdown
 from executor.measure import EMULATED_NOTE, Measurement
 from executor.model import ModelSource
 from executor.pipeline import RunConfig, run
-from executor.profiling import measure_profile
+from executor.profiling import call_sizes, measure_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -402,7 +402,7 @@ def profile_sizes(option: str, batch: int) -> tuple[int, int]:
     """The profiler's two batch sizes: ``auto`` (a quarter of the global batch, and all of
     it) or ``LO,HI``."""
     if option == "auto":
-        lo, hi = max(batch // 4, 1), batch
+        lo, hi = call_sizes(batch)
     else:
         try:
             lo, hi = (int(x) for x in option.split(","))

@@ -62,7 +62,14 @@ from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.model import ModelSource
 from executor.placement import LiveNode, actor_options
 
-__all__ = ["MeasureOn", "TypeMeasurement", "measure_on_type", "measure_profile", "scaled"]
+__all__ = [
+    "MeasureOn",
+    "TypeMeasurement",
+    "call_sizes",
+    "measure_on_type",
+    "measure_profile",
+    "scaled",
+]
 
 MeasureOn = Literal["fastest", "each"]
 
@@ -130,6 +137,18 @@ class TypeMeasurement:
     @property
     def timings(self) -> list[LayerTiming]:
         return [layer.timings[self.device_type] for layer in self.profile.layers]
+
+
+def call_sizes(global_batch: int) -> tuple[int, int]:
+    """The two batch sizes to profile a model at for plans of ``global_batch``: a quarter of
+    it (GPipe's usual 4-way microbatch, a replica's share of a 4-way data-parallel stage)
+    and all of it (one microbatch). The profile's fit is linear and CPU kernels are not, so
+    the sizes a plan's operations run at predict them best (``bench/fidelity.py``); a global
+    batch too small to split gives ``(1, 2)``."""
+    if global_batch < 1:
+        raise PipeplanError(f"global_batch: must be >= 1, got {global_batch!r}")
+    lo = max(global_batch // 4, 1)
+    return (lo, global_batch) if lo < global_batch else (1, 2)
 
 
 def scaled(timings: Sequence[LayerTiming], factor: float) -> list[LayerTiming]:

@@ -86,7 +86,7 @@ def demo_command(
     source.build()  # a bad model name or size fails here, before the cluster starts
     (out_dir / "plans").mkdir(parents=True, exist_ok=True)
     with live_cluster(spec, None) as live:
-        profile = demo_profile(source, live, out_dir)
+        profile = demo_profile(source, live, batch, out_dir)
         problem = demo_problem(profile, live, batch, microbatches, seed)
         results = plan_all(problem, tapp_iterations)
         rows = run_all(results, source, live, profile, steps, warmup, seed)
@@ -129,11 +129,12 @@ def demo_command(
 # --- the steps ----------------------------------------------------------------------------------
 
 
-def demo_profile(source: ModelSource, spec: ClusterSpec, out_dir: Path) -> ModelProfile:
-    """Step 2: the profile measured on the cluster, saved."""
+def demo_profile(source: ModelSource, spec: ClusterSpec, batch: int, out_dir: Path) -> ModelProfile:
+    """Step 2: the profile measured on the cluster at the sizes plans of ``batch`` run
+    (:func:`executor.profiling.call_sizes`), saved."""
     from service.run_cmd import measure_on_cluster
 
-    profile = measure_on_cluster(source, spec)
+    profile = measure_on_cluster(source, spec, global_batch=batch)
     profile.save(out_dir / f"{source.name}.profile.json")
     return profile
 

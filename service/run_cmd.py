@@ -225,11 +225,16 @@ def plan_types(plan: Plan) -> list[str]:
 
 
 def measure_on_cluster(
-    source: ModelSource, spec: ClusterSpec, device_types: list[str] | None = None
+    source: ModelSource,
+    spec: ClusterSpec,
+    device_types: list[str] | None = None,
+    global_batch: int | None = None,
 ) -> ModelProfile:
     """The model's profile timed on the connected cluster (:func:`measure_profile`), with
-    timings for ``device_types`` (default: every type of ``spec``)."""
-    from executor.profiling import measure_profile
+    timings for ``device_types`` (default: every type of ``spec``); at the batch sizes plans
+    of ``global_batch`` run (:func:`executor.profiling.call_sizes`) when it is given, else at
+    :func:`measure_profile`'s defaults."""
+    from executor.profiling import call_sizes, measure_profile
     from service.cli import err
 
     types = device_types or sorted(spec.counts_by_type())
@@ -238,7 +243,11 @@ def measure_on_cluster(
     )
     t0 = time.perf_counter()
     with err.status(f"measuring the profile of {source.name} on the cluster"):
-        prof = measure_profile(source, spec, device_types=types)
+        if global_batch is None:
+            prof = measure_profile(source, spec, device_types=types)
+        else:
+            sizes = call_sizes(global_batch)
+            prof = measure_profile(source, spec, device_types=types, batch_sizes=sizes)
     err.print(
         f"measured the profile of {source.name} on the cluster in "
         f"{time.perf_counter() - t0:.0f} s (timings for {', '.join(types)}"
@@ -403,7 +412,7 @@ def run_command(
         the_plan.validate(None, live)
         check_feasible(the_plan, live_nodes())  # the executor's check, before any actor
         if prof is None:
-            prof = measure_on_cluster(source, live, plan_types(the_plan))
+            prof = measure_on_cluster(source, live, plan_types(the_plan), the_plan.global_batch)
             profile_from = "profile measured on the cluster"
         else:
             profile_from = f"profile {profile}"

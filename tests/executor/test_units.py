@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core import zoo
-from core.errors import PlanError
+from core.errors import PipeplanError, PlanError
 from core.plan import Plan, Stage
 from executor.awake import KeepAwake
 from executor.microbatch import Layout, Piece, pieces, replica_shares
@@ -26,6 +26,7 @@ from executor.placement import (
     check_feasible,
     nodes_from_ray,
 )
+from executor.profiling import call_sizes
 from executor.ring import RingState, ring_table, rounds
 from executor.stage import (
     Clock,
@@ -230,6 +231,15 @@ def test_each_backward_runs_into_fresh_gradients_then_adds_the_earlier_ones() ->
     assert found and all(found)
     for n, p in worker.params.items():
         assert p.grad is not None and torch.equal(p.grad, incoming[n][0] + incoming[n][1])
+
+
+def test_profile_call_sizes_are_a_quarter_of_the_batch_and_all_of_it() -> None:
+    assert call_sizes(32) == (8, 32)
+    assert call_sizes(6) == (1, 6)
+    assert call_sizes(2) == (1, 2)
+    assert call_sizes(1) == (1, 2)  # nothing to split: still two distinct sizes
+    with pytest.raises(PipeplanError, match="global_batch: must be >= 1, got 0"):
+        call_sizes(0)
 
 
 def test_clock_counts_this_threads_cpu_not_sleep() -> None:
