@@ -398,6 +398,16 @@ def draw(results: list[Result], path: Path, median: float) -> None:
 # --- main -------------------------------------------------------------------------------------
 
 
+def model_keys(ap: argparse.ArgumentParser, option: str) -> list[str]:
+    """``--models``: comma-separated keys of :data:`MODELS` (an unknown one: a usage error
+    naming it)."""
+    keys = option.split(",")
+    unknown = [m for m in keys if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    return keys
+
+
 def profile_sizes(option: str, batch: int) -> tuple[int, int]:
     """The profiler's two batch sizes: ``auto`` (a quarter of the global batch, and all of
     it) or ``LO,HI``."""
@@ -448,13 +458,10 @@ def main() -> None:
     a = ap.parse_args()
     from rich.console import Console
 
-    models, plans = a.models.split(","), a.plans.split(",")
+    models, plans = model_keys(ap, a.models), a.plans.split(",")
     if a.quick:
         models, plans = ["alexnet", "gpt"], list(QUICK_PLANS)
         a.steps, a.repeats = min(a.steps, 2), min(a.repeats, 3)
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
     out = Path(a.out or RESULTS / ("fidelity_quick.json" if a.quick else "fidelity.json"))
     spec = ClusterSpec.load(a.cluster)
     config = RunConfig(steps=a.steps, warmup=a.warmup, data="synthetic", seed=a.seed, timeout_s=600)

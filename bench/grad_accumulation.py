@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench.fidelity import CLUSTER, MODELS
+from bench.fidelity import CLUSTER, MODELS, model_keys
 from core.cluster import ClusterSpec
 from executor.model import timing_loss
 
@@ -58,9 +58,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", default=str(RESULTS / "grad_accumulation.json"))
     a = ap.parse_args()
-    unknown = [m for m in a.models.split(",") if m not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    keys = model_keys(ap, a.models)
     if a.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {a.repeats}")
     from rich.console import Console
@@ -74,7 +72,7 @@ def main() -> None:
     )
     rows = []
     with KeepAwake():  # as on an emulated cluster: cores kept out of idle between backwards
-        for key in a.models.split(","):
+        for key in keys:
             case = MODELS[key]
             model, example = case.source.build()
             model.train()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.fidelity import MODELS
+from bench.fidelity import MODELS, model_keys
 from executor.model import OptimizerConfig
 
 RESULTS = Path(__file__).parent / "results"
@@ -54,15 +54,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=str(RESULTS / "update_bandwidth.json"))
     a = ap.parse_args()
-    unknown = [m for m in a.models.split(",") if m not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    keys = model_keys(ap, a.models)
     from rich.console import Console
     from rich.table import Table
 
     torch.set_num_threads(1)
     rows = []
-    for key in a.models.split(","):
+    for key in keys:
         case = MODELS[key]
         model, _ = case.source.build()
         params = [p for p in model.parameters() if p.requires_grad]
