@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "update_bandwidth.json"))
     a = ap.parse_args()
     keys = model_keys(ap, a.models)
+    if a.repeats < 1:
+        ap.error(f"--repeats: must be >= 1, got {a.repeats}")
     from rich.console import Console
     from rich.table import Table
 
