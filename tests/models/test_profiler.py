@@ -1,4 +1,4 @@
-"""core.profiler: FLOPs and bytes against hand formulas, folding, successors on DAGs,
+"""models.profiler: FLOPs and bytes against hand formulas, folding, successors on DAGs,
 consistency with split_module, JSON round trip, measured timings, errors."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from torch.fx.passes.split_module import split_module
 from torchvision.models.inception import InceptionA
 from torchvision.models.resnet import BasicBlock
 
-from core import zoo
+from models import zoo
 from core.errors import PipeplanError
 from core.profile import ModelProfile
-from core.profiler import (
+from models.profiler import (
     calibrated,
     fit_fixed_per_sample,
     layer_nodes,

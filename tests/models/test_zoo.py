@@ -1,4 +1,4 @@
-"""core.zoo: every model builds, runs and profiles (analytic); errors name field and value."""
+"""models.zoo: every model builds, runs and profiles (analytic); errors name field and value."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from core import zoo
+from models import zoo
 from core.errors import PipeplanError
 from core.profile import ModelProfile
-from core.profiler import profile_model
+from models.profiler import profile_model
 
 # Small but valid sizes keep the suite fast; GPT keeps GPT-1 widths with 2 blocks.
 SMALL: dict[str, tuple[int, dict[str, Any]]] = {
