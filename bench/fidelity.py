@@ -143,7 +143,8 @@ def replicated_plan(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Pla
 
 
 def bsp_all(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
-    """One stage replicated on every device (TAPP's literal BSP, :func:`agents.literal.bsp_all`),
+    """One stage replicated on every device (TAPP's literal BSP,
+    :func:`agents.baselines.every_device.bsp_all`),
     the microbatch the cost model likes best. (The ``data_parallel`` planner may keep only a
     prefix of the devices, fastest first: on local-hetero it keeps the fast device alone, the
     same plan as ``dp``.)"""

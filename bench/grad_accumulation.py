@@ -2,7 +2,7 @@
 
 A pipeline stage's backward adds its gradients into those of the step's earlier
 microbatches (``grad += new``) for every microbatch but the first; a backward into fresh
-gradients (``grad is None``) only stores them. :mod:`core.profiler` times every backward the
+gradients (``grad is None``) only stores them. :mod:`models.profiler` times every backward the
 first way, as a pipeline runs it. This measures the difference on the fidelity benchmark's
 models: the whole model's backward (with the training loss, one torch thread, CPU time) at
 the microbatch size of its pipelines (a quarter of its global batch), after a pause as long

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.fidelity import MODELS, RESULTS
-from core.profiler import profile_model
+from models.profiler import profile_model
 from executor.awake import KeepAwake
 from executor.microbatch import Piece
 from executor.model import OptimizerConfig, timing_loss

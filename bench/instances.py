@@ -46,7 +46,7 @@ def model_profile(name: str) -> ModelProfile:
         path = ROOT / "tests" / "data" / "pipedream" / f"{model}.graph.txt"
         # PipeDream timed these on a V100-class GPU at minibatch 256
         return load_pipedream(path, 256, "v100", name=name)
-    from core import profiler, zoo
+    from models import profiler, zoo
 
     zname, size, options = ZOO[name]
     module, example = zoo.build(zname, size, **options)

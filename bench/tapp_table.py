@@ -91,7 +91,7 @@ def single_device(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
 
 
 def pipe_torch(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
-    """Equal layer counts over every device, fastest first (``agents.literal``)."""
+    """Equal layer counts over every device, fastest first (``agents.baselines.every_device``)."""
     return literal.pipe_torch_all(Problem(profile, spec, Objective.TIME, batch))
 
 

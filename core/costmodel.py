@@ -4,7 +4,7 @@ It follows the ten rules of the contract in DESIGN.md exactly, with one addition
 a replica's backward adds into the step's gradients on every microbatch but its first, and
 that costs what rule 8 charges an update (``4 x params_bytes / memory_bandwidth``, the
 slowest replica's), so each of a stage's ``M_s`` backward ops carries ``(M_s - 1) / M_s`` of
-it. A profile times a backward into fresh gradients (:mod:`core.profiler`); on this machine
+it. A profile times a backward into fresh gradients (:mod:`models.profiler`); on this machine
 the accumulating backward of the fidelity models took 1.04-1.27x as long
 (``bench/grad_accumulation.py``, which also compares the term with the measured cost).
 Every searcher, the env reward and the benchmarks use this module, and ``core.batch_eval``

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import zoo
+from models import zoo
 from core.errors import PipeplanError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -121,7 +121,7 @@ def loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> LossTerms:
 
 def timing_loss(logits: torch.Tensor) -> torch.Tensor:
     """The last stage's loss work on ``logits`` against labels of class 0, for profiling: a
-    profile timed with it (:func:`core.profiler.profile_model`, ``loss``) costs what a
+    profile timed with it (:func:`models.profiler.profile_model`, ``loss``) costs what a
     stage worker computes (:meth:`executor.stage.StageWorker.forward`)."""
     labels = torch.zeros(logits.shape[:-1], dtype=torch.long)
     return loss_terms(logits, labels).loss_sum

@@ -7,7 +7,7 @@ type, one :class:`_Profiler` actor is pinned to a live node that advertises
 ``device:TYPE`` (the stage workers' placement options, :func:`executor.placement.actor_options`;
 it holds one of the type's devices while it runs, so it waits for a device a running
 pipeline holds), builds the model from its :class:`~executor.model.ModelSource` and runs
-:func:`core.profiler.profile_model` there, one torch thread, as a stage worker computes.
+:func:`models.profiler.profile_model` there, one torch thread, as a stage worker computes.
 
 Two choices, both explicit arguments:
 
@@ -28,7 +28,7 @@ Two choices, both explicit arguments:
   needs, with ``emulate=False``.
 
 - The layers' times are calibrated to the whole model timed in one call
-  (:func:`core.profiler.profile_model`, ``calibrate``), as a stage worker runs its slice,
+  (:func:`models.profiler.profile_model`, ``calibrate``), as a stage worker runs its slice,
   and the last layer's include the training loss (``loss``,
   :func:`executor.model.timing_loss`), as the last stage computes it.
 - ``clock`` (default: ``"cpu"`` when emulating, else ``"wall"``): emulated devices last
@@ -56,7 +56,7 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
-from core.profiler import Clock
+from models.profiler import Clock
 from executor.cluster import live_nodes, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.model import ModelSource
@@ -92,7 +92,7 @@ class _Profiler:
         clock: Clock = "wall",
         calibrate: bool = True,
     ) -> dict[str, Any]:
-        from core.profiler import profile_model
+        from models.profiler import profile_model
         from executor.model import timing_loss
 
         t0 = time.perf_counter()
@@ -198,7 +198,7 @@ def measure_on_type(
     clock: Clock = "wall",
 ) -> TypeMeasurement:
     """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
-    such node by name); real timings (``clock``: :func:`core.profiler.profile_model`), under
+    such node by name); real timings (``clock``: :func:`models.profiler.profile_model`), under
     ``timings[device_type]``. The actor is killed afterwards, whatever happened."""
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     nodes = live_nodes() if nodes is None else nodes

@@ -129,7 +129,7 @@ def profile(
     list_models: Annotated[bool, typer.Option("--list", help="list zoo models")] = False,
 ) -> None:
     """Profile a zoo model (or import a PipeDream profile) into profile.json."""
-    from core import zoo
+    from models import zoo
 
     if list_models:
         typer.echo("\n".join(zoo.MODELS))
@@ -192,7 +192,7 @@ def _import_pipedream(
 def _profile_zoo(
     model: str, input_size: int | None, device_type: str | None, cluster_path: str | None
 ) -> ModelProfile:
-    from core import profiler, zoo
+    from models import profiler, zoo
     from executor.model import timing_loss
 
     module, example = zoo.build(model, input_size)

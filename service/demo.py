@@ -45,7 +45,7 @@ EXACT = ("brute", "dp")
 LEARNED = ("tapp",)
 BASELINES = ("uniform", "data_parallel")
 LITERAL = ("pipe-torch-all", "bsp-all")
-"""TAPP's baselines as the paper ran them, on every device (:mod:`agents.literal`)."""
+"""TAPP's baselines as the paper ran them, on every device (:mod:`agents.baselines.every_device`)."""
 REFERENCE = "bsp-all"  # speed-ups are measured against it (TAPP's BSP)
 
 
@@ -187,7 +187,7 @@ def plan_all(problem: Problem, tapp_iterations: int) -> list[tuple[str, PlanResu
 
 def literal_baselines(problem: Problem) -> list[tuple[str, PlanResult | str]]:
     """TAPP's Pipe-Torch and BSP on every device (no search), as PlanResults."""
-    from agents.literal import bsp_all, pipe_torch_all
+    from agents.baselines.every_device import bsp_all, pipe_torch_all
     from agents.problem import PlanResult
     from core.costmodel import simulate
     from core.errors import PipeplanError

@@ -146,7 +146,7 @@ def build_problem(
 
 def _zoo_profile(model: str, input_size: int | None) -> ModelProfile:
     """A zoo model profiled analytically (FLOPs and sizes; layer times from device FLOP/s)."""
-    from core import profiler, zoo
+    from models import profiler, zoo
     from service.cli import err
 
     with err.status(f"profiling {model} (analytic)"):

@@ -195,7 +195,7 @@ def model_source(
 ) -> ModelSource:
     """What the executor builds: ``--model`` (a zoo name), or the zoo model a profile names
     (its name, and its input's last dimension as the input size)."""
-    from core import zoo
+    from models import zoo
     from executor.model import ModelSource
     from service.cli import CliError
 

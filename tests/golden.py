@@ -78,7 +78,10 @@ def _plans(prof: ModelProfile, spec: ClusterSpec) -> list[Plan]:
                 {"layers": [a, n], "devices": [ids[-1]], "microbatch": 8},
             ],
         },
-        {"global_batch": 48, "stages": [{"layers": [0, n], "devices": list(ids), "microbatch": 48}]},
+        {
+            "global_batch": 48,
+            "stages": [{"layers": [0, n], "devices": list(ids), "microbatch": 48}],
+        },
     ]
     return [Plan.from_dict(r) for r in raw]
 
@@ -105,7 +108,9 @@ def estimates() -> dict[str, Any]:
             ev = BatchEvaluator(prof, spec)
             batch: dict[str, Any] = {}
             for k, plan in enumerate(plans):
-                res = ev.evaluate(PlanBatch.from_plans([plan], spec), plan.global_batch, plan.schedule)
+                res = ev.evaluate(
+                    PlanBatch.from_plans([plan], spec), plan.global_batch, plan.schedule
+                )
                 batch[str(k)] = {
                     "batch_time_s": float(res.batch_time_s[0]),
                     "fits": bool(res.fits[0]),
@@ -146,7 +151,10 @@ def planners() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for p in ("alexnet64", "gpt4"):
         for c in ("local-hetero", "cloud-mix"):
-            for objective, floor in (("time", None), ("cost", 2.0 if c == "local-hetero" else 50.0)):
+            for objective, floor in (
+                ("time", None),
+                ("cost", 2.0 if c == "local-hetero" else 50.0),
+            ):
                 for name, options in PLANNERS.items():
                     problem = Problem(
                         profile(p), cluster(c), objective=objective, global_batch=32,
@@ -175,7 +183,7 @@ def compute() -> dict[str, Any]:
 def write_inputs() -> None:
     """The profiles the golden answers are computed on (the profiler's output, kept)."""
     from bench.instances import model_profile
-    from core import profiler, zoo
+    from models import profiler, zoo
 
     DATA.mkdir(parents=True, exist_ok=True)
     module, example = zoo.build("alexnet", 64)

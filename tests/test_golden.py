@@ -25,7 +25,9 @@ def _diff(path: str, want: Any, got: Any, out: list[str]) -> None:
         for i, (w, g) in enumerate(zip(want, got, strict=False)):
             _diff(f"{path}[{i}]", w, g, out)
     elif isinstance(want, float) or isinstance(got, float):
-        if not (isinstance(got, int | float) and math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-300)):
+        if not (
+            isinstance(got, int | float) and math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-300)
+        ):
             out.append(f"{path}: {got!r} != {want!r}")
     elif want != got:
         out.append(f"{path}: {got!r} != {want!r}")

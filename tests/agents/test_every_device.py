@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agents import InfeasibleError, Problem
-from agents.literal import bsp_all, pipe_torch_all
+from agents.baselines.every_device import bsp_all, pipe_torch_all
 from core.cluster import ClusterSpec, DeviceType, Node
 from core.costmodel import simulate
 from core.formats.pipedream import load_pipedream

@@ -12,7 +12,7 @@ from core.costmodel import simulate
 from core.errors import PipeplanError
 from core.plan import Plan, Stage
 from core.profile import ModelProfile
-from core.profiler import profile_model
+from models.profiler import profile_model
 from executor.cluster import LocalCluster, live_nodes
 from executor.errors import ExecutorError
 from executor.model import ModelSource

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import zoo
+from models import zoo
 from core.errors import PipeplanError, PlanError
 from core.plan import Plan, Stage
 from executor.awake import KeepAwake
