@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 
 from bench.fidelity import MODELS, RESULTS
-from models.profiler import profile_model
 from executor.awake import KeepAwake
 from executor.microbatch import Piece
 from executor.model import OptimizerConfig, timing_loss
 from executor.partition import partition
 from executor.pipeline import RunConfig, make_batches
 from executor.stage import StageWorker, WorkerSpec
+from models.profiler import profile_model
 
 BOUNDS = (0, 15, 30)
 MICRO, COUNT = 4, 4

@@ -56,11 +56,11 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
-from models.profiler import Clock
 from executor.cluster import live_nodes, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.model import ModelSource
 from executor.placement import LiveNode, actor_options
+from models.profiler import Clock
 
 __all__ = [
     "MeasureOn",
@@ -92,8 +92,8 @@ class _Profiler:
         clock: Clock = "wall",
         calibrate: bool = True,
     ) -> dict[str, Any]:
-        from models.profiler import profile_model
         from executor.model import timing_loss
+        from models.profiler import profile_model
 
         t0 = time.perf_counter()
         model, example = source.build()

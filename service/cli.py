@@ -192,8 +192,8 @@ def _import_pipedream(
 def _profile_zoo(
     model: str, input_size: int | None, device_type: str | None, cluster_path: str | None
 ) -> ModelProfile:
-    from models import profiler, zoo
     from executor.model import timing_loss
+    from models import profiler, zoo
 
     module, example = zoo.build(model, input_size)
     spec = load_cluster(cluster_path) if cluster_path else None

@@ -195,8 +195,8 @@ def model_source(
 ) -> ModelSource:
     """What the executor builds: ``--model`` (a zoo name), or the zoo model a profile names
     (its name, and its input's last dimension as the input size)."""
-    from models import zoo
     from executor.model import ModelSource
+    from models import zoo
     from service.cli import CliError
 
     if (model is None) == (profile is None):

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from models import zoo
 from core.errors import PipeplanError, PlanError
 from core.plan import Plan, Stage
 from executor.awake import KeepAwake
@@ -38,6 +37,7 @@ from executor.stage import (
     gather,
     gather_gradients,
 )
+from models import zoo
 from tests.executor.models import skipnet
 
 NODES = [

@@ -16,9 +16,9 @@ from torch.fx.passes.split_module import split_module
 from torchvision.models.inception import InceptionA
 from torchvision.models.resnet import BasicBlock
 
-from models import zoo
 from core.errors import PipeplanError
 from core.profile import ModelProfile
+from models import zoo
 from models.profiler import (
     calibrated,
     fit_fixed_per_sample,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from models import zoo
 from core.errors import PipeplanError
 from core.profile import ModelProfile
+from models import zoo
 from models.profiler import profile_model
 
 # Small but valid sizes keep the suite fast; GPT keeps GPT-1 widths with 2 blocks.
