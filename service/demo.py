@@ -45,7 +45,7 @@ EXACT = ("brute", "dp")
 LEARNED = ("tapp",)
 BASELINES = ("uniform", "data_parallel")
 LITERAL = ("pipe-torch-all", "bsp-all")
-"""TAPP's baselines as the paper ran them, on every device (:mod:`agents.baselines.every_device`)."""
+"""TAPP's baselines as the paper ran them, on every device (``every_device``)."""
 REFERENCE = "bsp-all"  # speed-ups are measured against it (TAPP's BSP)
 
 
