@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -11,18 +10,9 @@ import numpy as np
 from core.cluster import ClusterSpec
 from core.costmodel import Estimate
 from core.errors import PipeplanError
+from core.objective import Objective, score
 from core.plan import Plan, Schedule
 from core.profile import ModelProfile
-
-
-class Objective(StrEnum):
-    """``time``: minimise batch time (TAPP). ``throughput``: the same optimum, shown as
-    samples/s. ``cost``: minimise $ per sample subject to ``throughput >= min_throughput``
-    (HeterPS); the planner also chooses which devices to rent."""
-
-    TIME = "time"
-    THROUGHPUT = "throughput"
-    COST = "cost"
 
 
 class ProblemError(PipeplanError):
@@ -91,22 +81,16 @@ class Problem:
         return [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
 
     def score(self, batch_time: np.ndarray, fits: np.ndarray, price: np.ndarray) -> np.ndarray:
-        """Objective value per plan, lower is better; ``inf`` when infeasible.
-
-        time/throughput: batch time. cost: $ per sample, with ties (e.g. free devices)
-        broken by batch time at a weight far below any price difference.
-        """
-        batch_time = np.asarray(batch_time, dtype=np.float64)
-        ok = np.asarray(fits, dtype=bool).copy()
-        if self.objective is Objective.COST:
-            if self.min_throughput:
-                with np.errstate(divide="ignore"):
-                    ok &= self.global_batch / batch_time >= self.min_throughput
-            value = np.asarray(price) * batch_time / 3600.0 / self.global_batch
-            value = value + 1e-15 * batch_time
-        else:
-            value = batch_time
-        return np.where(ok, value, np.inf)
+        """Objective value per plan, lower is better; ``inf`` when infeasible
+        (:func:`core.objective.score` with this problem's batch and throughput floor)."""
+        return score(
+            self.objective,
+            batch_time,
+            fits,
+            price,
+            global_batch=self.global_batch,
+            min_throughput=self.min_throughput,
+        )
 
     def score_estimate(self, est: Estimate) -> float:
         return float(
