@@ -1,4 +1,4 @@
-"""``ppo``: PPO from RLlib on :class:`envs.placement.PlacementEnv` (the only RLlib import).
+"""``ppo``: PPO from RLlib on :class:`envs.env.PlacementEnv` (the only RLlib import).
 
 RLlib moves its API between releases; everything version-specific is in this module and was
 checked against Ray 2.60 (new API stack): ``PPOConfig().environment/env_runners/training/

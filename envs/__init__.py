@@ -1,4 +1,6 @@
-"""Gymnasium MDP of pipeline placement (TAPP's layer encoding lives in :mod:`envs.encoding`).
+"""Gymnasium MDP of pipeline placement: :mod:`envs.config` (the config and its checks),
+:mod:`envs.mdp` (the pure MDP), :mod:`envs.env` (the gymnasium shell) and
+:mod:`envs.encoding` (TAPP's layer encoding).
 
 Importing this package registers :data:`ENV_ID` with gymnasium:
 ``gymnasium.make("pipeplan/Placement-v0", config={...})``. RLlib's ``register_env`` lives
@@ -12,8 +14,9 @@ from typing import Any
 
 import gymnasium
 
+from envs.config import EnvConfigError
 from envs.encoding import WIDTH, encode_profile
-from envs.placement import EnvConfigError, PlacementEnv
+from envs.env import PlacementEnv
 
 ENV_ID = "pipeplan/Placement-v0"
 
@@ -24,6 +27,6 @@ def make_env(config: Mapping[str, Any]) -> PlacementEnv:
 
 
 if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="envs.placement:PlacementEnv")
+    gymnasium.register(id=ENV_ID, entry_point="envs.env:PlacementEnv")
 
 __all__ = ["ENV_ID", "WIDTH", "EnvConfigError", "PlacementEnv", "encode_profile", "make_env"]

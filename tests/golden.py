@@ -23,7 +23,7 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan
 from core.profile import ModelProfile
-from envs.placement import PlacementEnv
+from envs.env import PlacementEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "golden"

@@ -19,14 +19,13 @@ from agents import Budget, InfeasibleError, Problem, make_planner
 from core.cluster import ClusterSpec, DeviceType, Node
 from core.costmodel import simulate
 from core.profile import LayerProfile, ModelProfile
+from envs.config import EnvConfigError, make_instance
 from envs.encoding import ABSENT, WIDTH, encode_profile, op_vector
-from envs.placement import (
-    EnvConfigError,
-    PlacementEnv,
+from envs.env import PlacementEnv
+from envs.mdp import (
     action_mask,
     initial_state,
     is_terminal,
-    make_instance,
     memory_mask,
     structural_mask,
     to_plan,

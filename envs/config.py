@@ -1,0 +1,222 @@
+"""The placement env's config: its keys and defaults, their validation, and the
+:class:`envs.mdp.Instance` built from them.
+
+Every check runs before any table is built, and every error names the key and the value
+(:class:`EnvConfigError`), so a bad config from RLlib's ``env_config`` or the CLI fails at
+construction, not in the middle of an episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.cluster import ClusterSpec
+from core.costmodel import layer_costs
+from core.errors import PipeplanError
+from core.objective import Objective, score
+from core.plan import Schedule
+from core.profile import ModelProfile
+from envs.encoding import encode_profile
+from envs.mdp import Instance
+
+
+class EnvConfigError(PipeplanError):
+    """The env config is malformed; the message names the key and the value."""
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """The env config's keys besides ``profile`` and ``cluster``, with their defaults."""
+
+    objective: Objective | str = Objective.TIME
+    """``time`` | ``throughput`` | ``cost`` (:class:`core.objective.Objective`)."""
+    global_batch: int = 64
+    """Samples per training batch."""
+    microbatches: int | Sequence[int] | None = 4
+    """The microbatch count M; a list of counts, or None for every divisor of
+    ``global_batch``: then the first step chooses one."""
+    schedule: Schedule | str = Schedule.GPIPE
+    """The pipeline schedule the plans are costed with."""
+    min_throughput: float | None = None
+    """Samples/s a plan must reach (cost objective)."""
+    min_stages: int = 1
+    """Fewest stages a plan may have."""
+    max_stages: int | None = None
+    """Most stages a plan may have; None: as many as devices."""
+    max_replicas: int = 1
+    """Devices per stage (1: no replica actions)."""
+    lookahead: int = 2
+    """Layers after the current one whose encodings the observation holds."""
+    infeasible_reward: float = 0.0
+    """The reward of a plan that does not fit in memory or misses ``min_throughput``."""
+
+
+OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
+CONFIG_KEYS: frozenset[str] = frozenset({"profile", "cluster", *OPTION_KEYS})
+"""Every key :class:`envs.env.PlacementEnv`'s config may hold."""
+
+
+def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -> Instance:
+    """Check the options (the keys of :class:`EnvOptions`) and precompute the tables of one
+    profile on one cluster."""
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise EnvConfigError(
+            f"config: unknown key {unknown[0]!r} (known: {', '.join(sorted(CONFIG_KEYS))})"
+        )
+    opt = EnvOptions(**options)
+    n_dev = len(cluster.device_ids)
+    top = n_dev if opt.max_stages is None else opt.max_stages
+    counts = _counts(opt.global_batch, opt.microbatches)
+    objective, schedule = _check_options(opt, top, n_dev)
+    if opt.min_stages > len(profile):
+        raise EnvConfigError(
+            f"min_stages: {opt.min_stages} exceeds the {len(profile)} layers of {profile.name!r}"
+        )
+    fixed, per_sample = _device_times(profile, cluster)
+    types = [cluster.device_type(d) for d in cluster.device_ids]
+    fastest = max(t.flops for t in types)
+    nodes = {n.name: i for i, n in enumerate(cluster.nodes)}
+    B = opt.global_batch
+    ref_time = fixed[:, -1] + B * per_sample[:, -1]  # the whole batch at once, each device
+    ref_price = np.array([t.price_per_hour for t in types])
+    reference = score(objective, ref_time, np.ones(n_dev, bool), ref_price, global_batch=B)
+    return Instance(
+        profile=profile,
+        cluster=cluster,
+        objective=objective,
+        global_batch=B,
+        counts=counts,
+        schedule=schedule,
+        min_throughput=opt.min_throughput,
+        min_stages=opt.min_stages,
+        max_stages=top,
+        max_replicas=opt.max_replicas,
+        lookahead=opt.lookahead,
+        infeasible_reward=opt.infeasible_reward,
+        encoding=encode_profile(profile),
+        params=_prefix([x.params_bytes for x in profile.layers]),
+        acts=_prefix([x.activation_bytes for x in profile.layers]),
+        flops=_prefix([x.flops for x in profile.layers]),
+        fixed=fixed,
+        per_sample=per_sample,
+        capacity=np.array([t.memory_bytes for t in types]),
+        speed=np.array([t.flops / fastest for t in types]),
+        node=np.array([nodes[cluster.device(d).node] for d in cluster.device_ids]),
+        reference=float(reference.min()),
+    )
+
+
+def _device_times(profile: ModelProfile, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(D, L+1) prefix sums over layers of each device's forward + backward seconds: the
+    fixed part per call and the part per sample."""
+    types = [cluster.device_type(d) for d in cluster.device_ids]
+    per_type = {t.name: layer_costs(profile, t) for t in types}
+    fixed = np.zeros((len(types), len(profile) + 1))
+    per_sample = np.zeros((len(types), len(profile) + 1))
+    for d, t in enumerate(types):
+        c = per_type[t.name]
+        fixed[d, 1:] = np.cumsum(c.fwd_fixed + c.bwd_fixed)
+        per_sample[d, 1:] = np.cumsum(c.fwd_per_sample + c.bwd_per_sample)
+    return fixed, per_sample
+
+
+def _prefix(values: Sequence[float]) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _counts(global_batch: int, microbatches: int | Sequence[int] | None) -> tuple[int, ...]:
+    """The allowed microbatch counts: one fixed, a given list, or every divisor of the batch."""
+    if not _is_int(global_batch) or global_batch < 1:
+        raise EnvConfigError(f"global_batch: must be an integer >= 1, got {global_batch!r}")
+    if microbatches is None:
+        return tuple(m for m in range(1, global_batch + 1) if global_batch % m == 0)
+    raw: list[Any] = (
+        [microbatches]
+        if _is_int(microbatches)
+        else list(microbatches)
+        if isinstance(microbatches, Sequence) and not isinstance(microbatches, str)
+        else []
+    )
+    if not raw:
+        raise EnvConfigError(
+            f"microbatches: expected an integer, a non-empty list of them or None, "
+            f"got {microbatches!r}"
+        )
+    for m in raw:
+        if not _is_int(m) or m < 1 or global_batch % m:
+            raise EnvConfigError(
+                f"microbatches: must be integers >= 1 dividing global_batch {global_batch}, "
+                f"got {m!r}"
+            )
+    if len(set(raw)) != len(raw):
+        raise EnvConfigError(f"microbatches: repeated counts in {raw!r}")
+    return tuple(int(m) for m in raw)
+
+
+def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Objective, Schedule]:
+    """Check the options that ``_counts`` does not; the objective and schedule as enums."""
+    try:
+        objective = Objective(opt.objective)
+    except ValueError:
+        known = ", ".join(o.value for o in Objective)
+        raise EnvConfigError(f"objective: unknown {opt.objective!r} (one of {known})") from None
+    try:
+        schedule = Schedule(opt.schedule)
+    except ValueError:
+        known = ", ".join(s.value for s in Schedule)
+        raise EnvConfigError(f"schedule: unknown {opt.schedule!r} (one of {known})") from None
+    if not 1 <= opt.min_stages <= max_stages <= n_devices:
+        raise EnvConfigError(
+            f"min_stages/max_stages: need 1 <= {opt.min_stages} <= {max_stages} <= {n_devices} "
+            "(the cluster's devices)"
+        )
+    if not _is_int(opt.max_replicas) or not 1 <= opt.max_replicas <= n_devices:
+        raise EnvConfigError(
+            f"max_replicas: must be an integer in [1, {n_devices}] (the cluster's devices), "
+            f"got {opt.max_replicas!r}"
+        )
+    if opt.lookahead < 0:
+        raise EnvConfigError(f"lookahead: must be >= 0, got {opt.lookahead}")
+    return objective, schedule
+
+
+def instances_from_config(config: Mapping[str, Any]) -> list[Instance]:
+    """One :class:`Instance` per profile of an env config (``profile``: one or a list of
+    ModelProfiles or paths; ``cluster``: a ClusterSpec or a path; the rest
+    :class:`EnvOptions`)."""
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise EnvConfigError(
+            f"config: unknown key {unknown[0]!r} (known: {', '.join(sorted(CONFIG_KEYS))})"
+        )
+    if "profile" not in config or "cluster" not in config:
+        raise EnvConfigError("config: needs 'profile' (one or a list) and 'cluster'")
+    raw = config["profile"]
+    profiles = list(raw) if isinstance(raw, list | tuple) else [raw]
+    if not profiles:
+        raise EnvConfigError("config.profile: empty list")
+    cluster = config["cluster"]
+    if isinstance(cluster, str | Path):
+        cluster = ClusterSpec.load(cluster)
+    if not isinstance(cluster, ClusterSpec):
+        raise EnvConfigError(f"config.cluster: expected a ClusterSpec or a path, got {cluster!r}")
+    options = {k: v for k, v in config.items() if k not in ("profile", "cluster")}
+    return [make_instance(_load_profile(p), cluster, **options) for p in profiles]
+
+
+def _load_profile(p: Any) -> ModelProfile:
+    if isinstance(p, ModelProfile):
+        return p
+    if isinstance(p, str | Path):
+        return ModelProfile.load(p)
+    raise EnvConfigError(f"config.profile: expected a ModelProfile or a path, got {p!r}")

@@ -1,0 +1,156 @@
+"""The gymnasium shell of the placement MDP (:mod:`envs.mdp`): spaces, ``reset`` and
+``step`` over the pure functions, nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from core.costmodel import simulate
+from envs.config import instances_from_config
+from envs.mdp import (
+    action_mask,
+    initial_state,
+    is_terminal,
+    legal_action,
+    observation_size,
+    observe,
+    plan_value,
+    reward,
+    to_plan,
+    transition,
+)
+
+
+class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
+    """Place a model's layers, one per step, into pipeline stages on a heterogeneous cluster.
+
+    ## Description
+
+    TAPP's task allocation as an MDP (DESIGN.md, "TAPP planner and the MDP"). When the config
+    offers several microbatch counts, the first step chooses one. Then step ``i`` decides
+    layer ``i`` of the profile (layers in topological order): keep it in the stage that holds
+    layer ``i-1``, or open a new stage for it on an unused device. Right after a stage is
+    opened (it holds one layer), a step may instead add an unused device to it as a replica
+    (``max_replicas > 1``); such a step places no layer. At the end the stages form a
+    :class:`core.plan.Plan` (equal microbatches of ``global_batch / M`` samples) that the
+    contract cost model costs.
+
+    ## Action Space
+
+    ``Discrete(1 + D + R + K)`` for a cluster of ``D`` devices (``cluster.device_ids``
+    order), ``R = D`` when ``max_replicas > 1`` else 0, ``K`` the microbatch counts offered
+    (0 when there is one):
+
+    - ``0``: keep layer ``i`` in the open stage; once every layer is placed and the last
+      stage could still take a replica, ``0`` ends the episode;
+    - ``1 .. D``: open a new stage for layer ``i`` on device ``d - 1``;
+    - ``D + 1 .. 2 D``: add device ``d - D - 1`` to the open stage as a replica;
+    - ``1 + D + R + k``: choose the ``k``-th microbatch count (first step only).
+
+    The ``action_mask`` forbids: anything but a microbatch count on the first step when
+    choosing (and microbatch counts afterwards), staying at layer 0 (a stage must be
+    opened), staying when the layers left are just enough for the stages ``min_stages``
+    still needs, devices already used, opening beyond ``max_stages``, replicas except right
+    after the open stage was opened, beyond ``max_replicas`` or when the devices left are
+    needed for ``min_stages``, and actions whose stage would not fit its devices' memory
+    (unless no action fits). A masked action is replaced by the first allowed one and
+    ``info["repaired"]`` is set.
+
+    ## Observation Space
+
+    ``Dict(observations=Box(-1, 1, (32 (1 + lookahead) + 5 D + 10,)), action_mask=Box(0, 1,
+    (1 + D + R + K,)))``, float32, as RLlib's action-masking modules expect.
+    ``observations`` holds the TAPP encoding (:mod:`envs.encoding`) of layer ``i`` and the
+    next ``lookahead`` layers (zero rows past the end), per device its speed (FLOP/s over
+    the fastest), memory left (fraction), whether the remaining layers would fit in that
+    memory (ratio, capped at 1), the used flag and whether it holds the open stage; then
+    progress ``i / L``, layers left, stages opened ``/ D``, the open stage's size ``/ L``,
+    FLOP share, load ``t / (t + T / D)`` (``t`` its microbatch time on its slowest replica,
+    ``T`` the whole model's on the fastest device) and replicas ``/ D``, the worst load of
+    the closed stages, the microbatch size ``log b / log B`` and whether the step chooses
+    the microbatch count.
+
+    ## Rewards
+
+    0 on every step but the last. The last is ``reference / value`` where ``value`` is the
+    objective value of the plan (batch time for ``time``/``throughput``, $ per sample for
+    ``cost``) and ``reference`` that of the whole batch computed at once on the best single
+    device without communication or update; ``infeasible_reward`` (default 0) when the plan
+    does not fit in memory or misses ``min_throughput``.
+
+    ## Starting State
+
+    No layer placed, no microbatch count chosen (unless fixed). With several profiles,
+    ``reset`` picks one uniformly with ``self.np_random``.
+
+    ## Episode End
+
+    Terminates when every layer is placed and the last stage takes no replica (none allowed,
+    or the agent chose ``0``); ``info`` then holds ``plan``, ``estimate``
+    (:class:`core.costmodel.Estimate`), ``value`` and ``feasible``. Never truncated.
+
+    ## Arguments
+
+    ``config`` (a dict): ``profile`` (a ModelProfile, a path to a profile JSON, or a list of
+    either), ``cluster`` (a ClusterSpec or a path), and the options of
+    :class:`envs.config.EnvOptions` (their defaults there): ``objective`` (``time`` |
+    ``throughput`` | ``cost``), ``global_batch``, ``microbatches`` (the count M; a list of
+    counts, or None for every divisor of ``global_batch``: the first step chooses),
+    ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
+    D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``. A bad
+    key or value raises :class:`envs.config.EnvConfigError` naming it.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    action_space: spaces.Discrete
+    observation_space: spaces.Dict
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.instances = instances_from_config(dict(config or {}))
+        first = self.instances[0]
+        n = first.n_actions
+        self.action_space = spaces.Discrete(n)
+        self.observation_space = spaces.Dict(
+            {
+                "observations": spaces.Box(
+                    -1.0, 1.0, (observation_size(first.n_devices, first.lookahead),), np.float32
+                ),
+                "action_mask": spaces.Box(0.0, 1.0, (n,), np.float32),
+            }
+        )
+        self.instance = first
+        self.state = initial_state(first)
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {
+            "observations": observe(self.instance, self.state),
+            "action_mask": action_mask(self.instance, self.state),
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        k = int(self.np_random.integers(len(self.instances))) if len(self.instances) > 1 else 0
+        self.instance = self.instances[k]
+        self.state = initial_state(self.instance)
+        return self._obs(), {"profile": self.instance.profile.name}
+
+    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if is_terminal(self.instance, self.state):
+            raise RuntimeError("step() after the episode ended; call reset()")
+        chosen = legal_action(action_mask(self.instance, self.state), int(action))
+        self.state = transition(self.instance, self.state, chosen)
+        info: dict[str, Any] = {"action": chosen, "repaired": chosen != int(action)}
+        if not is_terminal(self.instance, self.state):
+            return self._obs(), 0.0, False, False, info
+        plan = to_plan(self.instance, self.state)
+        est = simulate(plan, self.instance.profile, self.instance.cluster)
+        value = plan_value(self.instance, est)
+        info.update(plan=plan, estimate=est, value=value, feasible=bool(np.isfinite(value)))
+        return self._obs(), float(reward(self.instance, value)), True, False, info
