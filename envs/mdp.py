@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from core import rules
 from core.cluster import ClusterSpec
 from core.costmodel import Estimate
 from core.objective import Objective, score
@@ -101,7 +102,8 @@ class Instance:
     def stage_time(self, d: int, start: int, end: int, samples: float) -> float:
         """Forward + backward seconds of layers ``[start, end)`` for ``samples`` on ``d``."""
         fixed = self.fixed[d, end] - self.fixed[d, start]
-        return float(fixed + samples * (self.per_sample[d, end] - self.per_sample[d, start]))
+        per_sample = self.per_sample[d, end] - self.per_sample[d, start]
+        return float(rules.compute_s(fixed, per_sample, samples))
 
 
 # --- state, mask, transition -----------------------------------------------------------------
@@ -137,7 +139,8 @@ def microbatch_size(inst: Instance, state: State) -> int:
 def in_flight(inst: Instance, state: State) -> int:
     """Microbatches held per stage for the memory mask: exact for GPipe; for 1F1B the stage
     count is not known yet, so the lower bound 1 (mask only sure misfits)."""
-    return inst.counts[max(state.count, 0)] if inst.schedule is Schedule.GPIPE else 1
+    count = inst.counts[max(state.count, 0)]
+    return int(rules.in_flight(inst.schedule, count, 1))  # 1F1B: as if the last stage
 
 
 def stage_memory(inst: Instance, state: State, start: int, end: int, replicas: int) -> float:
@@ -145,7 +148,7 @@ def stage_memory(inst: Instance, state: State, start: int, end: int, replicas: i
     params = inst.params[end] - inst.params[start]
     acts = inst.acts[end] - inst.acts[start]
     share = microbatch_size(inst, state) / replicas
-    return float(4.0 * params + in_flight(inst, state) * share * acts)
+    return float(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
 
 
 def _replica_slots(inst: Instance, state: State) -> bool:
