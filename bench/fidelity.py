@@ -1,7 +1,7 @@
 """Cost-model fidelity: predicted (on a measured profile) against measured batch time, for
 several plans per model, run for real on the local emulated cluster (``local-hetero``).
 
-Per model: measure the profile on the cluster (:func:`executor.profiling.measure_profile`:
+Per model: measure the profile on the cluster (:func:`executor.measured_profile.measure_profile`:
 once on the fastest type, scaled by each type's emulated slowdown), pick plans -- equal-layer
 pipelines (``uniform-2`` GPipe on fast + mid, ``uniform-3-1f1b`` on fast + mid + slow), the
 ``dp`` planner's best, data parallelism on every device (TAPP's literal BSP, ``bsp-all``;
@@ -30,7 +30,7 @@ one, so a gap can be traced to its term; the run prints that ratio's median for 
 and several-actor plans (CPU contention on this shared 2-core machine). Numbers are
 EMULATED: every device is this machine's CPU, and a type ``k`` times slower than the fastest
 makes each forward and backward last ``k x`` its CPU time (:mod:`executor.stage`); the
-profile is timed in CPU time too (:mod:`executor.profiling`). A pipeline's backwards add
+profile is timed in CPU time too (:mod:`executor.measured_profile`). A pipeline's backwards add
 into the step's gradients; the cost model charges that from the parameters' size
 (:mod:`core.costmodel`, ``bench/grad_accumulation.py``).
 
@@ -52,18 +52,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
 from agents import Budget, Objective, Problem, literal, make_planner
 from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import ModelProfile
-from executor.cluster import LocalCluster
-from executor.cluster import slowdown as type_slowdown
-from executor.measure import EMULATED_NOTE, Measurement
+from executor.emulation import EMULATED_NOTE
+from executor.emulation import slowdown as type_slowdown
+from executor.local_cluster import LocalCluster
+from executor.measure import Measurement, relative_error
+from executor.measured_profile import call_sizes, measure_profile
 from executor.model import ModelSource
 from executor.pipeline import RunConfig, run
-from executor.profiling import call_sizes, measure_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -211,9 +211,7 @@ class Result:
     def rel_error(self) -> float:
         if self.measured is None:
             return math.nan
-        return (self.predicted.batch_time_s - self.measured.batch_time_s) / (
-            self.measured.batch_time_s
-        )
+        return relative_error(self.predicted.batch_time_s, self.measured.batch_time_s)
 
     def to_dict(self) -> dict[str, Any]:
         m, p = self.measured, self.predicted

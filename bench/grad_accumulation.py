@@ -27,6 +27,7 @@ import torch
 
 from bench.fidelity import CLUSTER, MODELS, model_keys
 from core.cluster import ClusterSpec
+from executor.local.keep_awake import KeepAwake
 from executor.model import timing_loss
 
 RESULTS = Path(__file__).parent / "results"
@@ -63,8 +64,6 @@ def main() -> None:
         ap.error(f"--repeats: must be >= 1, got {a.repeats}")
     from rich.console import Console
     from rich.table import Table
-
-    from executor.awake import KeepAwake
 
     torch.set_num_threads(1)
     bandwidth = min(

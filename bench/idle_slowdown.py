@@ -1,6 +1,6 @@
 """Idle cores and emulation: CPU time of pipeline operations back to back, with pauses (as an
-emulated device sleeps between them), and with pauses while :class:`executor.awake.KeepAwake`
-keeps the cores busy at idle priority.
+emulated device sleeps between them), and with pauses while
+:class:`executor.local.keep_awake.KeepAwake` keeps the cores busy at idle priority.
 
 One process, no Ray: the GPT of ``bench.fidelity`` cut in two stages (real
 :class:`executor.stage.StageWorker` code), GPipe order, 4 microbatches of 4. Each row is the
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.fidelity import MODELS, RESULTS
-from executor.awake import KeepAwake
+from executor.local.keep_awake import KeepAwake
 from executor.microbatch import Piece
 from executor.model import OptimizerConfig, timing_loss
 from executor.partition import partition

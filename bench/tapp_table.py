@@ -12,7 +12,7 @@ time), four ways to train:
   choice is in the JSON as ``data_parallel_planner``);
 - ``Planned``: the best plan of the planners asked (``dp`` and ``tapp`` with a small
   budget), by the cost model on the profile measured on the cluster
-  (:func:`executor.profiling.measure_profile`).
+  (:func:`executor.measured_profile.measure_profile`).
 
 Microbatch sizes of the first three: the best for each by the cost model on the measured
 profile. Each plan trains ``--train-steps`` global batches of real data (scikit-learn's
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import executor  # noqa: F401  (before ray: keeps in-process clusters on loopback)
 from agents import Budget, Objective, Problem, literal, make_planner
 from bench.fidelity import (
     ModelCase,
@@ -52,11 +51,12 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
-from executor.cluster import LocalCluster
-from executor.measure import EMULATED_NOTE, Measurement
+from executor.emulation import EMULATED_NOTE
+from executor.local_cluster import LocalCluster
+from executor.measure import Measurement
+from executor.measured_profile import measure_profile
 from executor.model import ModelSource, OptimizerConfig
 from executor.pipeline import RunConfig, run
-from executor.profiling import measure_profile
 
 RESULTS = Path(__file__).parent / "results"
 MODELS: dict[str, ModelCase] = {

@@ -1,14 +1,9 @@
-"""Run plans for real: a local heterogeneous Ray cluster, stage actors and a pipeline driver.
+"""Run plans for real: Ray clusters, stage actors and a pipeline driver, and what they measured.
 
-Only this package (and ``agents/rllib_ppo.py``) imports Ray. Importing it keeps in-process Ray
-clusters on loopback: Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is first
-imported, and binds the machine's external address unless it is ``0`` (DESIGN.md, "Facts
-about this environment"). The submodules import Ray, this file does not.
+Ray is imported only in this package and in ``agents/rllib_ppo.py``. Within it,
+:mod:`executor.runtime` is the one module that starts, joins or shuts down Ray and the one
+that touches Ray's private API; the modules that run actors (stage workers, the pipeline,
+the profiler, waiting, pinning) import ``ray`` for its public API only. Importing any of
+them has no side effect: the loopback settings are applied when a cluster is started or
+joined (:func:`executor.runtime.use_loopback`).
 """
-
-from __future__ import annotations
-
-import os
-
-# Before any `import ray` in this process (an explicit setting by the user wins).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from sklearn.datasets import load_digits
 
 from core.errors import PipeplanError
 from executor.model import Batch
@@ -18,8 +19,6 @@ from executor.model import Batch
 
 def digits(input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """All 1797 digits as ``(N, *input_shape)`` float inputs in [0, 1] and int64 labels."""
-    from sklearn.datasets import load_digits
-
     if len(input_shape) != 3:
         raise PipeplanError(
             f"digits: needs an image input (channels, height, width), got shape {input_shape}"

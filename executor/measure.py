@@ -7,23 +7,24 @@ every operation it reads from ended) and the moment it did start: serialisation,
 store and Ray's dispatch. It is charged to the receiving stage. ``comm_fraction`` is total
 transfer / (that + total forward and backward compute), the cost model's definition (rule
 10); updates and the replicas' gradient exchange are not counted.
+
+:class:`Comparison` holds a measured run beside the cost model's prediction for the same plan
+("predicted vs measured"), with :func:`relative_error` as the one definition of the error.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.costmodel import Estimate
 from core.plan import Plan
+from executor.emulation import EMULATED_NOTE
 from executor.microbatch import Layout
 from executor.stage import OpRecord
-
-EMULATED_NOTE = (
-    "EMULATED: every device is this machine's CPU; a type k times slower than the fastest "
-    "makes each forward and backward last k x its CPU time (sleeping the rest)"
-)
 
 
 @dataclass(frozen=True)
@@ -229,3 +230,50 @@ def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement
         emulated_s=mean("emulated"),
         cpu_s=mean("cpu"),
     )
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """``(predicted - measured) / measured`` (nan when nothing was measured)."""
+    return (predicted - measured) / measured if measured else math.nan
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A measured run beside the cost model's prediction for the same plan."""
+
+    model: str
+    cluster: str
+    profile_from: str
+    """Where the profile the prediction used came from (for people)."""
+    estimate: Estimate
+    measurement: Measurement
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted batch time."""
+        return relative_error(self.estimate.batch_time_s, self.measurement.batch_time_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        est, m = self.estimate, self.measurement
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "profile": self.profile_from,
+            "emulated": m.emulated,
+            "plan": m.plan.to_dict(),
+            "predicted": est.to_dict(),
+            "measured": m.to_dict(),
+            "error": {
+                "definition": "(predicted - measured) / measured; comm_fraction: difference",
+                "batch_time": self.error,
+                "throughput": relative_error(est.throughput, m.throughput),
+                "comm_fraction": est.comm_fraction - m.comm_fraction,
+                "stages": [
+                    {
+                        "compute": relative_error(p.compute_s, q.compute_s),
+                        "transfer": relative_error(p.transfer_s, q.transfer_s),
+                    }
+                    for p, q in zip(est.stages, m.stages, strict=True)
+                ],
+            },
+        }

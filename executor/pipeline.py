@@ -2,7 +2,7 @@
 
 :class:`Pipeline` owns the actors (a context manager: they are killed on exit, whatever
 happened). Before any actor starts it refuses a plan the live cluster cannot run
-(:func:`executor.placement.check_feasible`: a device type or node it lacks, too many
+(:func:`executor.pinning.check_feasible`: a device type or node it lacks, too many
 devices) or the model cannot be cut at (:func:`executor.partition.partition`). Then one
 :class:`~executor.stage.StageWorker` per stage replica is pinned to its device's node and
 type, and its placement is checked.
@@ -34,19 +34,20 @@ from typing import Literal
 import numpy as np
 import ray
 import torch
-from ray._private.state import available_resources_per_node
 
 from core.cluster import ClusterSpec, parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
-from executor.cluster import live_nodes, slowdown
+from executor import runtime
 from executor.data import digits_batches, synthetic_batches
+from executor.emulation import device_slowdowns
 from executor.errors import ExecutorError
+from executor.live_cluster import LiveNode, live_nodes
 from executor.measure import Measurement, Placement, StepResult, summarise
 from executor.microbatch import Layout
 from executor.model import Batch, ModelSource, OptimizerConfig
 from executor.partition import partition
-from executor.placement import LiveNode, actor_options, busy_devices, check_feasible
+from executor.pinning import actor_options, busy_devices, check_feasible
 from executor.stage import StageWorker, WorkerSpec
 from executor.submit import Ref, WorkerHandle, submit_step
 from executor.waiting import wait_all
@@ -66,7 +67,7 @@ class RunConfig:
     """Optimizer of every stage."""
     emulate: bool = True
     """Emulate slower device types: each compute lasts ``slowdown x`` its CPU time
-    (:func:`executor.stage.emulation_sleep`)."""
+    (:func:`executor.emulation.emulation_sleep`)."""
     deterministic: bool = False
     """Disable dropout (needed to compare with single-process training)."""
     data: Literal["digits", "synthetic"] = "synthetic"
@@ -218,22 +219,13 @@ class Pipeline:
         ]
 
     def _slowdowns(self) -> dict[str, float]:
-        out = {}
-        for d in self.plan.devices:
-            _, dtype, _ = parse_device_id(d)
-            if dtype not in self.cluster.device_types:
-                raise PlanError(
-                    f"device {d!r}: type {dtype!r} is not in cluster spec {self.cluster.name!r} "
-                    "(its flops set the emulated slowdown)"
-                )
-            out[d] = slowdown(self.cluster, dtype)
-        return out
+        return device_slowdowns(self.cluster, self.plan.devices)
 
     def _wait_devices_free(self, nodes: Sequence[LiveNode], grace_s: float = 15.0) -> None:
         """Devices held by other actors (a pipeline still closing) get ``grace_s`` to free up;
         then the run is refused instead of waiting for a placement that may never come."""
         deadline = time.monotonic() + grace_s
-        while busy := busy_devices(self.plan, nodes, available_resources_per_node()):
+        while busy := busy_devices(self.plan, nodes, runtime.free_resources_by_node()):
             if time.monotonic() > deadline:
                 raise ExecutorError(
                     f"devices busy for {grace_s:.0f} s (held by other actors): {'; '.join(busy)}"

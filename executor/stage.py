@@ -30,21 +30,16 @@ steps on a broken batch.
 
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
-``k x cpu - wall`` after it (when positive). Only the device compute is slowed: the stage's
-module (and the loss on the last stage) forward, and the autograd backward. Turning payloads
-into tensors and back, and the leaves' clones, are the executor's host work, which a slower
-accelerator would not slow down and the profile does not time; they count at their real
-length. The CPU time is this thread's
-(:func:`time.thread_time`; one torch thread per actor), so on a machine with fewer cores
-than busy actors the time a compute spent waiting for a core is absorbed into the slowdown
-instead of being multiplied by it: sleeping ``(k - 1) x wall`` would stretch every
-scheduling delay ``k`` times. On an idle core ``cpu == wall`` and both rules agree. The
-optimizer update is not slowed: it is memory-bound, and the cost model costs it by memory
-bandwidth (rule 8), which ``local-hetero`` gives every type alike. Nor is the gradient
-accumulation, for the same reason (rule 2's accumulation term, :mod:`core.costmodel`): a
-backward runs into fresh gradients, timed and slowed as the profile times it, and then the
-worker adds the step's earlier gradients to them (``earlier += new``, the sum autograd would
-have formed) at the real speed.
+after it (:func:`executor.emulation.emulation_sleep`). Only the device compute is slowed:
+the stage's module (and the loss on the last stage) forward, and the autograd backward.
+Turning payloads into tensors and back, and the leaves' clones, are the executor's host
+work, which a slower accelerator would not slow down and the profile does not time; they
+count at their real length. The optimizer update is not slowed: it is memory-bound, and the
+cost model costs it by memory bandwidth (rule 8), which ``local-hetero`` gives every type
+alike. Nor is the gradient accumulation, for the same reason (rule 2's accumulation term,
+:mod:`core.costmodel`): a backward runs into fresh gradients, timed and slowed as the
+profile times it, and then the worker adds the step's earlier gradients to them
+(``earlier += new``, the sum autograd would have formed) at the real speed.
 """
 
 from __future__ import annotations
@@ -61,6 +56,7 @@ import numpy as np
 import ray
 import torch
 
+from executor.emulation import emulation_sleep
 from executor.microbatch import Piece
 from executor.model import (
     ModelSource,
@@ -403,14 +399,6 @@ class Clock:
     def elapsed(self) -> tuple[float, float]:
         """Wall seconds and CPU seconds since :meth:`now`."""
         return time.perf_counter() - self.wall, time.thread_time() - self.cpu
-
-
-def emulation_sleep(slowdown: float, wall_s: float, cpu_s: float) -> float:
-    """How long to sleep after a compute of ``cpu_s`` CPU seconds that took ``wall_s`` so
-    that it lasts ``slowdown x cpu_s`` in all (never negative)."""
-    if slowdown <= 1.0:
-        return 0.0
-    return max(0.0, slowdown * cpu_s - wall_s)
 
 
 def to_numpy(value: Any) -> Any:

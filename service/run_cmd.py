@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
 
 def state_dir() -> Path:
-    from executor.persistent import default_state_dir
+    from executor.local.persistent_cluster import default_state_dir
 
     return default_state_dir()
 
@@ -106,7 +106,7 @@ def resolve_address(address: str) -> str:
     if address != "auto":
         return address
     from executor.errors import ExecutorError
-    from executor.persistent import _alive, read_state
+    from executor.local.persistent_cluster import _alive, read_state
 
     try:
         state = read_state(state_dir())
@@ -151,7 +151,9 @@ def live_cluster(spec: ClusterSpec | None, address: str | None) -> Iterator[Clus
     Yields the spec to run plans for (module docstring)."""
     import ray
 
-    from executor.cluster import LocalCluster, connect, discover, ensure_token_auth
+    from executor.live_cluster import discover
+    from executor.local_cluster import LocalCluster
+    from executor.runtime import connect, ensure_token_auth
     from service.cli import CliError, err
 
     quiet_ray_logs()
@@ -234,7 +236,7 @@ def measure_on_cluster(
     timings for ``device_types`` (default: every type of ``spec``); at the batch sizes plans
     of ``global_batch`` run (:func:`executor.profiling.call_sizes`) when it is given, else at
     :func:`measure_profile`'s defaults."""
-    from executor.profiling import call_sizes, measure_profile
+    from executor.measured_profile import call_sizes, measure_profile
     from service.cli import err
 
     types = device_types or sorted(spec.counts_by_type())
@@ -393,10 +395,10 @@ def run_command(
     import json
 
     from core.costmodel import simulate
-    from executor.cluster import live_nodes
+    from executor.live_cluster import live_nodes
+    from executor.pinning import check_feasible
     from executor.pipeline import RunConfig
     from executor.pipeline import run as run_plan
-    from executor.placement import check_feasible
     from service.cli import err, load_cluster, out
 
     the_plan = Plan.load(plan)
@@ -447,7 +449,7 @@ def cluster_up(
     object_store_mb: Annotated[int, typer.Option(help="object store per node, MB")] = 500,
 ) -> None:
     """Start a local Ray cluster for a spec that stays up until `pipeplan cluster down`."""
-    from executor.cluster import start_persistent
+    from executor.local.persistent_cluster import start_persistent
     from service.cli import err, load_cluster
 
     the_spec = load_cluster(spec)
@@ -473,7 +475,7 @@ def cluster_up(
 def cluster_down() -> None:
     """Stop the cluster `pipeplan cluster up` started (only its processes)."""
     from executor.errors import ExecutorError
-    from executor.persistent import read_state, stop_persistent
+    from executor.local.persistent_cluster import read_state, stop_persistent
 
     try:
         state = read_state(state_dir())
@@ -488,7 +490,7 @@ def cluster_down() -> None:
 def cluster_status() -> None:
     """Show the cluster `pipeplan cluster up` started (ray status); exit 1 when none runs."""
     from executor.errors import ExecutorError
-    from executor.persistent import _alive, ray_status, read_state
+    from executor.local.persistent_cluster import _alive, ray_status, read_state
 
     try:
         state = read_state(state_dir())

@@ -15,8 +15,8 @@ import torch
 
 from core.cluster import ClusterSpec, Node
 from core.plan import Plan, Stage
-from executor.cluster import LocalCluster
 from executor.errors import StageFailedError
+from executor.local_cluster import LocalCluster
 from executor.model import ModelSource
 from executor.pipeline import Pipeline, RunConfig, run
 

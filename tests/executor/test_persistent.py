@@ -8,9 +8,15 @@ import pytest
 import ray
 
 from core.cluster import ClusterSpec, Node
-from executor import persistent
-from executor.cluster import connect, discover, start_persistent, status_persistent, stop_persistent
 from executor.errors import ExecutorError
+from executor.live_cluster import discover
+from executor.local import persistent_cluster as persistent
+from executor.local.persistent_cluster import (
+    start_persistent,
+    status_persistent,
+    stop_persistent,
+)
+from executor.runtime import connect
 
 pytestmark = pytest.mark.ray
 

@@ -20,11 +20,11 @@ from ray import cloudpickle
 from core.cluster import ClusterSpec
 from core.errors import PlanError
 from core.plan import Plan, Schedule, Stage
-from executor.cluster import LocalCluster, discover, live_nodes
 from executor.data import digits_batches, synthetic_batches
+from executor.live_cluster import discover, live_nodes, node_resource
+from executor.local_cluster import LocalCluster
 from executor.model import Batch, ModelSource, OptimizerConfig, train_single_process
 from executor.pipeline import Pipeline, RunConfig
-from executor.placement import node_resource
 from tests.executor import models
 
 pytestmark = pytest.mark.ray

@@ -12,10 +12,11 @@ from core.costmodel import simulate
 from core.errors import PipeplanError
 from core.plan import Plan, Stage
 from core.profile import ModelProfile
-from executor.cluster import LocalCluster, live_nodes
 from executor.errors import ExecutorError
+from executor.live_cluster import live_nodes
+from executor.local_cluster import LocalCluster
+from executor.measured_profile import measure_on_type, measure_profile
 from executor.model import ModelSource
-from executor.profiling import measure_on_type, measure_profile
 from models.profiler import profile_model
 
 pytestmark = pytest.mark.ray

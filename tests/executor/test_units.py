@@ -13,19 +13,14 @@ import torch
 
 from core.errors import PipeplanError, PlanError
 from core.plan import Plan, Stage
-from executor.awake import KeepAwake
+from executor.emulation import emulation_sleep
+from executor.live_cluster import LiveNode, nodes_from_ray
+from executor.local.keep_awake import KeepAwake
+from executor.measured_profile import call_sizes
 from executor.microbatch import Layout, Piece, pieces, replica_shares
 from executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
-from executor.placement import (
-    WORKER_ENV,
-    LiveNode,
-    actor_options,
-    busy_devices,
-    check_feasible,
-    nodes_from_ray,
-)
-from executor.profiling import call_sizes
+from executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
 from executor.ring import RingState, ring_table, rounds
 from executor.stage import (
     Clock,
@@ -33,7 +28,6 @@ from executor.stage import (
     OpRecord,
     StageWorker,
     WorkerSpec,
-    emulation_sleep,
     gather,
     gather_gradients,
 )

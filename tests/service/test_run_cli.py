@@ -94,7 +94,7 @@ def test_measured_reward_is_for_tapp_only(monkeypatch, capsys) -> None:  # type:
 
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
-    from executor.cluster import LocalCluster
+    from executor.local_cluster import LocalCluster
 
     with LocalCluster(SMALL, object_store_mb=100, connect=False) as cluster:
         yield cluster.address
@@ -173,9 +173,9 @@ def test_tapp_with_a_measured_reward_runs_plans_on_the_cluster(  # type: ignore[
 def test_measured_reward_caches_plans_and_reuses_actors(address) -> None:  # type: ignore[no-untyped-def]
     import ray
 
-    from executor.cluster import connect
     from executor.model import ModelSource
     from executor.reward import MeasuredReward
+    from executor.runtime import connect
 
     other_micro = Plan(16, tuple(Stage(s.layers, s.devices, 4) for s in TWO_STAGES.stages))
     connect(address)

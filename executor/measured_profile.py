@@ -2,9 +2,9 @@
 
 :func:`measure_profile` feeds the cost model with timings taken on the cluster it plans for
 (``pipeplan profile MODEL --cluster C --measure``). It needs a connected Ray cluster (a
-:class:`~executor.cluster.LocalCluster`, or :func:`~executor.cluster.connect`). For a device
+:class:`~executor.local_cluster.LocalCluster`, or :func:`~executor.runtime.connect`). For a device
 type, one :class:`_Profiler` actor is pinned to a live node that advertises
-``device:TYPE`` (the stage workers' placement options, :func:`executor.placement.actor_options`;
+``device:TYPE`` (the stage workers' placement options, :func:`executor.pinning.actor_options`;
 it holds one of the type's devices while it runs, so it waits for a device a running
 pipeline holds), builds the model from its :class:`~executor.model.ModelSource` and runs
 :func:`models.profiler.profile_model` there, one torch thread, as a stage worker computes.
@@ -13,7 +13,7 @@ Two choices, both explicit arguments:
 
 - ``emulate`` (default ``True``, as :class:`executor.pipeline.RunConfig`): the stage workers
   make each forward and backward last ``slowdown(spec, T)`` times its CPU time on type ``T``
-  (:func:`executor.stage.emulation_sleep`), so a layer *effectively* takes that many times
+  (:func:`executor.emulation.emulation_sleep`), so a layer *effectively* takes that many times
   its time on an idle core. The measured timings (fixed
   and per-sample parts alike) are multiplied by that factor; the profile then predicts what
   an emulated run measures. ``False``: real times, unscaled (a real heterogeneous cluster, or
@@ -51,16 +51,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
+import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
-from executor.cluster import live_nodes, slowdown
+from executor.emulation import profile_clock, scaled_timings, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
-from executor.model import ModelSource
-from executor.placement import LiveNode, actor_options
-from models.profiler import Clock
+from executor.live_cluster import LiveNode, live_nodes
+from executor.model import ModelSource, timing_loss
+from executor.pinning import actor_options
+from models.profiler import Clock, profile_model
 
 __all__ = [
     "MeasureOn",
@@ -68,7 +70,6 @@ __all__ = [
     "call_sizes",
     "measure_on_type",
     "measure_profile",
-    "scaled",
 ]
 
 MeasureOn = Literal["fastest", "each"]
@@ -78,8 +79,6 @@ class _Profiler:
     """A Ray actor that profiles one model where it runs (one torch thread)."""
 
     def __init__(self) -> None:
-        import torch
-
         torch.set_num_threads(1)
 
     def profile(
@@ -92,9 +91,6 @@ class _Profiler:
         clock: Clock = "wall",
         calibrate: bool = True,
     ) -> dict[str, Any]:
-        from executor.model import timing_loss
-        from models.profiler import profile_model
-
         t0 = time.perf_counter()
         model, example = source.build()
         profile = profile_model(
@@ -149,16 +145,6 @@ def call_sizes(global_batch: int) -> tuple[int, int]:
         raise PipeplanError(f"global_batch: must be >= 1, got {global_batch!r}")
     lo = max(global_batch // 4, 1)
     return (lo, global_batch) if lo < global_batch else (1, 2)
-
-
-def scaled(timings: Sequence[LayerTiming], factor: float) -> list[LayerTiming]:
-    """Every part (fixed and per sample, forward and backward) times ``factor``."""
-    return [
-        LayerTiming(
-            t.fwd_s * factor, t.bwd_s * factor, t.fwd_fixed_s * factor, t.bwd_fixed_s * factor
-        )
-        for t in timings
-    ]
 
 
 def _check_options(batch_sizes: Sequence[int], warmup: int, repeats: int, timeout_s: float) -> None:
@@ -261,7 +247,7 @@ def measure_profile(
     """The profile of ``source`` with timings for every device type of ``spec`` (or of
     ``device_types``), measured on the connected cluster (module docstring: ``measure_on``,
     ``emulate`` and ``clock``). ``timeout_s`` bounds the whole measurement."""
-    clock = clock or ("cpu" if emulate else "wall")
+    clock = clock or profile_clock(emulate)
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     if measure_on not in ("fastest", "each"):
         raise PipeplanError(f"measure_on: 'fastest' or 'each', got {measure_on!r}")
@@ -303,5 +289,5 @@ def measure_profile(
     )
     for t in types:
         measured = real[t] if measure_on == "each" else real[order[0]]
-        profile = profile.with_timings(t, scaled(measured.timings, factors[t]))
+        profile = profile.with_timings(t, scaled_timings(measured.timings, factors[t]))
     return profile

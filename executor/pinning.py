@@ -1,29 +1,26 @@
-"""Where stage actors may run: the live cluster's nodes, a plan's feasibility, actor options.
+"""Pinning actors to devices: a plan's feasibility on the live cluster, and actor options.
 
 Every such actor (stage workers and profilers alike) runs in a process started with
 :data:`WORKER_ENV`.
 
-A Ray node started by pipeplan advertises ``device:TYPE`` resources (count = how many
-devices of the type it holds) and a marker resource ``pipeplan_node:NAME`` (DESIGN.md, data
-formats). A stage replica for device ``NAME/TYPE:INDEX`` asks for one ``device:TYPE`` and a
-sliver of ``NAME``'s marker, so Ray puts it on that node and never puts more actors of a
-type on a node than the node has devices. A node without a marker (a cluster started by
-other means) is named ``node-<first 8 hex digits of its Ray node id>`` and reached with
-node affinity instead.
+A stage replica for device ``NAME/TYPE:INDEX`` asks for one ``device:TYPE`` and a sliver of
+``NAME``'s marker resource (:mod:`executor.live_cluster`), so Ray puts it on that node and
+never puts more actors of a type on a node than the node has devices. A node without a
+marker (a cluster started by other means) is reached with node affinity instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from core.cluster import parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
+from executor.live_cluster import LiveNode, device_resource, node_resource
 
-DEVICE_PREFIX = "device:"
-NODE_PREFIX = "pipeplan_node:"
 MARKER_SHARE = 0.001
 """How much of a node marker one actor asks for (so up to 1000 actors fit on a node)."""
 
@@ -38,42 +35,6 @@ or backward of a small GPT stage, and 20-40% more CPU time than the same code in
 (measured here). A fixed mmap threshold (32 MiB, glibc's largest) and a trim threshold that
 is never reached keep an actor's activations and gradients in memory it already touched:
 an operation then costs what the profiler measured. Other C libraries ignore them."""
-
-
-def device_resource(device_type: str) -> str:
-    return f"{DEVICE_PREFIX}{device_type}"
-
-
-def node_resource(node: str) -> str:
-    return f"{NODE_PREFIX}{node}"
-
-
-@dataclass(frozen=True)
-class LiveNode:
-    """A live Ray node: its pipeplan name, Ray node id and devices by type."""
-
-    name: str
-    node_id: str
-    devices: Mapping[str, int]
-    marked: bool
-    memory_bytes: float = 0.0
-
-
-def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
-    """Turn ``ray.nodes()`` records into :class:`LiveNode` s (dead nodes left out)."""
-    found = []
-    for rec in ray_nodes:
-        if not rec.get("Alive", False):
-            continue
-        res: Mapping[str, float] = rec.get("Resources", {})
-        node_id = str(rec["NodeID"])
-        markers = [k[len(NODE_PREFIX) :] for k in res if k.startswith(NODE_PREFIX)]
-        devices = {
-            k[len(DEVICE_PREFIX) :]: int(v) for k, v in res.items() if k.startswith(DEVICE_PREFIX)
-        }
-        name = markers[0] if markers else f"node-{node_id[:8]}"
-        found.append(LiveNode(name, node_id, devices, bool(markers), float(res.get("memory", 0.0))))
-    return sorted(found, key=lambda n: n.name)
 
 
 def check_feasible(plan: Plan, nodes: Sequence[LiveNode]) -> None:
@@ -147,8 +108,6 @@ def actor_options(device: str, nodes: Sequence[LiveNode]) -> dict[str, Any]:
     if live.marked:
         resources[node_resource(node)] = MARKER_SHARE
     else:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(live.node_id, soft=False)
     options["resources"] = resources
     return options

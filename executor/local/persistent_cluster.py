@@ -2,8 +2,8 @@
 
 :func:`start_persistent` runs one ``ray start --block`` per spec node (the first is the
 head) with token authentication (``RAY_AUTH_MODE=token``), loopback addresses
-(``--node-ip-address=127.0.0.1`` kept as given by :mod:`executor._ray_start`, dashboard on
-127.0.0.1) and free ports, each node
+(``--node-ip-address=127.0.0.1`` kept as given by
+:mod:`executor.local.loopback_ray_start`, dashboard on 127.0.0.1) and free ports, each node
 advertising its ``device:TYPE`` resources and its ``pipeplan_node:NAME`` marker. It records
 the address, the dashboard URL and every process it started (PID and start time) in
 ``STATE_DIR/cluster.json``; :func:`stop_persistent` stops exactly those processes (and their
@@ -27,9 +27,13 @@ from typing import Any
 
 import ray  # noqa: F401  (importing Ray puts its bundled psutil on the path)
 
+# isort: split
+import psutil
+
 from core.cluster import ClusterSpec, Node
+from executor import runtime
 from executor.errors import ExecutorError
-from executor.placement import device_resource, node_resource
+from executor.live_cluster import node_resources
 
 STATE_FILE = "cluster.json"
 
@@ -86,15 +90,15 @@ def _ray_exe() -> str:
 
 
 def _ray_start() -> list[str]:
-    """``ray start`` through :mod:`executor._ray_start`, which keeps 127.0.0.1 as given."""
-    return [sys.executable, "-m", "executor._ray_start", "start"]
+    """``ray start`` through :mod:`executor.local.loopback_ray_start`, which keeps 127.0.0.1
+    as given."""
+    return [sys.executable, "-m", "executor.local.loopback_ray_start", "start"]
 
 
 def _node_command(
     node: Node, head_port: int | None, address: str | None, object_store_mb: int
 ) -> list[str]:
-    resources = {device_resource(t): c for t, c in node.devices.items() if c > 0}
-    resources[node_resource(node.name)] = 1
+    resources = node_resources(node)
     cmd = [
         *_ray_start(),
         "--block",
@@ -122,10 +126,10 @@ def _node_command(
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["RAY_AUTH_MODE"] = "token"
-    # The in-process switch to loopback (executor/__init__.py) makes `ray start` refuse
-    # worker nodes; here --node-ip-address=127.0.0.1, kept as given by executor._ray_start,
-    # holds every node on loopback instead.
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+    # The in-process switch to loopback (executor.runtime.use_loopback) makes `ray start`
+    # refuse worker nodes; here --node-ip-address=127.0.0.1, kept as given by
+    # executor.local.loopback_ray_start, holds every node on loopback instead.
+    env[runtime.LOOPBACK_ENV] = "1"
     return env
 
 
@@ -147,7 +151,7 @@ def ray_status(address: str, timeout_s: float = 60.0) -> str:
     """``ray status`` of a loopback cluster. (A plain ``ray status --address 127.0.0.1:P``
     would look for the GCS on the machine's external address: Ray's CLI rewrites 127.0.0.1
     unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which this sets.)"""
-    env = {**_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = {**_env(), runtime.LOOPBACK_ENV: "0"}
     res = subprocess.run(
         [_ray_exe(), "status", f"--address={address}"],
         capture_output=True,
@@ -180,8 +184,6 @@ def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen[bytes]], 
 
 
 def _tree(pid: int) -> list[ProcessRecord]:
-    import psutil
-
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -205,8 +207,6 @@ def start_persistent(
 ) -> PersistentCluster:
     """Start a ``ray start`` cluster for ``spec`` and record it under ``state_dir``
     (default :func:`default_state_dir`). Refuses while a recorded cluster still runs."""
-    from executor.cluster import ensure_token_auth
-
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     if (state_dir / STATE_FILE).exists() and _alive(read_state(state_dir).processes):
@@ -215,7 +215,7 @@ def start_persistent(
             f"a pipeplan cluster is already running at {running.address} (state in "
             f"{state_dir}); stop it first"
         )
-    ensure_token_auth()  # ray start --head refuses token mode without a token file
+    runtime.ensure_token_auth()  # ray start --head refuses token mode without a token file
     port, dash = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
@@ -276,8 +276,6 @@ def stop_persistent(state_dir: Path | None = None, *, grace_s: float = 15.0) -> 
 
 def _matching(records: list[ProcessRecord]) -> list[Any]:
     """Live processes that are the recorded ones (same PID *and* start time) or children."""
-    import psutil
-
     found: dict[int, Any] = {}
     for r in records:
         try:
@@ -298,8 +296,6 @@ def _alive(records: tuple[ProcessRecord, ...]) -> bool:
 
 def _stop(records: list[ProcessRecord], grace_s: float) -> int:
     """SIGTERM the ``ray start`` roots (they stop their node), then stragglers; SIGKILL last."""
-    import psutil
-
     procs = _matching(records)
     count = len(procs)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):

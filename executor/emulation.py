@@ -1,0 +1,120 @@
+"""Emulated device speeds, decided in one place.
+
+On one machine every device of a cluster is the same CPU. A spec still describes types of
+different speeds, and the executor **emulates** them: a type ``k`` times slower than the
+spec's fastest (:func:`slowdown`: ``k = headroom x fastest flops / its flops``, the spec's
+``emulation: {headroom: H}``, 1 by default) makes each forward and backward of a stage
+worker last ``k x`` the CPU time it took, sleeping the rest (:func:`emulation_sleep`). A
+cluster is emulated when some type is slowed at all (:func:`is_emulated`), and every number
+measured on it says so (:data:`EMULATED_NOTE`).
+
+A profile meant to predict such a run is timed in CPU time too (:func:`profile_clock`),
+once, and each type's timings are the measured ones scaled by that type's factor
+(:func:`emulated_timings`, :func:`scaled_timings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from core.cluster import ClusterSpec, parse_device_id
+from core.errors import PipeplanError, PlanError
+from core.profile import LayerTiming, ModelProfile
+from models.profiler import Clock
+
+__all__ = [
+    "EMULATED_NOTE",
+    "device_slowdowns",
+    "emulated_timings",
+    "emulation_sleep",
+    "is_emulated",
+    "profile_clock",
+    "scaled_timings",
+    "slowdown",
+]
+
+EMULATED_NOTE = (
+    "EMULATED: every device is this machine's CPU; a type k times slower than the fastest "
+    "makes each forward and backward last k x its CPU time (sleeping the rest)"
+)
+
+
+def _factor(spec: ClusterSpec, base_flops: float, device_type: str) -> float:
+    if device_type not in spec.device_types:
+        raise PipeplanError(
+            f"device type {device_type!r}: not in cluster {spec.name!r} "
+            f"(types: {', '.join(spec.device_types)})"
+        )
+    return spec.emulation_headroom * base_flops / spec.device_types[device_type].flops
+
+
+def slowdown(spec: ClusterSpec, device_type: str) -> float:
+    """Emulation factor of a device type: ``headroom x fastest flops / its flops`` (the
+    spec's ``emulation_headroom`` for the fastest type, usually 1)."""
+    return _factor(spec, spec.fastest_flops(), device_type)
+
+
+def is_emulated(spec: ClusterSpec, device_types: Iterable[str] | None = None) -> bool:
+    """Whether running on ``spec`` slows some device type down (of ``device_types``, default
+    every type of the spec)."""
+    types = spec.device_types if device_types is None else device_types
+    return any(slowdown(spec, t) > 1.0 for t in types)
+
+
+def device_slowdowns(spec: ClusterSpec, devices: Sequence[str]) -> dict[str, float]:
+    """The emulation factor of each device id (``NODE/TYPE:INDEX``) of a plan."""
+    out = {}
+    for d in devices:
+        _, dtype, _ = parse_device_id(d)
+        if dtype not in spec.device_types:
+            raise PlanError(
+                f"device {d!r}: type {dtype!r} is not in cluster spec {spec.name!r} "
+                "(its flops set the emulated slowdown)"
+            )
+        out[d] = slowdown(spec, dtype)
+    return out
+
+
+def emulation_sleep(slowdown: float, wall_s: float, cpu_s: float) -> float:
+    """How long to sleep after a compute of ``cpu_s`` CPU seconds that took ``wall_s`` so
+    that it lasts ``slowdown x cpu_s`` in all (never negative).
+
+    The base is CPU time, not wall time: on a machine with fewer cores than busy actors, the
+    time a compute waited for a core is absorbed into the slowdown instead of being
+    multiplied by it (sleeping ``(k - 1) x wall`` would stretch every scheduling delay ``k``
+    times). On an idle core ``cpu == wall`` and both rules agree."""
+    if slowdown <= 1.0:
+        return 0.0
+    return max(0.0, slowdown * cpu_s - wall_s)
+
+
+def profile_clock(emulated: bool) -> Clock:
+    """The clock to time a profile with: CPU time for an emulated cluster (its devices last
+    ``slowdown x`` the CPU time of each compute, and other processes' load on a shared
+    machine does not inflate it), the wall clock for real devices."""
+    return "cpu" if emulated else "wall"
+
+
+def scaled_timings(timings: Sequence[LayerTiming], factor: float) -> list[LayerTiming]:
+    """Every part (fixed and per sample, forward and backward) times ``factor``."""
+    return [
+        LayerTiming(
+            t.fwd_s * factor, t.bwd_s * factor, t.fwd_fixed_s * factor, t.bwd_fixed_s * factor
+        )
+        for t in timings
+    ]
+
+
+def emulated_timings(profile: ModelProfile, spec: ClusterSpec, measured_type: str) -> ModelProfile:
+    """Timings for every device type of ``spec`` (with devices) from the ones measured as
+    ``measured_type``: each scaled by ``headroom x measured flops / type flops`` (by the
+    fastest flops when ``measured_type`` is not a type of the spec)."""
+    base = (
+        spec.device_types[measured_type].flops
+        if measured_type in spec.device_types
+        else spec.fastest_flops()
+    )
+    measured = [layer.timings[measured_type] for layer in profile.layers]
+    for t in sorted(spec.counts_by_type()):
+        profile = profile.with_timings(t, scaled_timings(measured, _factor(spec, base, t)))
+    return profile

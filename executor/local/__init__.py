@@ -1,0 +1,1 @@
+"""This machine's workarounds: persistent local clusters on loopback, keeping cores awake."""
