@@ -172,6 +172,25 @@ def _node_for(device_type: str, nodes: Sequence[LiveNode]) -> LiveNode:
     )
 
 
+def _answer(ref: Any, what: str, timeout_s: float) -> dict[str, Any]:
+    """The profiler actor's answer, or an :class:`ExecutorError` saying why there is none."""
+    try:
+        got: dict[str, Any] = ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        raise ExecutorTimeoutError(
+            f"{what}: no answer in {timeout_s:g} s (is the device held by a running pipeline?)"
+        ) from None
+    except RayTaskError as e:
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        raise ExecutorError(f"{what} failed: {type(cause).__name__}: {cause}") from None
+    except RayError as e:
+        raise ExecutorError(
+            f"{what}: the profiler actor died "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+        ) from None
+    return got
+
+
 def measure_on_type(
     source: ModelSource,
     device_type: str,
@@ -196,24 +215,7 @@ def measure_on_type(
         ref = actor.profile.remote(
             source, device_type, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock
         )
-        try:
-            got = ray.get(ref, timeout=timeout_s)
-        except GetTimeoutError:
-            raise ExecutorTimeoutError(
-                f"profiling model {source.name!r} on {where}: no answer in {timeout_s:g} s "
-                "(is the device held by a running pipeline?)"
-            ) from None
-        except RayTaskError as e:
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise ExecutorError(
-                f"profiling model {source.name!r} on {where} failed: "
-                f"{type(cause).__name__}: {cause}"
-            ) from None
-        except RayError as e:
-            raise ExecutorError(
-                f"profiling model {source.name!r} on {where}: the profiler actor died "
-                f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
-            ) from None
+        got = _answer(ref, f"profiling model {source.name!r} on {where}", timeout_s)
     finally:
         with contextlib.suppress(Exception):  # already gone with its node or cluster
             ray.kill(actor, no_restart=True)
@@ -251,7 +253,7 @@ def measure_profile(
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     if measure_on not in ("fastest", "each"):
         raise PipeplanError(f"measure_on: 'fastest' or 'each', got {measure_on!r}")
-    types = list(spec.counts_by_type() if device_types is None else device_types)
+    types = list(dict.fromkeys(spec.counts_by_type() if device_types is None else device_types))
     if not types:
         raise PipeplanError(f"cluster {spec.name!r}: no device types to profile")
     factors = {t: slowdown(spec, t) if emulate else 1.0 for t in types}  # unknown type: error
@@ -259,11 +261,9 @@ def measure_profile(
     for t in types:  # every type must be live, before any actor starts
         _node_for(t, nodes)
     deadline = time.monotonic() + timeout_s
-    if measure_on == "fastest":
-        fastest = max(types, key=lambda t: spec.device_types[t].flops)
-        order = [fastest]
-    else:
-        order = types
+    order = (
+        [max(types, key=lambda t: spec.device_types[t].flops)] if measure_on == "fastest" else types
+    )
     real: dict[str, TypeMeasurement] = {}
     for t in order:
         left = deadline - time.monotonic()
@@ -281,13 +281,18 @@ def measure_profile(
             nodes=nodes,
             clock=clock,
         )
-    first = real[order[0]].profile
+    return _combine([real[t] if measure_on == "each" else real[order[0]] for t in types], factors)
+
+
+def _combine(measured: Sequence[TypeMeasurement], factors: dict[str, float]) -> ModelProfile:
+    """One profile with, for each device type of ``factors`` (in order), the timings of the
+    matching measurement scaled by the type's factor."""
+    first = measured[0].profile
     profile = ModelProfile(
         first.name,
         first.input_shape,
         tuple(dataclasses.replace(layer, timings={}) for layer in first.layers),
     )
-    for t in types:
-        measured = real[t] if measure_on == "each" else real[order[0]]
-        profile = profile.with_timings(t, scaled_timings(measured.timings, factors[t]))
+    for (t, factor), m in zip(factors.items(), measured, strict=True):
+        profile = profile.with_timings(t, scaled_timings(m.timings, factor))
     return profile

@@ -30,9 +30,9 @@ WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_
 
 By default glibc hands freed heap tops and large blocks back to the OS and maps them afresh
 on the next allocation; in a Ray actor, whose own threads allocate between two operations,
-that happened on every operation -- 400-700 page faults and ~1 ms of system time per forward
-or backward of a small GPT stage, and 20-40% more CPU time than the same code in a loop
-(measured here). A fixed mmap threshold (32 MiB, glibc's largest) and a trim threshold that
+that happened on every operation: hundreds of page faults per forward or backward of a small
+GPT stage, which then cost noticeably more CPU time than the same code in a loop. A fixed
+mmap threshold (32 MiB, glibc's largest) and a trim threshold that
 is never reached keep an actor's activations and gradients in memory it already touched:
 an operation then costs what the profiler measured. Other C libraries ignore them."""
 

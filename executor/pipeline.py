@@ -14,9 +14,11 @@ them with a deadline; a worker's exception or a dead actor or node ends the step
 :class:`~executor.errors.StageFailedError` naming the stage, device and node.
 
 Replicas: a stage's microbatch is split across its replicas (contiguous shares); after the
-last backward each replica publishes its gradients to the object store and every replica
-sums all of them, in the same order, before its optimizer step: an all-reduce through the
-object store (no collective library), leaving the replicas with identical weights.
+last backward the replicas run a ring all-reduce of their gradients (:mod:`executor.ring`,
+the algorithm the cost model charges in rule 8): in ``2 (r-1)`` rounds each replica passes
+one chunk of its flat gradient to the next one as an object ref, reduce-scatter then
+all-gather, so every replica ends with the same bit-identical sum before its optimizer step
+and the replicas keep identical weights.
 
 :func:`run` trains a few warm-up and measured steps and returns a
 :class:`~executor.measure.Measurement`.

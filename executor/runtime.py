@@ -30,6 +30,7 @@ import ray
 from ray._common.utils import get_ray_address_file
 from ray._private import ray_constants, services
 from ray._private.authentication import authentication_token_setup as token_setup
+from ray._private.state import actors as actor_table
 from ray._private.state import available_resources_per_node
 from ray.cluster_utils import Cluster
 from ray.exceptions import AuthenticationError
@@ -38,6 +39,7 @@ from executor.errors import ExecutorError
 
 __all__ = [
     "LOOPBACK_ENV",
+    "actors",
     "address_file",
     "connect",
     "connect_in_job",
@@ -190,6 +192,12 @@ def free_resources_by_node() -> dict[str, dict[str, float]]:
         str(node_id): {str(k): float(v) for k, v in free.items()}
         for node_id, free in available_resources_per_node().items()
     }
+
+
+def actors() -> list[dict[str, Any]]:
+    """Every actor the connected cluster knows (alive or dead), as Ray's state records
+    (``ActorClassName``, ``State``, ``Address`` ...)."""
+    return [dict(a) for a in actor_table().values()]
 
 
 def _given_host(host: str) -> str:

@@ -17,10 +17,8 @@ the actor starts it the moment the previous one ends, with no round trip through
 in between. The payload refs passed in (activations from the previous stage, gradients from
 the next one) make every cross-stage dependency explicit.
 
-**Payloads.** Activations and gradients travel as ``{value name: numpy array}`` (Ray moves
-numpy arrays faster than torch tensors); each call gets the payloads of the neighbour
-operations that hold its samples and a :class:`~executor.microbatch.Piece` per payload
-saying which rows to take.
+**Payloads.** Activations and gradients travel as ``{value name: numpy array}``
+(:mod:`executor.payloads`).
 
 **Failures.** A method never raises: it returns a :class:`Failure` (with the traceback) as
 both record and payload. A method that receives a ``Failure`` passes it on untouched, and a
@@ -66,10 +64,10 @@ from executor.model import (
     loss_terms,
 )
 from executor.partition import ValueKind, fetch_attr, partition
+from executor.payloads import Payload, gather, gather_gradients, to_numpy
 from executor.ring import RingState
 
 OpKind = Literal["F", "B", "G", "U"]
-Payload = dict[str, Any]
 Key = tuple[int, int]  # (step, microbatch)
 
 
@@ -223,16 +221,7 @@ class StageWorker:
         the loss terms instead of activations.
         """
         clock = Clock.now()
-        data = payloads[: len(pieces)]
-        values = gather(self.graph.inputs, pieces, data, self.kinds)
-        leaves = {
-            n: v.requires_grad_(True)
-            for n, v in values.items()
-            if self.spec.stage > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
-        }
-        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
-        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
-        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
+        values, leaves, args = self._inputs(pieces, payloads[: len(pieces)])
         key = (step, microbatch)
         y = None
         if self.last:
@@ -257,6 +246,22 @@ class StageWorker:
             payload = {n: to_numpy(v) for n, v in outputs.items()}
         self.saved[key] = (leaves, outputs)
         return self._record("F", step, microbatch, clock, computed), payload
+
+    def _inputs(
+        self, pieces: Sequence[Piece], payloads: Sequence[Payload]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]:
+        """The stage's input values for ``pieces``, the leaves that will hold their
+        gradients (stages after the first), and the module's arguments."""
+        values = gather(self.graph.inputs, pieces, payloads, self.kinds)
+        leaves = {
+            n: v.requires_grad_(True)
+            for n, v in values.items()
+            if self.spec.stage > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
+        }
+        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
+        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
+        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
+        return values, leaves, args
 
     @_guarded("B")
     @ray.method(num_returns=2)
@@ -399,62 +404,3 @@ class Clock:
     def elapsed(self) -> tuple[float, float]:
         """Wall seconds and CPU seconds since :meth:`now`."""
         return time.perf_counter() - self.wall, time.thread_time() - self.cpu
-
-
-def to_numpy(value: Any) -> Any:
-    return value.detach().numpy() if isinstance(value, torch.Tensor) else value
-
-
-def gather(
-    names: Sequence[str],
-    pieces: Sequence[Piece],
-    payloads: Sequence[Payload],
-    kinds: Mapping[str, ValueKind],
-) -> dict[str, Any]:
-    """The values ``names`` for the samples of ``pieces``: batched rows concatenated in order;
-    shared and constant values from the first piece."""
-    out: dict[str, Any] = {}
-    for name in names:
-        if kinds[name] == "batched":
-            rows = [p[name][pc.lo : pc.hi] for pc, p in zip(pieces, payloads, strict=True)]
-            out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
-        elif kinds[name] == "shared":
-            out[name] = torch.from_numpy(np.array(payloads[0][name]))
-        else:
-            out[name] = payloads[0][name]
-    return out
-
-
-def gather_gradients(
-    names: Sequence[str],
-    pieces: Sequence[Piece],
-    payloads: Sequence[Payload | None],
-    kinds: Mapping[str, ValueKind],
-) -> dict[str, torch.Tensor]:
-    """Gradients of ``names`` for this operation's samples from the next stage's pieces.
-
-    Batched: rows concatenated (a piece without a gradient counts as zeros). Shared: the sum
-    of the pieces this operation owns. Names with no gradient at all are left out.
-    """
-    out: dict[str, torch.Tensor] = {}
-    for name in names:
-        got = [
-            (pc, None if p is None else p.get(name)) for pc, p in zip(pieces, payloads, strict=True)
-        ]
-        present = [g for _, g in got if g is not None]
-        if not present or kinds[name] == "constant":
-            continue
-        if kinds[name] == "shared":
-            owned = [g for pc, g in got if pc.owner and g is not None]
-            if owned:
-                out[name] = torch.from_numpy(np.sum(owned, axis=0))
-            continue
-        like = present[0]
-        rows = [
-            np.zeros((pc.hi - pc.lo, *like.shape[1:]), like.dtype)
-            if g is None
-            else g[pc.lo : pc.hi]
-            for pc, g in got
-        ]
-        out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
-    return out

@@ -1,13 +1,11 @@
 """Keep this machine's cores out of their idle states while an emulated cluster runs.
 
-An emulated device sleeps most of each operation (:mod:`executor.stage`), so the cores go
-idle many times a second, and a core that has just left idle runs the next computation
-slower: measured here (``bench/idle_slowdown.py``: a two-stage GPT slice in one process,
-30 ms pauses between operations) at 1.21-1.60x the CPU time the profile predicts, against
-0.77-0.97x back to back. Keeping the cores busy with idle-priority spinners gave 1.04-1.16x
-in three runs but 1.23x in a fourth: on this machine the effect is real and the remedy
-helps most of the time, not always. A real device does not pay that, and the
-profile (timed back to back) does not predict it.
+An emulated device sleeps most of each operation (:mod:`executor.emulation`), so the cores
+go idle many times a second, and a core that has just left idle runs the next computation
+slower than the profile (timed back to back) predicts; a real device does not pay that.
+``bench/idle_slowdown.py`` measures the effect and this remedy (figures in
+``bench/results/idle_slowdown.json`` and the README): on this machine the effect is real and
+the remedy helps most of the time, not always.
 
 :class:`KeepAwake` starts one spinner process per core under ``SCHED_IDLE``, Linux's
 lowest scheduling class: a spinner runs only when nothing else wants the core and gives it

@@ -198,6 +198,14 @@ def _tree(pid: int) -> list[ProcessRecord]:
     return found
 
 
+def _launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start one ``ray start --block`` in its own session, its output going to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
 def start_persistent(
     spec: ClusterSpec,
     state_dir: Path | None = None,
@@ -225,16 +233,7 @@ def start_persistent(
             if i == 0:
                 cmd.append(f"--dashboard-port={dash}")
             log = state_dir / f"{node.name}.log"
-            with open(log, "wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        cmd,
-                        env=_env(),
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )  # fmt: skip
-                )
+            procs.append(_launch(cmd, log))
             _wait_started(procs[-1], log, timeout_s)
         _wait_nodes(address, len(spec.nodes), procs, timeout_s)
     except BaseException:

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from core.cluster import ClusterSpec, Node
 from core.plan import Plan, Stage
+from executor import runtime
 from executor.errors import StageFailedError
 from executor.local_cluster import LocalCluster
 from executor.model import ModelSource
@@ -39,7 +39,7 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def stage_workers_alive() -> int:
-    actors = ray._private.state.actors().values()
+    actors = runtime.actors()
     return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
 
 

@@ -20,6 +20,7 @@ from ray import cloudpickle
 from core.cluster import ClusterSpec
 from core.errors import PlanError
 from core.plan import Plan, Schedule, Stage
+from executor import runtime
 from executor.data import digits_batches, synthetic_batches
 from executor.live_cluster import discover, live_nodes, node_resource
 from executor.local_cluster import LocalCluster
@@ -101,7 +102,7 @@ def digits_pipe(cluster: LocalCluster) -> Iterator[Pipeline]:
 
 
 def stage_workers_alive() -> int:
-    actors = ray._private.state.actors().values()
+    actors = runtime.actors()
     return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
 
 
@@ -261,3 +262,9 @@ def test_discover_reads_the_live_cluster(cluster: LocalCluster) -> None:
     assert found.device_types["slow"] == SPEC.device_types["slow"]
     assert {n.name for n in live_nodes()} == {"n0", "n1", "n2"}
     assert cluster.slowdown("slow") == 6.0 and cluster.slowdown("fast") == 1.5  # headroom 1.5
+
+
+def test_every_node_binds_loopback(cluster: LocalCluster) -> None:
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    assert addresses == {"127.0.0.1"}
+    assert cluster.address.startswith("127.0.0.1:")

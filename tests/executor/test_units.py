@@ -20,17 +20,10 @@ from executor.measured_profile import call_sizes
 from executor.microbatch import Layout, Piece, pieces, replica_shares
 from executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
 from executor.partition import ValueKind, count_layers, partition
+from executor.payloads import gather, gather_gradients
 from executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
 from executor.ring import RingState, ring_table, rounds
-from executor.stage import (
-    Clock,
-    Failure,
-    OpRecord,
-    StageWorker,
-    WorkerSpec,
-    gather,
-    gather_gradients,
-)
+from executor.stage import Clock, Failure, OpRecord, StageWorker, WorkerSpec
 from models import zoo
 from tests.executor.models import skipnet
 

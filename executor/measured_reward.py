@@ -1,11 +1,15 @@
-"""``MeasuredReward``: TAPP's reward measured for real, one run of each plan on the cluster.
+"""``MeasuredReward``: a planner's reward measured for real, one run of each plan on the cluster.
 
-A :class:`MeasuredReward` is a reward source (``agents.tapp.rewards.RewardSource``: plans in,
-objective values out, lower is better, ``inf`` for a plan that cannot run). For each plan it
-never saw it trains ``warmup`` + ``repeats`` global batches on the connected Ray cluster and
-takes the mean batch time of the ``repeats`` measured ones (TAPP averages repeated runs of one
-training step); the value is that time, or ``score(plan, time)`` when the search has another
-objective. Values are cached by plan, so a plan is run once however often it is sampled.
+A :class:`MeasuredReward` is a reward source (:class:`agents.rewards.RewardSource`: plans in,
+objective values out, lower is better, ``inf`` for a plan that cannot run), so any planner can
+be valued by runs: ``make_planner("tapp", reward=MeasuredReward(...))``. For each plan it never
+saw it trains ``warmup`` + ``repeats`` global batches on the connected Ray cluster and takes
+the mean batch time of the ``repeats`` measured ones (TAPP averages repeated runs of one
+training step); the value is that time scored for the problem's objective
+(:func:`measured_value`: the batch time for ``time``, $ per sample under the throughput floor
+for ``cost``). Values are cached by plan, so a plan is run once however often it is sampled:
+use one source per problem. :meth:`MeasuredReward.run` runs plans without a search (their
+value is then the batch time).
 
 Stage actors are expensive to start (a process and a model each): the source keeps one
 :class:`~executor.pipeline.Pipeline` open and, when the next plan has the same stages (layers
@@ -16,10 +20,11 @@ connected cluster (:class:`~executor.cluster.LocalCluster` or
 its pipeline.
 
 A plan that fails (refused by the live cluster, a stage that raised, a timeout) is worth
-``inf`` and its reason is kept in :attr:`outcomes`; with a ``profile``, plans the cost model
-says do not fit in memory are ``inf`` without a run. ``max_failures`` plans failing in a row
-end the search with an :class:`~executor.errors.ExecutorError` instead: a broken cluster
-should not read as a search space without feasible plans.
+``inf`` and its reason is kept in :attr:`outcomes` and handed to the search (which quotes it
+when nothing ran); plans the cost model says do not fit in memory (on the problem's profile)
+are ``inf`` without a run. ``max_failures`` plans failing in a row end the search with an
+:class:`~executor.errors.ExecutorError` instead: a broken cluster should not read as a search
+space without feasible plans.
 """
 
 from __future__ import annotations
@@ -33,20 +38,19 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
-import ray
 
+from agents.problem import Problem
+from agents.rewards import Rewards, plans_of
+from core.batch_eval import PlanBatch
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.errors import PipeplanError
 from core.plan import Plan
-from core.profile import ModelProfile
+from executor import runtime
 from executor.errors import ExecutorError
 from executor.measure import Measurement
 from executor.model import Batch, ModelSource
 from executor.pipeline import Pipeline, RunConfig, make_batches
-
-Score = Callable[[Plan, float], float]
-"""Objective value of a plan from its measured mean batch time (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,14 @@ def plan_key(plan: Plan) -> str:
     return json.dumps(plan.to_dict(), sort_keys=True)
 
 
+def measured_value(problem: Problem, plan: Plan, batch_time: float) -> float:
+    """``problem``'s objective value of ``plan`` from its measured mean batch time (seconds):
+    the plan ran, so it fits; its price is that of its devices in ``problem``'s cluster."""
+    cluster = problem.cluster
+    price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
+    return float(problem.score(np.array([batch_time]), np.array([True]), np.array([price]))[0])
+
+
 def _same_stages(a: Plan, b: Plan) -> bool:
     return [(s.layers, s.devices) for s in a.stages] == [(s.layers, s.devices) for s in b.stages]
 
@@ -73,7 +85,9 @@ class MeasuredReward:
     """Runs each plan ``repeats`` times on the connected cluster; the value is the mean batch
     time (module docstring). ``config`` sets everything else about a run (data, optimizer,
     emulation, timeouts); its ``steps`` and ``warmup`` are replaced by ``repeats`` and
-    ``warmup``."""
+    ``warmup``. ``cluster`` is the live cluster's spec (the plans' devices run there)."""
+
+    name = "measured"
 
     def __init__(
         self,
@@ -83,8 +97,6 @@ class MeasuredReward:
         repeats: int = 3,
         warmup: int = 1,
         config: RunConfig | None = None,
-        profile: ModelProfile | None = None,
-        score: Score | None = None,
         max_failures: int = 3,
         on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
@@ -93,9 +105,8 @@ class MeasuredReward:
                 f"measured reward: repeats >= 1, warmup >= 0 and max_failures >= 1 needed, "
                 f"got {repeats}, {warmup}, {max_failures}"
             )
-        self.model, self.cluster, self.profile = model, cluster, profile
+        self.model, self.cluster = model, cluster
         self.config = dataclasses.replace(config or RunConfig(), steps=repeats, warmup=warmup)
-        self.score = score
         self.max_failures = max_failures
         self.on_outcome = on_outcome
         self.outcomes: dict[str, Outcome] = {}
@@ -125,21 +136,32 @@ class MeasuredReward:
 
     # --- the reward source ------------------------------------------------------------------
 
-    def evaluate(self, plans: Sequence[Plan]) -> np.ndarray:
-        """One value per plan, in order; plans seen before come from the cache."""
-        if not ray.is_initialized():
+    def evaluate(self, problem: Problem, batch: PlanBatch) -> Rewards:
+        """One value per plan of ``batch``, in order; plans seen before come from the cache."""
+        outcomes = self.run(plans_of(problem, batch), problem)
+        return Rewards(
+            values=np.array([o.value for o in outcomes], dtype=np.float64),
+            errors=tuple(dict.fromkeys(o.error for o in outcomes if o.error)),
+        )
+
+    def run(self, plans: Sequence[Plan], problem: Problem | None = None) -> list[Outcome]:
+        """The outcome of each plan, in order, running the plans never seen. With a
+        ``problem``, plans that do not fit its profile (cost model) are not run, and values
+        are its objective's; without one, a value is the mean batch time."""
+        if not runtime.is_connected():
             raise ExecutorError(
-                "measured reward: not connected to a Ray cluster (use LocalCluster or connect())"
+                "measured reward: not connected to a Ray cluster; start or join one first "
+                "(executor.runtime, LocalCluster or connect())"
             )
-        values = np.empty(len(plans))
-        for i, plan in enumerate(plans):
+        out = []
+        for plan in plans:
             key = plan_key(plan)
             if key not in self.outcomes:
-                self.outcomes[key] = self._evaluate(plan)
+                self.outcomes[key] = self._evaluate(plan, problem)
                 if self.on_outcome is not None:
                     self.on_outcome(self.outcomes[key])
-            values[i] = self.outcomes[key].value
-        return values
+            out.append(self.outcomes[key])
+        return out
 
     def measurement(self, plan: Plan) -> Measurement | None:
         """The run of ``plan``, if it was evaluated and ran."""
@@ -153,15 +175,15 @@ class MeasuredReward:
 
     # --- one plan ---------------------------------------------------------------------------
 
-    def _evaluate(self, plan: Plan) -> Outcome:
+    def _evaluate(self, plan: Plan, problem: Problem | None) -> Outcome:
         t0 = time.perf_counter()
-        if self.profile is not None:
-            est = simulate(plan, self.profile, self.cluster)
+        if problem is not None:
+            est = simulate(plan, problem.profile, self.cluster)
             if not est.fits:
                 reason = "does not fit in memory (cost model): " + "; ".join(est.not_fitting)
                 return Outcome(plan, math.inf, error=reason)
         try:
-            measured = self._run(plan)
+            measured = self._measure(plan)
         except (PipeplanError, ExecutorError) as e:
             self.close()  # the actors' state is unknown after a failure
             self._failures_in_a_row += 1
@@ -174,11 +196,11 @@ class MeasuredReward:
             return Outcome(plan, math.inf, error=reason, seconds=time.perf_counter() - t0)
         self._failures_in_a_row = 0
         value = measured.batch_time_s
-        if self.score is not None:
-            value = self.score(plan, value)
+        if problem is not None:
+            value = measured_value(problem, plan, value)
         return Outcome(plan, value, measured, seconds=time.perf_counter() - t0)
 
-    def _run(self, plan: Plan) -> Measurement:
+    def _measure(self, plan: Plan) -> Measurement:
         if self._pipe is not None and _same_stages(self._pipe.plan, plan):
             self._pipe.reconfigure(plan, self.config)
         else:
