@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
 from core.costmodel import Estimate
 
 COLOURS = {
@@ -26,14 +29,9 @@ LABELS = {
 
 def draw_gantt(est: Estimate, path: str | Path, title: str = "") -> None:
     """Write a PNG of the estimate's timeline (times in ms)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
     S = len(est.stages)
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.9 * S))
+    fig = Figure(figsize=(12, 1.0 + 0.9 * S))
+    ax = fig.subplots()
     for e in est.timeline:
         compute = e.kind in ("F", "B", "update", "allreduce")
         y, h = (S - 1 - e.stage, 0.55) if compute else (S - 1 - e.stage - 0.38, 0.18)
@@ -79,4 +77,3 @@ def draw_gantt(est: Estimate, path: str | Path, title: str = "") -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,26 +1,36 @@
-"""Rich tables for estimates; units shown to people are ms, MB and GB."""
+"""Rich tables and text lines for estimates, plans and comparisons; units shown to people
+are ms, MB and GB."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Sequence
+
 from rich.table import Table
 
+from agents.compare import Row, describe, exact_reference, ratios
+from agents.problem import Objective, Problem
 from core.costmodel import Estimate
+from service.tasks.plan import Planned
+
+NOTE_WIDTH = 48
+"""Of the comparison table's note column."""
+
+
+def format_value(value: float, objective: Objective) -> str:
+    """An objective value for people: ms per batch, or $ per sample."""
+    if not math.isfinite(value):
+        return "none feasible yet"
+    if objective is Objective.COST:
+        return f"${value:.3e}/sample"
+    return f"{value * 1e3:.3f} ms/batch"
 
 
 def estimate_table(est: Estimate, title: str = "") -> Table:
     table = Table(title=title or "cost model estimate", title_justify="left")
-    for col in (
-        "stage",
-        "devices",
-        "layers",
-        "microbatch",
-        "fwd ms",
-        "bwd ms",
-        "compute ms",
-        "transfer ms",
-        "memory GB",
-        "fits",
-    ):
+    for col in ("stage", "devices", "layers", "microbatch", "fwd ms", "bwd ms", "compute ms",
+                "transfer ms", "memory GB", "fits"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("devices", "layers") else "right")
     for st in est.stages:
         table.add_row(
@@ -50,3 +60,74 @@ def totals_lines(est: Estimate) -> list[str]:
     ]
     lines += [f"  does not fit: {p}" for p in est.not_fitting]
     return lines
+
+
+def search_line(planned: Planned) -> str:
+    r = planned.result
+    how = ", measured reward" if planned.measured is not None else ""
+    return (
+        f"search          {r.evaluations} evaluations in {r.wall_time_s:.2f} s ({r.planner}{how})"
+    )
+
+
+# --- compare ------------------------------------------------------------------------------
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1].rstrip() + "\u2026"
+
+
+def short_reason(row: Row) -> str:
+    """The reason without the planner/problem prefix the table already shows."""
+    name = re.escape(row.planner)
+    return re.sub(rf"^(planner '{name}'|{name})( on [^:]*)?: ", "", row.error)
+
+
+def _comparison_columns(table: Table, exact_col: str) -> None:
+    for col in ("planner", "batch ms", "samples/s", "$/sample", "memory ok", "search s",
+                "evaluations", "vs best", exact_col):  # fmt: skip
+        table.add_column(col, justify="left" if col == "planner" else "right", no_wrap=True)
+    table.add_column("note", max_width=NOTE_WIDTH)  # a long reason is cut; failure_lines has it
+
+
+def comparison_table(problem: Problem, rows: Sequence[Row]) -> Table:
+    to_best, to_exact = ratios(rows)
+    ref = exact_reference(rows)
+    table = Table(title=f"{describe(problem)} (cost model)", title_justify="left")
+    _comparison_columns(table, f"vs {ref.planner}" if ref is not None else "vs exact")
+    for r in rows:
+        if r.result is None:
+            dash = ["-"] * 4
+            note = "failed: " + shorten(short_reason(r), 2 * NOTE_WIDTH)
+            table.add_row(r.planner, *dash, f"{r.search_s:.2f}", *dash[:3], note)
+            continue
+        est, n = r.result.estimate, r.planner
+        table.add_row(
+            n,
+            f"{est.batch_time_s * 1e3:.3f}",
+            f"{est.throughput:,.1f}",
+            f"{est.cost_per_sample:.3e}",
+            "yes" if est.fits else "[red]NO[/red]",
+            f"{r.search_s:.2f}",
+            str(r.result.evaluations),
+            f"{to_best[n]:.3f}",
+            f"{to_exact[n]:.3f}" if n in to_exact else "-",
+            "best" if to_best[n] == 1.0 else "",
+        )
+    return table
+
+
+def failure_lines(rows: Sequence[Row]) -> list[str]:
+    return [f"{r.planner} failed: {r.error}" for r in rows if r.result is None]
+
+
+def reference_note(rows: Sequence[Row]) -> str:
+    ref = exact_reference(rows)
+    if ref is None:
+        return "no exact reference: neither brute nor dp produced a plan"
+    if ref.planner == "brute":
+        return "vs brute: ratio to the exact optimum (exhaustive search in the cost model)"
+    return (
+        "vs dp: ratio to dp, exact for the steady-state bottleneck with one device type per "
+        "stage; below 1 means a plan beat it in the full cost model"
+    )

@@ -125,11 +125,11 @@ def test_validate_plan_against_cluster(monkeypatch, capsys, files, tmp_path) -> 
         (["validate"], "error: Missing argument"),
         (
             ["simulate", "--profile", "{profile}", "--cluster", "{cluster}"],
-            "error: simulate: give exactly one of --plan FILE or --uniform N",
+            "error: plan, uniform: give exactly one of a plan document or uniform",
         ),
         (
             ["simulate", "--profile", "{profile}", "--cluster", "{cluster}", "--uniform", "9"],
-            "error: --uniform: must be in [1, 3]",
+            "error: uniform.devices: must be in [1, 3]",
         ),
         (
             ["simulate", "--profile", "{cluster}", "--cluster", "{cluster}", "--uniform", "1"],

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from agents import PLANNERS, Problem, ProblemError
+from agents.compare import default_planners
 from agents.registry import Planner
 from agents.search import Search
 from core.costmodel import simulate
 from core.formats.pipedream import load_pipedream
 from core.plan import Plan
 from core.profile import ModelProfile
-from service.cli import load_cluster
+from service.tasks.common import cluster_spec
 from tests.service.runner import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_plan_json_and_plan_file(monkeypatch, capsys, profile_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
     saved = tmp_path / "plan.json"
-    code, out, _ = run(
+    code, out, err = run(
         monkeypatch,
         capsys,
         "plan",
@@ -57,13 +58,13 @@ def test_plan_json_and_plan_file(monkeypatch, capsys, profile_path, tmp_path) ->
         str(saved),
         "--json",
     )
-    assert code == 0
+    assert code == 0, err
     doc = json.loads(out)
     assert set(doc) == {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
     assert doc["planner"] == "greedy" and doc["evaluations"] > 0
     plan = Plan.load(saved)
     assert plan.to_dict() == doc["plan"] and plan.global_batch == 32
-    profile, cluster = ModelProfile.load(profile_path), load_cluster("cloud-mix")
+    profile, cluster = ModelProfile.load(profile_path), cluster_spec("cloud-mix")
     plan.validate(profile, cluster)
     est = simulate(plan, profile, cluster)
     assert est.fits and doc["estimate"]["batch_time_s"] == est.batch_time_s
@@ -211,8 +212,6 @@ def test_compare_json_ratios_to_best_and_to_exact(monkeypatch, capsys, profile_p
 
 
 def test_default_planners_are_the_registered_baselines() -> None:
-    from service.plan_cmd import default_planners
-
     names = default_planners()
     assert {"uniform", "balanced", "data_parallel", "greedy"} <= set(names)
     assert "tapp" not in names and "ppo" not in names
@@ -224,17 +223,17 @@ def test_default_planners_are_the_registered_baselines() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["plan", "--planner", "nosuch"], "error: --planner: unknown planner 'nosuch'"),
+        (["plan", "--planner", "nosuch"], "error: planner: unknown planner 'nosuch'"),
         (["plan", "--objective", "speed"], "error: Invalid value for '--objective'"),
         (
             ["plan", "--objective", "cost"],
-            "error: --min-throughput: required with --objective cost",
+            "error: min_throughput: required with objective cost",
         ),
         (
             ["plan", "--min-throughput", "10"],
             "error: min_throughput: only applies to the cost objective, not 'time'",
         ),
-        (["plan", "--model", "alexnet"], "error: give exactly one of --model NAME or --profile"),
+        (["plan", "--model", "alexnet"], "error: model, profile: give exactly one of model (a zoo name) or profile"),
         (["plan", "--batch", "0"], "error: global_batch: must be an integer >= 1, got 0"),
         (["plan", "--microbatches", "5"], "error: microbatches: 5 does not divide global_batch"),
         (["plan", "--budget", "0"], "error: budget.evaluations: must be >= 1, got 0"),
@@ -242,14 +241,14 @@ def test_default_planners_are_the_registered_baselines() -> None:
             ["plan", "--objective", "cost", "--min-throughput", "1e9", "--planner", "balanced"],
             "no plan reaches min_throughput 1e+09 samples/s",
         ),
-        (["compare", "--planners", "uniform,nosuch"], "error: --planners: unknown planner"),
+        (["compare", "--planners", "uniform,nosuch"], "error: planners: unknown planner"),
         (
             ["plan", "--planner", "greedy", "--workers", "2"],
             "error: --workers: only applies to tapp and ppo, not 'greedy'",
         ),
         (["plan", "--planner", "brute", "-O", "max_space"], "error: --option: expected KEY=VALUE"),
         (["plan", "--planner", "brute", "-O", "nosuch=1"], "planner 'brute': bad options"),
-        (["compare", "--planners", ","], "error: --planners: no planner named"),
+        (["compare", "--planners", ","], "error: planners: no planner named"),
     ],
 )
 def test_errors_are_one_line_and_exit_2(monkeypatch, capsys, profile_path, args, message) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,10 @@ import pytest
 
 from core.cluster import ClusterSpec, Node
 from core.plan import Plan, Stage
+from executor import runtime
+from executor.local_cluster import LocalCluster
+from executor.measured_reward import MeasuredReward
+from executor.model import ModelSource
 from tests.service.runner import run_cli as cli
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
@@ -63,11 +67,11 @@ def test_cluster_status_without_a_cluster_says_so(monkeypatch, capsys, no_state)
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--address", "auto", "--model", "digits_cnn"], "--address auto: no pipeplan"),
-        (["--cluster", "local-hetero", "--model", "nope"], "--model: unknown 'nope'"),
+        (["--address", "auto", "--model", "digits_cnn"], "address auto: no pipeplan"),
+        (["--cluster", "local-hetero", "--model", "nope"], "model: unknown 'nope'"),
         (["--cluster", "tapp-paper", "--model", "digits_cnn"], "unknown device 'n0/fast:0'"),
         (["--cluster", "local-hetero", "--model", "digits_cnn", "--steps", "0"], "steps"),
-        (["--cluster", "local-hetero"], "exactly one of --model NAME or --profile FILE"),
+        (["--cluster", "local-hetero"], "exactly one of model (a zoo name) or profile"),
     ],
 )
 def test_run_refuses_bad_input_before_starting_ray(  # type: ignore[no-untyped-def]
@@ -86,7 +90,7 @@ def test_measured_reward_is_for_tapp_only(monkeypatch, capsys) -> None:  # type:
         "--model", "digits_cnn", "--cluster", "local-hetero",
     )  # fmt: skip
     assert code == 2
-    assert err.strip() == "error: --reward measured: only applies to tapp, not 'dp'"
+    assert err.strip() == "error: reward: measured only applies to tapp, not 'dp'"
 
 
 # --- on a live cluster ------------------------------------------------------------------------
@@ -94,8 +98,6 @@ def test_measured_reward_is_for_tapp_only(monkeypatch, capsys) -> None:  # type:
 
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
-    from executor.local_cluster import LocalCluster
-
     with LocalCluster(SMALL, object_store_mb=100, connect=False) as cluster:
         yield cluster.address
 
@@ -171,20 +173,14 @@ def test_tapp_with_a_measured_reward_runs_plans_on_the_cluster(  # type: ignore[
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_measured_reward_caches_plans_and_reuses_actors(address) -> None:  # type: ignore[no-untyped-def]
-    import ray
-
-    from executor.model import ModelSource
-    from executor.reward import MeasuredReward
-    from executor.runtime import connect
-
     other_micro = Plan(16, tuple(Stage(s.layers, s.devices, 4) for s in TWO_STAGES.stages))
-    connect(address)
+    runtime.connect(address)
     try:
         with MeasuredReward(ModelSource("digits_cnn", 8), SMALL, repeats=1) as reward:
-            first = reward.evaluate([TWO_STAGES, other_micro])
-            again = reward.evaluate([other_micro])
+            first = [o.value for o in reward.run([TWO_STAGES, other_micro])]
+            again = [o.value for o in reward.run([other_micro])]
     finally:
-        ray.shutdown()
-    assert (first > 0).all() and again[0] == first[1]
+        runtime.shutdown()
+    assert all(v > 0 for v in first) and again[0] == first[1]
     assert reward.runs == 2
     assert reward.pipelines_started == 1  # same stages: the actors were reconfigured

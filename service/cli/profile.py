@@ -1,0 +1,107 @@
+"""``pipeplan profile``: a zoo model (or a PipeDream import) into profile.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from core.profile import ModelProfile
+from models import zoo
+from service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
+from service.tasks.profile import PipedreamRequest, ProfileRequest, import_pipedream, profile
+
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="measure here and derive timings for every device type of this EMULATED "
+        "cluster by its slowdown (fastest flops / type flops)"
+    ),
+]
+MeasureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--measure",
+        help="with --cluster: start that cluster and time every layer on each of its "
+        "device types through actors pinned to them (emulated types include the slowdown)",
+    ),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="with --measure: a running Ray cluster (HOST:PORT, or 'auto' for `pipeplan "
+        "cluster up`'s) instead of starting one",
+    ),
+]
+
+
+def _pipedream(
+    path: Path, batch_size: int | None, device_type: str | None, name: str | None
+) -> ModelProfile:
+    if batch_size is None:
+        raise CliError("--batch-size: required with --pipedream (the minibatch it was taken at)")
+    if not device_type:
+        raise CliError("--device-type: required with --pipedream (the GPU it was taken on)")
+    return import_pipedream(
+        PipedreamRequest(path=path, batch_size=batch_size, device_type=device_type, name=name)
+    )
+
+
+def _write(prof: ModelProfile, output: Path) -> None:
+    prof.save(output)
+    types = ", ".join(prof.device_types) or "no device type (analytic)"
+    say(
+        f"wrote {output}: {len(prof)} layers, {prof.params_bytes / 1e6:.2f} MB params, "
+        f"{prof.flops / 1e9:.3f} GFLOPs/sample, timings for {types}"
+    )
+
+
+@clean_errors
+def profile_command(
+    model: Annotated[str | None, typer.Argument(help="zoo model name (see --list)")] = None,
+    input_size: Annotated[int | None, typer.Option(help="input height/width (or tokens)")] = None,
+    device_type: Annotated[
+        str | None,
+        typer.Option(help="measure layer times on this machine under this device-type name"),
+    ] = None,
+    cluster: ClusterOpt = None,
+    pipedream: Annotated[Path | None, typer.Option(help="import a PipeDream graph.txt")] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="minibatch the PipeDream profile was taken at")
+    ] = None,
+    measure: MeasureOpt = False,
+    address: AddressOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    text: Annotated[bool, typer.Option("--text", help="print TAPP's text library")] = False,
+    list_models: Annotated[bool, typer.Option("--list", help="list zoo models")] = False,
+) -> None:
+    """Profile a zoo model (or import a PipeDream profile) into profile.json."""
+    if list_models:
+        typer.echo("\n".join(zoo.MODELS))
+        return
+    if pipedream is not None and not (measure or address):
+        prof = _pipedream(pipedream, batch_size, device_type, model)
+    elif model is None or pipedream is not None:
+        raise CliError(
+            f"profile: give a MODEL name (one of {', '.join(zoo.MODELS)}) or --pipedream FILE"
+        )
+    else:
+        request = ProfileRequest(
+            model=model,
+            input_size=input_size,
+            device_type=device_type,
+            cluster=cluster_ref(cluster) if cluster is not None else None,
+            measure=measure,
+            address=address,
+        )
+        prof = profile(request, ConsoleReporter())
+    if output is not None:
+        _write(prof, output)
+    if text or output is None:
+        typer.echo(prof.text_library())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile_command)

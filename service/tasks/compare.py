@@ -1,0 +1,58 @@
+"""The ``compare`` use-case: several planners on one problem, against the exact answer
+(:mod:`agents.compare`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
+from agents.problem import PlanResult, Problem
+from agents.registry import PLANNERS, make_planner
+from service.tasks.common import ProblemRequest, RequestError, build_problem
+from service.tasks.progress import QUIET, Reporter
+
+
+class CompareRequest(ProblemRequest):
+    """A problem and the planners to run on it (default: every classical baseline)."""
+
+    planners: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """Each planner's row on the problem."""
+
+    problem: Problem
+    rows: list[Row]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``pipeplan compare --json`` prints."""
+        return comparison_doc(self.problem, self.rows)
+
+
+def planner_names(requested: list[str] | None) -> list[str]:
+    """The planners to run, in order, each once; unknown names are an error."""
+    names = default_planners() if requested is None else [n.strip() for n in requested]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in PLANNERS]
+    if unknown or not names:
+        what = f"unknown planner {unknown[0]!r}" if unknown else "no planner named"
+        raise RequestError(f"planners: {what} (one of {', '.join(PLANNERS)})")
+    return list(dict.fromkeys(names))
+
+
+def compare(
+    request: CompareRequest, reporter: Reporter = QUIET, *, catch_bugs: bool = True
+) -> Compared:
+    """Run each planner on the request's problem; a planner that fails gets a row with its
+    reason (with ``catch_bugs``, a planner's bug too, as an internal error)."""
+    names = planner_names(request.planners)
+    problem = build_problem(request, reporter)
+
+    def run(entry: Entry, p: Problem) -> PlanResult:
+        with reporter.search(entry.label, p.budget.evaluations) as progress:
+            return make_planner(entry.planner, **entry.options).plan(p, progress=progress)
+
+    entries = [Entry(n, n) for n in names]
+    return Compared(problem, run_comparison(problem, entries, run, catch_bugs=catch_bugs))

@@ -1,0 +1,171 @@
+"""Where real work runs, for the use-cases that run models (``run``, ``search``, ``profile``
+with ``measure``, the demo): a connected cluster and the model to build on it.
+
+By default a use-case starts a :class:`~executor.local_cluster.LocalCluster` for its cluster
+spec and stops it when done; an ``address`` (``HOST:PORT``) joins a running Ray cluster
+instead, and ``auto`` the one ``pipeplan cluster up`` started (its state lives in
+``$XDG_CACHE_HOME/pipeplan/cluster``, with the spec it was started from). On a joined
+cluster the spec still names the cluster the plan was made for (its device types' flops set
+the emulated slowdowns); without one the spec saved by ``cluster up`` is used, else the live
+cluster as :func:`~executor.live_cluster.discover` sees it (nothing emulated).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from core.cluster import ClusterSpec
+from core.profile import ModelProfile
+from executor import runtime
+from executor.emulation import is_emulated
+from executor.errors import ExecutorError
+from executor.live_cluster import discover
+from executor.local.persistent_cluster import _alive, default_state_dir, read_state
+from executor.local_cluster import LocalCluster
+from executor.measured_profile import call_sizes, measure_profile
+from executor.model import ModelSource
+from models import zoo
+from service.tasks.common import RequestError
+from service.tasks.progress import Reporter
+
+SPEC_FILE = "spec.json"
+"""Next to the persistent cluster's state file: the spec ``cluster up`` started."""
+
+RUN_OBJECT_STORE_MB = 1024
+"""Object store per Ray node of the clusters the use-cases start: activations and the
+replicas' all-reduce chunks pass through it (AlexNet's gradients alone are 230 MB), and a
+store that spills to disk makes the spilling dominate the measured batch time. Shared
+memory is only taken as it is used."""
+
+
+def state_dir() -> Path:
+    """Where ``pipeplan cluster up`` records its cluster."""
+    return default_state_dir()
+
+
+def saved_spec() -> ClusterSpec | None:
+    """The spec ``cluster up`` started, if it saved one."""
+    path = state_dir() / SPEC_FILE
+    return ClusterSpec.load(path) if path.exists() else None
+
+
+def resolve_address(address: str) -> str:
+    """``auto``: the address of the running ``pipeplan cluster up`` cluster."""
+    if address != "auto":
+        return address
+    try:
+        state = read_state(state_dir())
+    except ExecutorError:
+        raise RequestError(
+            f"address auto: no pipeplan cluster is running (none recorded in {state_dir()}); "
+            "start one with `pipeplan cluster up --spec C`"
+        ) from None
+    if not _alive(state.processes):
+        raise RequestError(
+            f"address auto: the cluster recorded in {state_dir()} ({state.address}) is not "
+            "running; `pipeplan cluster down` clears the record"
+        )
+    return state.address
+
+
+def quiet_ray_logs() -> None:
+    """Ray's start-up chatter (token auth on, address file overwritten) is not for users."""
+    for name in ("ray", "ray._private", "ray.cluster_utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextmanager
+def _local(spec: ClusterSpec, reporter: Reporter) -> Iterator[ClusterSpec]:
+    cluster = LocalCluster(spec, object_store_mb=RUN_OBJECT_STORE_MB)
+    with reporter.step(f"starting local cluster {spec.name!r} ({len(spec.nodes)} Ray nodes)"):
+        cluster.start()
+    reporter.note(
+        f"local cluster {spec.name!r} up in {cluster.startup_s:.0f} s "
+        f"({', '.join(cluster.node_names)})"
+    )
+    try:
+        yield spec
+    finally:
+        cluster.stop()
+
+
+@contextmanager
+def live_cluster(
+    spec: ClusterSpec | None, address: str | None, reporter: Reporter
+) -> Iterator[ClusterSpec]:
+    """A connected Ray cluster for the ``with`` body: a new local cluster for ``spec``
+    (stopped afterwards), or the cluster at ``address`` (disconnected afterwards). Yields
+    the spec to run plans for (module docstring)."""
+    quiet_ray_logs()
+    if address is None:
+        if spec is None:
+            raise RequestError("cluster: required unless address joins a running cluster")
+        with _local(spec, reporter) as live:
+            yield live
+        return
+    target = resolve_address(address)
+    reference = spec if spec is not None else (saved_spec() if address == "auto" else None)
+    runtime.connect(target)
+    try:
+        if spec is not None:
+            yield spec
+        else:
+            yield discover(reference, name=reference.name if reference else "discovered")
+    finally:
+        runtime.shutdown()
+
+
+def model_source(
+    model: str | None, input_size: int | None, profile: ModelProfile | None, seed: int = 0
+) -> ModelSource:
+    """What the executor builds: ``model`` (a zoo name), or the zoo model a profile names
+    (its name, and its input's last dimension as the input size)."""
+    if (model is None) == (profile is None):
+        raise RequestError(
+            "model, profile: give exactly one of model (a zoo name) or profile (a document)"
+        )
+    if model is not None:
+        if model not in zoo.MODELS:
+            raise RequestError(f"model: unknown {model!r} (one of {', '.join(zoo.MODELS)})")
+        return ModelSource(model, input_size, seed=seed)
+    assert profile is not None  # one of the two, checked above
+    if input_size is not None:
+        raise RequestError("input_size: only applies with model (a profile has its own)")
+    if profile.name not in zoo.MODELS:
+        raise RequestError(
+            f"profile: its model {profile.name!r} is not a zoo model the executor can build "
+            f"(one of {', '.join(zoo.MODELS)}); give model instead"
+        )
+    size = profile.input_shape[-1] if profile.input_shape else None
+    return ModelSource(profile.name, size, seed=seed)
+
+
+def measure_on_cluster(
+    source: ModelSource,
+    spec: ClusterSpec,
+    reporter: Reporter,
+    device_types: list[str] | None = None,
+    global_batch: int | None = None,
+) -> ModelProfile:
+    """The model's profile timed on the connected cluster, with timings for
+    ``device_types`` (default: every type of ``spec``); at the batch sizes plans of
+    ``global_batch`` run (:func:`~executor.measured_profile.call_sizes`) when it is given."""
+    types = device_types or sorted(spec.counts_by_type())
+    t0 = time.perf_counter()
+    with reporter.step(f"measuring the profile of {source.name} on the cluster"):
+        if global_batch is None:
+            prof = measure_profile(source, spec, device_types=types)
+        else:
+            sizes = call_sizes(global_batch)
+            prof = measure_profile(source, spec, device_types=types, batch_sizes=sizes)
+    emulated = spec.emulated_slower or is_emulated(spec, types)
+    reporter.note(
+        f"measured the profile of {source.name} on the cluster in "
+        f"{time.perf_counter() - t0:.0f} s (timings for {', '.join(types)}"
+        + (", EMULATED: scaled by each type's slowdown)" if emulated else ")")
+    )
+    return prof

@@ -1,0 +1,100 @@
+"""The ``plan`` use-case: one planner on one problem.
+
+With ``reward: simulated`` (the default) the planner scores plans with the cost model; with
+``reward: measured`` every plan it samples runs on a cluster (:mod:`service.tasks.search`).
+``objective: cost`` needs ``min_throughput``: without a target the cheapest plan per sample
+is usually one cheap device, seldom what anyone means to rent; 0 asks for exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agents.problem import PlanResult, Problem
+from agents.registry import PLANNERS, make_planner
+from service.tasks.common import ProblemRequest, RequestError, build_problem
+from service.tasks.progress import QUIET, Reporter
+from service.tasks.search import MeasuredSearch, SearchSettings, measured_budget, search
+
+
+class Reward(StrEnum):
+    """Where a plan's value comes from: the cost model, or a run on the cluster."""
+
+    SIMULATED = "simulated"
+    MEASURED = "measured"
+
+
+class PlanRequest(ProblemRequest):
+    """A problem, the planner to search it with, and where the rewards come from."""
+
+    planner: str
+    options: dict[str, Any] = {}
+    reward: Reward = Reward.SIMULATED
+    repeats: int = 3
+    warmup: int = 1
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A planner's answer to a problem; with a measured reward, every run it made."""
+
+    problem: Problem
+    result: PlanResult
+    measured: MeasuredSearch | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``pipeplan plan --json`` prints."""
+        r = self.result
+        doc: dict[str, Any] = {
+            "plan": r.plan.to_dict(),
+            "estimate": r.estimate.to_dict(),
+            "planner": r.planner,
+            "evaluations": r.evaluations,
+            "wall_time_s": r.wall_time_s,
+        }
+        if self.measured is not None:
+            doc["reward"] = Reward.MEASURED.value
+            doc["measured"] = self.measured.to_dict()
+        return doc
+
+
+def planner_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as the planners' frozen configs take them: JSON lists become tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+
+
+def check_plan_fields(request: PlanRequest) -> None:
+    """The checks that need no cluster and no profile."""
+    if request.planner not in PLANNERS:
+        raise RequestError(
+            f"planner: unknown planner {request.planner!r} (one of {', '.join(PLANNERS)})"
+        )
+    if request.reward is Reward.MEASURED and request.planner != "tapp":
+        raise RequestError(f"reward: measured only applies to tapp, not {request.planner!r}")
+    if request.reward is Reward.SIMULATED and request.address is not None:
+        raise RequestError("address: only applies with reward measured")
+
+
+def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
+    """Search a plan for the request's problem with its planner."""
+    check_plan_fields(request)
+    options = planner_options(request.options)
+    if request.reward is Reward.MEASURED:
+        problem = build_problem(request, reporter, measured_budget())
+        settings = SearchSettings(
+            model=request.model,
+            input_size=request.input_size,
+            repeats=request.repeats,
+            warmup=request.warmup,
+            address=request.address,
+        )
+        found = search(problem, options, settings, reporter)
+        return Planned(problem, found.result, found)
+    problem = build_problem(request, reporter)
+    planner = make_planner(request.planner, **options)
+    with reporter.search(request.planner, problem.budget.evaluations) as progress:
+        result = planner.plan(problem, progress=progress)
+    return Planned(problem, result)

@@ -1,0 +1,41 @@
+"""How a use-case reports while it works: :class:`Reporter`, handed to every use-case.
+
+A use-case never prints. It announces a long step (profiling, starting a cluster, running a
+plan), a note for people (what was measured, what is EMULATED) and a search's progress
+(evaluations and the best value so far); the face decides what to do with them: the CLI
+draws spinners and progress bars on stderr, a job posts events to the control endpoint.
+The base class ignores everything, so a caller overrides only what it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agents.search import Progress
+
+
+def _ignore(evaluations: int, best: float) -> None:
+    """A search progress callback that drops the report."""
+
+
+class Reporter:
+    """Receives a use-case's reports; every method does nothing here."""
+
+    @contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        """A long step runs inside the ``with`` body (``text`` says what it is)."""
+        yield
+
+    def note(self, text: str) -> None:
+        """One line for people: what was done, what a number means."""
+
+    @contextmanager
+    def search(self, label: str, total: int | None) -> Iterator[Progress]:
+        """A search runs inside the ``with`` body and calls the yielded callback with
+        (evaluations so far, best objective value so far); ``total`` is its budget."""
+        yield _ignore
+
+
+QUIET = Reporter()
+"""The reporter of a caller that shows nothing."""

@@ -1,0 +1,93 @@
+"""The ``run`` use-case: a plan trained for real on Ray actors, measured beside the cost
+model's prediction (:class:`executor.measure.Comparison`,
+``error = (predicted - measured) / measured``).
+
+The model is ``model`` (a zoo name), or the zoo model a ``profile`` names (its name and
+input size). The prediction uses ``profile``, or else a profile measured on the cluster
+first, for the device types the plan uses, at the batch sizes its stages run. A plan that
+cannot be is refused before Ray starts (against the profile and spec given), and a plan the
+live cluster cannot run before any actor starts.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from core.cluster import ClusterSpec, parse_device_id
+from core.costmodel import simulate
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.live_cluster import live_nodes
+from executor.measure import Comparison
+from executor.model import ModelSource
+from executor.pinning import check_feasible
+from executor.pipeline import RunConfig
+from executor.pipeline import run as run_plan
+from service.tasks.common import ClusterRef, Document, Request, cluster_spec
+from service.tasks.live import live_cluster, measure_on_cluster, model_source
+from service.tasks.progress import QUIET, Reporter
+
+
+class DataKind(StrEnum):
+    """The training data: synthetic tensors, or scikit-learn's digits (images)."""
+
+    SYNTHETIC = "synthetic"
+    DIGITS = "digits"
+
+
+class RunRequest(Request):
+    """A plan to run, the model, the cluster (spec to start, or spec of ``address``)."""
+
+    plan: Document
+    cluster: ClusterRef | None = None
+    model: str | None = None
+    input_size: int | None = None
+    profile: Document | None = None
+    steps: int = 5
+    warmup: int = 1
+    data: DataKind = DataKind.SYNTHETIC
+    seed: int = 0
+    timeout_s: float = 300.0
+    address: str | None = None
+
+
+def plan_types(plan: Plan) -> list[str]:
+    """The device types a plan uses, sorted."""
+    return sorted({parse_device_id(d)[1] for d in plan.devices})
+
+
+def _predict(
+    plan: Plan, source: ModelSource, live: ClusterSpec, prof: ModelProfile | None, r: Reporter
+) -> tuple[ModelProfile, str]:
+    """The profile to predict with, and where it came from (for people)."""
+    if prof is not None:
+        return prof, f"profile {prof.name!r} given"
+    types = plan_types(plan)
+    measured = measure_on_cluster(source, live, r, types, plan.global_batch)
+    return measured, "profile measured on the cluster"
+
+
+def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
+    """Run the plan; the measurement beside the prediction (``to_dict()``: the document)."""
+    plan = Plan.from_dict(request.plan)
+    prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
+    source = model_source(request.model, request.input_size, prof, request.seed)
+    config = RunConfig(
+        steps=request.steps,
+        warmup=request.warmup,
+        data=request.data.value,
+        seed=request.seed,
+        timeout_s=request.timeout_s,
+    )  # checks steps, warmup and timeout before anything starts
+    spec = cluster_spec(request.cluster) if request.cluster is not None else None
+    if spec is not None or prof is not None:  # refuse a plan that cannot be, before Ray
+        plan.validate(prof, spec)
+    with live_cluster(spec, request.address, reporter) as live:
+        plan.validate(None, live)
+        check_feasible(plan, live_nodes())  # the executor's check, before any actor
+        prof, profile_from = _predict(plan, source, live, prof, reporter)
+        plan.validate(prof, live)
+        estimate = simulate(plan, prof, live)
+        with reporter.step(f"running the plan: {request.warmup} warm-up + {request.steps} steps"):
+            measurement = run_plan(plan, source, live, config)
+    return Comparison(source.name, live.name, profile_from, estimate, measurement)

@@ -1,0 +1,93 @@
+"""The ``search`` use-case: planning with a measured reward (``plan`` with
+``reward: measured``): TAPP built with a :class:`~executor.measured_reward.MeasuredReward`
+as its reward source.
+
+Every plan the planner samples runs on a cluster, ``repeats`` steps after ``warmup``,
+averaged, and is valued by the problem's objective; one cluster and, where stages repeat,
+the same actors serve the whole search. Each evaluation takes seconds, so the defaults are
+small (:data:`MEASURED_ITERATIONS` iterations of :data:`MEASURED_BATCH_SIZE` plans, at most
+:data:`MEASURED_BUDGET` evaluations or :data:`MEASURED_SECONDS` seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from agents.problem import Budget, PlanResult, Problem
+from agents.registry import make_planner
+from executor.measured_reward import MeasuredReward
+from service.tasks.common import RequestError
+from service.tasks.live import live_cluster, model_source
+from service.tasks.progress import Reporter
+
+MEASURED_ITERATIONS = 3
+MEASURED_BATCH_SIZE = 4
+MEASURED_BUDGET = 16
+MEASURED_SECONDS = 900.0
+
+
+def measured_budget() -> Budget:
+    """The default budget of a measured search (module docstring)."""
+    return Budget(evaluations=MEASURED_BUDGET, seconds=MEASURED_SECONDS)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Where and how plans are measured: the model to build (``model`` or the profile's),
+    steps per plan, and the cluster to join (``address``; default: start one)."""
+
+    model: str | None
+    input_size: int | None
+    repeats: int
+    warmup: int
+    address: str | None
+
+
+@dataclass(frozen=True)
+class MeasuredSearch:
+    """A search whose values are measured runs: the result and the book of every run."""
+
+    result: PlanResult
+    reward: MeasuredReward
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every run of the search (``measured`` in ``pipeplan plan --json``)."""
+        best = self.reward.measurement(self.result.plan)
+        return {
+            "best": None if best is None else best.to_dict(),
+            "runs": self.reward.runs,
+            "pipelines_started": self.reward.pipelines_started,
+            "evaluated": [
+                {
+                    "plan": o.plan.to_dict(),
+                    "value": o.value if math.isfinite(o.value) else None,
+                    "batch_time_s": None if o.measurement is None else o.measurement.batch_time_s,
+                    "emulated": None if o.measurement is None else o.measurement.emulated,
+                    "error": o.error or None,
+                    "seconds": o.seconds,
+                }
+                for o in self.reward.outcomes.values()
+            ],
+        }
+
+
+def search(
+    problem: Problem, options: dict[str, Any], settings: SearchSettings, reporter: Reporter
+) -> MeasuredSearch:
+    """TAPP trained on measured batch times of the plans it samples."""
+    options = {"iterations": MEASURED_ITERATIONS, "batch_size": MEASURED_BATCH_SIZE, **options}
+    if options.get("workers", 0) > 1:
+        raise RequestError("options.workers: not with reward measured (plans run one at a time)")
+    make_planner("tapp", **options)  # bad options fail here, before the cluster starts
+    profile = None if settings.model else problem.profile
+    source = model_source(settings.model, settings.input_size, profile)
+    with (
+        live_cluster(problem.cluster, settings.address, reporter) as live,
+        MeasuredReward(source, live, repeats=settings.repeats, warmup=settings.warmup) as reward,
+        reporter.search("tapp (measured)", problem.budget.evaluations) as progress,
+    ):
+        planner = make_planner("tapp", reward=reward, **options)
+        result = planner.plan(problem, progress=progress)
+    return MeasuredSearch(result, reward)
