@@ -93,7 +93,11 @@ class LocalCluster:
         self._address_file = _remember_address_file()
         t0 = time.perf_counter()
         head, *workers = self.spec.nodes
-        head_args: dict[str, Any] = {**self._node_args(head), "include_dashboard": False}
+        head_args: dict[str, Any] = {
+            **self._node_args(head),
+            "include_dashboard": False,
+            "dashboard_port": runtime.free_port(),
+        }
         if self.system_config:
             head_args["_system_config"] = self.system_config
         try:
@@ -130,6 +134,7 @@ class LocalCluster:
             "num_cpus": self.num_cpus,
             "object_store_memory": self.object_store_mb * 2**20,
             "resources": node_resources(node),
+            "dashboard_agent_listen_port": runtime.free_port(),
         }
 
     # --- queries ----------------------------------------------------------------------------

@@ -13,6 +13,9 @@ for the node and worker processes about to start, and in the already imported co
 this process -- and is called right before a local cluster starts or a loopback address is
 joined. So no import needs a side effect, and importing Ray first changes nothing.
 
+**Ports.** Ray's default ports (6379, 8265, 52365) may belong to another Ray on this
+machine: a cluster started here gets free ports (:func:`free_port`) where Ray takes them.
+
 **Token authentication** stays on (Ray 2.60's default): a cluster started here gets
 ``RAY_AUTH_MODE=token`` and a token in ``~/.ray/auth_token`` (created when missing); joining
 a cluster needs its token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or that file).
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +49,7 @@ __all__ = [
     "connect_in_job",
     "ensure",
     "ensure_token_auth",
+    "free_port",
     "free_resources_by_node",
     "is_connected",
     "keep_given_node_ip",
@@ -68,6 +73,14 @@ def use_loopback() -> None:
     """Keep Ray nodes started from now on (in this process and its children) on loopback."""
     os.environ[LOOPBACK_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now: Ray's default ports may be another Ray's on
+    this machine, so every port of a cluster started here is given explicitly."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def ensure_token_auth(create_token_if_missing: bool = True) -> None:
@@ -124,6 +137,7 @@ def start_local(
         num_cpus=num_cpus,
         object_store_memory=object_store_memory,
         include_dashboard=False,
+        dashboard_port=free_port(),
         log_to_driver=False,
         configure_logging=False,
         logging_level=logging.WARNING,

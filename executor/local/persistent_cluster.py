@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -78,12 +77,6 @@ class PersistentCluster:
         )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ray_exe() -> str:
     exe = Path(sys.executable).with_name("ray")
     return str(exe) if exe.exists() else "ray"
@@ -106,9 +99,9 @@ def _node_command(
         "--num-cpus=1",
         f"--object-store-memory={object_store_mb * 2**20}",
         f"--resources={json.dumps(resources)}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--metrics-export-port={_free_port()}",
-        f"--runtime-env-agent-port={_free_port()}",
+        f"--dashboard-agent-listen-port={runtime.free_port()}",
+        f"--metrics-export-port={runtime.free_port()}",
+        f"--runtime-env-agent-port={runtime.free_port()}",
         "--disable-usage-stats",
     ]
     if head_port is not None:
@@ -116,7 +109,7 @@ def _node_command(
             "--head",
             f"--port={head_port}",
             "--dashboard-host=127.0.0.1",
-            f"--ray-client-server-port={_free_port()}",
+            f"--ray-client-server-port={runtime.free_port()}",
         ]
     else:
         cmd.append(f"--address={address}")
@@ -224,7 +217,7 @@ def start_persistent(
             f"{state_dir}); stop it first"
         )
     runtime.ensure_token_auth()  # ray start --head refuses token mode without a token file
-    port, dash = _free_port(), _free_port()
+    port, dash = runtime.free_port(), runtime.free_port()
     address = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:

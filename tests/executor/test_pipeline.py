@@ -268,3 +268,8 @@ def test_every_node_binds_loopback(cluster: LocalCluster) -> None:
     addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     assert addresses == {"127.0.0.1"}
     assert cluster.address.startswith("127.0.0.1:")
+
+
+def test_no_node_takes_rays_default_agent_port(cluster: LocalCluster) -> None:
+    ports = {n.get("DashboardAgentListenPort") for n in ray.nodes() if n["Alive"]}
+    assert 52365 not in ports and len(ports) == len(cluster.node_names)
