@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.costmodel import layer_costs
+from core.tables import layer_costs
 from core.formats.pipedream import load_pipedream
 from core.profile import LayerTiming, ModelProfile
 

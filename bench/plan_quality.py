@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +41,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
+from agents import Budget, Objective, Problem, compare
 from agents.baselines.dp import DPPlanner, explain_gap
+from agents.compare import Entry, run_entry
 from bench.instances import PIPEDREAM, PRESETS, WEIGHT_READS, ZOO, Instance, instances
 from core.batch_eval import BatchEvaluator
-from core.costmodel import layer_costs
 from core.plan import Plan
+from core.tables import layer_costs
 
 RESULTS = Path(__file__).parent / "results"
 Doc = dict[str, Any]
@@ -102,12 +102,11 @@ def problem_for(
 
 def run(label: str, problem: Problem) -> Run:
     name, options = PLANNERS[label]
-    t0 = time.perf_counter()
-    try:
-        r = make_planner(name, **options).plan(problem)
-    except (InfeasibleError, ProblemError) as err:
-        return Run(label, math.inf, seconds=time.perf_counter() - t0, error=_first_line(err))
-    est = r.estimate
+    row = run_entry(Entry(label, name, options), problem, catch_bugs=False)
+    if row.result is None:
+        first_line = (row.error.splitlines() or [""])[0]
+        return Run(label, math.inf, seconds=row.search_s, error=first_line)
+    r, est = row.result, row.result.estimate
     return Run(
         label,
         r.value,
@@ -118,17 +117,6 @@ def run(label: str, problem: Problem) -> Run:
         r.evaluations,
         plan=r.plan.to_dict(),
     )
-
-
-def _ratio(a: float, b: float) -> float:
-    """a / b, with 0 / 0 = 1 (both free) and a / 0 = inf."""
-    if b == 0:
-        return 1.0 if a == 0 else math.inf
-    return a / b
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0]
 
 
 # --- the checks -------------------------------------------------------------------------------
@@ -167,7 +155,7 @@ def dp_vs_brute(problem: Problem, runs: dict[str, Run]) -> Doc | None:
     dp, brute = runs.get("dp"), runs.get("brute")
     if dp is None or brute is None or not math.isfinite(brute.value) or brute.plan is None:
         return None
-    ratio = _ratio(dp.value, brute.value)
+    ratio = compare.ratio(dp.value, brute.value)
     if abs(ratio - 1.0) <= 1e-9:
         return {"ratio": ratio, "agree": True, "consistent": True, "why": "equal"}
     cands = DPPlanner().solve(problem, BatchEvaluator(problem.profile, problem.cluster))
@@ -181,7 +169,7 @@ def genetic_vs_exact(runs: dict[str, Run]) -> Doc | None:
         g, brute = runs.get(lb), runs.get("brute")
         if g is None or brute is None or not math.isfinite(brute.value):
             continue
-        ratio = _ratio(g.value, brute.value)
+        ratio = compare.ratio(g.value, brute.value)
         ok = ratio <= GENETIC_RATIO and g.seconds < GENETIC_SECONDS
         out[lb] = {"ratio": ratio, "seconds": g.seconds, "ok": ok}
     return out or None
@@ -273,7 +261,9 @@ def evaluate_instance(
         "speedup": speedup(inst, batch, runs, best) if objective is not Objective.COST else None,
     }
     for lb, r in runs.items():
-        doc["runs"][lb]["ratio_to_reference"] = _ratio(r.value, ref) if math.isfinite(ref) else None
+        doc["runs"][lb]["ratio_to_reference"] = (
+            compare.ratio(r.value, ref) if math.isfinite(ref) else None
+        )
     return doc
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from core import rules
 from core.cluster import ClusterSpec
-from core.costmodel import cut_bytes, layer_costs
 from core.errors import PlanError
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
-from core.schedules import stage_order
+from core.schedules import stage_order, upstream_microbatch
+from core.tables import CostTables
 
 IntArray = np.ndarray
 FloatArray = np.ndarray
@@ -106,37 +108,33 @@ class BatchResult:
 
 
 class BatchEvaluator:
-    """Precomputed tables for one profile on one cluster; :meth:`evaluate` costs populations."""
+    """Costs populations of plans of one profile on one cluster from its :class:`CostTables`."""
 
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
         self.profile, self.cluster = profile, cluster
-        types = sorted(cluster.device_types)
-        tindex = {t: i for i, t in enumerate(types)}
-        devs = [cluster.device(d) for d in cluster.device_ids]
-        nodes = {n.name: i for i, n in enumerate(cluster.nodes)}
-        self.dev_type = np.array([tindex[d.type] for d in devs], dtype=np.int64)
-        self.dev_node = np.array([nodes[d.node] for d in devs], dtype=np.int64)
-        dts = [cluster.device_types[d.type] for d in devs]
-        self.dev_membw = np.array([t.memory_bandwidth_gbps for t in dts])
-        self.dev_capacity = np.array([t.memory_bytes for t in dts])
-        self.dev_price = np.array([t.price_per_hour for t in dts])
-        costs = [layer_costs(profile, cluster.device_types[t]) for t in types]
-        # (T, L+1, L+1) range sums: table[t, a, b] = sum over layers a..b-1
-        self.fwd_fixed = np.stack([_range_sums(c.fwd_fixed) for c in costs])
-        self.fwd_ps = np.stack([_range_sums(c.fwd_per_sample) for c in costs])
-        self.bwd_fixed = np.stack([_range_sums(c.bwd_fixed) for c in costs])
-        self.bwd_ps = np.stack([_range_sums(c.bwd_per_sample) for c in costs])
-        self.params = _range_sums(np.array([float(x.params_bytes) for x in profile.layers]))
-        self.acts = _range_sums(np.array([float(x.activation_bytes) for x in profile.layers]))
-        self.cuts = cut_bytes(profile)
-        net = cluster.network
-        self.link_lat = np.array([net.intra_node.latency_s, net.inter_node.latency_s])
-        self.link_bps = np.array([net.intra_node.bytes_per_s, net.inter_node.bytes_per_s])
+        self.tables = CostTables.of(profile, cluster)
+
+    _RENAMED = {
+        "fwd_fixed": "fwd_fixed_range",
+        "fwd_ps": "fwd_per_sample_range",
+        "bwd_fixed": "bwd_fixed_range",
+        "bwd_ps": "bwd_per_sample_range",
+        "params": "params_range",
+        "acts": "acts_range",
+    }
+
+    def __getattr__(self, name: str) -> Any:
+        """Transitional: the tables under the names the evaluator held before
+        :class:`CostTables`, for ``agents/baselines/genetic.py`` until it reads ``tables``."""
+        if name.startswith("_") or name == "tables":
+            raise AttributeError(name)
+        return getattr(self.tables, self._RENAMED.get(name, name))
 
     # --- per stage quantities --------------------------------------------------------------
 
     def _stage_times(self, batch: PlanBatch) -> tuple[FloatArray, FloatArray]:
         """Rule 2: (P, S) forward and backward time of each stage, slowest replica."""
+        tb = self.tables
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
         valid = batch.devices >= 0
         n = batch.microbatch / valid.sum(-1)
@@ -144,19 +142,28 @@ class BatchEvaluator:
         bwd = np.zeros(start.shape)
         for k in range(batch.devices.shape[2]):
             ok = valid[:, :, k]
-            t = self.dev_type[np.where(ok, batch.devices[:, :, k], 0)]
-            f = self.fwd_fixed[t, start, end] + n * self.fwd_ps[t, start, end]
-            b = self.bwd_fixed[t, start, end] + n * self.bwd_ps[t, start, end]
+            t = tb.dev_type[np.where(ok, batch.devices[:, :, k], 0)]
+            f = rules.compute_s(
+                tb.fwd_fixed_range[t, start, end], tb.fwd_per_sample_range[t, start, end], n
+            )
+            b = rules.compute_s(
+                tb.bwd_fixed_range[t, start, end], tb.bwd_per_sample_range[t, start, end], n
+            )
             fwd = np.where(ok, np.maximum(fwd, f), fwd)
             bwd = np.where(ok, np.maximum(bwd, b), bwd)
         return fwd, bwd
 
-    def _node_span(self, batch: PlanBatch) -> tuple[IntArray, IntArray]:
-        """(P, S) lowest and highest node index among each stage's replicas."""
+    def _links(self, batch: PlanBatch) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """Rule 4: (P, S-1) latency and bytes/s between consecutive stages, and (P, S) those
+        among each stage's replicas (its all-reduce), from the span of their nodes."""
+        tb = self.tables
         valid = batch.devices >= 0
-        node = self.dev_node[np.where(valid, batch.devices, 0)]
-        big = np.iinfo(np.int64).max
-        return np.where(valid, node, big).min(-1), np.where(valid, node, -1).max(-1)
+        node = tb.dev_node[np.where(valid, batch.devices, 0)]
+        lo = np.where(valid, node, np.iinfo(np.int64).max).min(-1)
+        hi = np.where(valid, node, -1).max(-1)
+        cross = (np.maximum(hi[:, :-1], hi[:, 1:]) != np.minimum(lo[:, :-1], lo[:, 1:])).astype(int)
+        inside = (hi != lo).astype(int)
+        return tb.link_lat[cross], tb.link_bps[cross], tb.link_lat[inside], tb.link_bps[inside]
 
     # --- the whole model -------------------------------------------------------------------
 
@@ -165,21 +172,18 @@ class BatchEvaluator:
     ) -> BatchResult:
         """Batch time, memory fit and price of every plan of the population."""
         _check_batch(batch, len(self.profile), global_batch, schedule)
-        S = batch.num_stages
+        tb, S = self.tables, batch.num_stages
         fwd, bwd = self._stage_times(batch)
-        lo, hi = self._node_span(batch)
-        cross = np.maximum(hi[:, :-1], hi[:, 1:]) != np.minimum(lo[:, :-1], lo[:, 1:])
-        lat, bps = self.link_lat[cross.astype(int)], self.link_bps[cross.astype(int)]
-        x = self.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
+        lat, bps, rlat, rbps = self._links(batch)
+        x = tb.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
         b = batch.microbatch.astype(np.float64)
         m = global_batch // batch.microbatch
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
         valid = batch.devices >= 0
         dev = np.where(valid, batch.devices, 0)
-        params = self.params[start, end]
-        membw = np.where(valid, self.dev_membw[dev], np.inf).min(-1)
-        update = 4.0 * params / (membw * 1e9)
-        bwd = bwd + (m - 1) / m * update  # rule 2: gradient accumulation
+        params = tb.params(start, end)
+        update = rules.update_s(params, np.where(valid, tb.dev_membw[dev], np.inf).min(-1))
+        bwd = bwd + rules.accumulation_s(update, m)
         if schedule is Schedule.GPIPE:
             last = _gpipe(fwd, bwd, x, lat, bps, b, m)
         else:
@@ -190,25 +194,13 @@ class BatchEvaluator:
                     fwd[rows], bwd[rows], x[rows], lat[rows], bps[rows], b[rows], int(mm)
                 )
         r = valid.sum(-1)
-        rep_cross = (hi != lo).astype(int)
-        rlat, rbps = self.link_lat[rep_cross], self.link_bps[rep_cross]
-        allreduce = np.where(r > 1, 2 * (r - 1) / r * params / rbps + 2 * (r - 1) * rlat, 0.0)
-        batch_time = (last + update + allreduce).max(-1)
-        in_flight = m if schedule is Schedule.GPIPE else np.minimum(S - np.arange(S), m)
-        memory = 4.0 * params + in_flight * (b / r) * self.acts[start, end]
-        capacity = np.where(valid, self.dev_capacity[dev], np.inf).min(-1)
+        batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
+        held = rules.in_flight(schedule, m, S - np.arange(S))
+        memory = rules.memory_bytes(params, tb.acts(start, end), b / r, held)
+        capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
         ratio = (memory / capacity).max(-1)
-        price = np.where(valid, self.dev_price[dev], 0.0).sum((-1, -2))
+        price = np.where(valid, tb.dev_price[dev], 0.0).sum((-1, -2))
         return BatchResult(batch_time, (memory <= capacity).all(-1), ratio, price, global_batch)
-
-
-def _range_sums(values: FloatArray) -> FloatArray:
-    """``out[a, b] = values[a] + ... + values[b-1]`` summed left to right (0 when b <= a)."""
-    n = len(values)
-    out = np.zeros((n + 1, n + 1))
-    for e in range(1, n + 1):
-        out[:e, e] = out[:e, e - 1] + values[e - 1]
-    return out
 
 
 def _send(ready: FloatArray, link_free: FloatArray, cost: FloatArray) -> FloatArray:
@@ -236,12 +228,14 @@ def _gpipe(
     free = np.zeros((S, P))
     for s in range(S):
         link_free, t = np.zeros(P), np.zeros(P)
-        cost = lat[:, s] + x[:, s] * b[:, s] / bps[:, s] if s < S - 1 else None
+        cost = rules.transfer_s(x[:, s] * b[:, s], bps[:, s], lat[:, s]) if s < S - 1 else None
         for j in range(mmax):
             act = j < m[:, s]
             dep: FloatArray | float = 0.0
             if s:
-                k = np.minimum(-(-(j + 1) * b[:, s] // b[:, s - 1]).astype(np.int64) - 1, mmax - 1)
+                k = np.minimum(
+                    upstream_microbatch(j, b[:, s], b[:, s - 1]).astype(np.int64), mmax - 1
+                )
                 dep = delivered[s - 1, rows, k]
             end = np.maximum(t, dep) + fwd[:, s]
             t = np.where(act, end, t)
@@ -255,12 +249,14 @@ def _gpipe(
     last = np.zeros((P, S))
     for s in range(S - 1, -1, -1):
         link_free, t = np.zeros(P), free[s]
-        cost = lat[:, s - 1] + x[:, s - 1] * b[:, s] / bps[:, s - 1] if s else None
+        cost = rules.transfer_s(x[:, s - 1] * b[:, s], bps[:, s - 1], lat[:, s - 1]) if s else None
         for j in range(mmax):
             act = j < m[:, s]
             dep = fwd_end[s, :, j]
             if s < S - 1:
-                k = np.minimum(-(-(j + 1) * b[:, s] // b[:, s + 1]).astype(np.int64) - 1, mmax - 1)
+                k = np.minimum(
+                    upstream_microbatch(j, b[:, s], b[:, s + 1]).astype(np.int64), mmax - 1
+                )
                 dep = np.maximum(dep, grads[s + 1, rows, k])
             end = np.maximum(t, dep) + bwd[:, s]
             t = np.where(act, end, t)
@@ -294,13 +290,14 @@ def _one_f_one_b(
             end = np.maximum(free[s], dep) + fwd[:, s]
             fwd_end[s, j] = end
             if s < S - 1:
-                fwd_link[s] = _send(end, fwd_link[s], lat[:, s] + x[:, s] * b[:, s] / bps[:, s])
+                cost = rules.transfer_s(x[:, s] * b[:, s], bps[:, s], lat[:, s])
+                fwd_link[s] = _send(end, fwd_link[s], cost)
                 delivered[s, j] = fwd_link[s]
         else:
             dep = np.maximum(fwd_end[s, j], grads[s + 1, j]) if s < S - 1 else fwd_end[s, j]
             end = np.maximum(free[s], dep) + bwd[:, s]
             if s:
-                cost = lat[:, s - 1] + x[:, s - 1] * b[:, s] / bps[:, s - 1]
+                cost = rules.transfer_s(x[:, s - 1] * b[:, s], bps[:, s - 1], lat[:, s - 1])
                 grad_link[s] = _send(end, grad_link[s], cost)
                 grads[s, j] = grad_link[s]
         free[s] = end

@@ -1,70 +1,30 @@
 """The cost model: ``simulate(plan, profile, cluster) -> Estimate``.
 
-It follows the ten rules of the contract in DESIGN.md exactly, with one addition to rule 2:
-a replica's backward adds into the step's gradients on every microbatch but its first, and
-that costs what rule 8 charges an update (``4 x params_bytes / memory_bandwidth``, the
-slowest replica's), so each of a stage's ``M_s`` backward ops carries ``(M_s - 1) / M_s`` of
-it. A profile times a backward into fresh gradients (:mod:`models.profiler`); on this machine
-the accumulating backward of the fidelity models took 1.04-1.27x as long
-(``bench/grad_accumulation.py``, which also compares the term with the measured cost).
-Every searcher, the env reward and the benchmarks use this module, and ``core.batch_eval``
-reproduces it for whole populations.
+It follows the rules of the contract in DESIGN.md exactly, by discrete simulation of each
+stage's op list. The formulas are :mod:`core.rules`' and the per-layer tables
+:class:`core.tables.CostTables`', so :mod:`core.batch_eval` (the same model over a
+population), the env and the planners cost a plan the same way. Rule 2b charges a
+replica's backward for adding into the step's gradients on every microbatch but its first:
+a profile times a backward into fresh gradients (:mod:`models.profiler`), and the
+accumulating one is slower (see ``bench/results/grad_accumulation.json``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from core.cluster import ClusterSpec, DeviceType
+from core import rules
+from core.cluster import ClusterSpec
+from core.objective import SECONDS_PER_HOUR
 from core.plan import Plan, Schedule
 from core.profile import ModelProfile
 from core.schedules import stage_order, upstream_microbatch
+from core.tables import CostTables
 
 EventKind = Literal["F", "B", "send", "grad", "update", "allreduce"]
-
-
-@dataclass(frozen=True)
-class LayerCosts:
-    """Per-layer forward/backward cost on one device type: ``fixed + n * per_sample``."""
-
-    fwd_fixed: np.ndarray
-    fwd_per_sample: np.ndarray
-    bwd_fixed: np.ndarray
-    bwd_per_sample: np.ndarray
-
-
-def layer_costs(profile: ModelProfile, dtype: DeviceType) -> LayerCosts:
-    """Rule 1: measured timings where the profile has them, else ``flops / device flops``."""
-    rows = []
-    for layer in profile.layers:
-        t = layer.timings.get(dtype.name)
-        if t is not None:
-            rows.append((t.fwd_fixed_s, t.fwd_s, t.bwd_fixed_s, t.bwd_s))
-        else:
-            fwd = layer.flops / dtype.flops
-            rows.append((0.0, fwd, 0.0, 2.0 * fwd))
-    a = np.array(rows, dtype=np.float64).reshape(len(profile), 4)
-    return LayerCosts(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy())
-
-
-def cut_bytes(profile: ModelProfile) -> np.ndarray:
-    """Rule 3: ``X[c]`` = activation bytes per sample crossing a cut before layer ``c``.
-
-    A layer ``l < c`` counts when any of its successors is ``>= c`` (skips are relayed).
-    """
-    n = len(profile)
-    x = np.zeros(n + 1, dtype=np.float64)
-    for c in range(1, n):
-        x[c] = sum(
-            layer.activation_bytes
-            for layer in profile.layers[:c]
-            if any(s >= c for s in layer.successors)
-        )
-    return x
 
 
 @dataclass(frozen=True)
@@ -153,189 +113,169 @@ class Estimate:
 def simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> Estimate:
     """Cost one plan by discrete simulation of its schedule (DESIGN.md rules 1-10)."""
     plan.validate(profile, cluster)
-    return _Simulation(plan, profile, cluster).run()
+    return _Simulation(plan, CostTables.of(profile, cluster)).run()
 
 
 class _Simulation:
     """State of one simulation; :meth:`run` walks every stage's op list in dependency order."""
 
-    def __init__(self, plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> None:
-        self.plan, self.profile, self.cluster = plan, profile, cluster
-        self.S = plan.num_stages
-        costs = {
-            t: layer_costs(profile, cluster.device_types[t])
-            for t in {cluster.device(d).type for d in plan.devices}
-        }
-        self.fwd = [self._stage_time(s, costs, "fwd") for s in range(self.S)]
+    def __init__(self, plan: Plan, tables: CostTables) -> None:
+        self.plan, self.tables, self.cluster = plan, tables, tables.cluster
+        self.S = S = plan.num_stages
+        self.m = [plan.microbatches(s) for s in range(S)]
+        self.params = [float(tables.params(st.start, st.end)) for st in plan.stages]
+        self.b = [st.microbatch for st in plan.stages]
+        self.update = [self._update(s) for s in range(S)]
+        self.fwd = [self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample) for s in range(S)]
         self.bwd = [
-            self._stage_time(s, costs, "bwd") + self._accumulation(s) for s in range(self.S)
+            self._stage_time(s, tables.bwd_fixed, tables.bwd_per_sample)
+            + rules.accumulation_s(self.update[s], self.m[s])
+            for s in range(S)
         ]
-        cuts = cut_bytes(profile)
         self.x = [
-            float(cuts[st.end]) if s < self.S - 1 else 0.0 for s, st in enumerate(plan.stages)
+            float(tables.cuts[st.end]) if s < S - 1 else 0.0 for s, st in enumerate(plan.stages)
         ]
         self.links = [
-            cluster.link(plan.stages[s].devices, plan.stages[s + 1].devices)
-            for s in range(self.S - 1)
+            self.cluster.link(plan.stages[s].devices, plan.stages[s + 1].devices)
+            for s in range(S - 1)
         ]
         self.events: list[Event] = []
         # Rule 10's transfer time, summed from each send's duration as it is costed (not
         # recovered as ``end - start`` later, which loses the small durations of a long run).
-        self.transfer = [0.0] * self.S
+        self.transfer = [0.0] * S
 
-    def _stage_time(self, s: int, costs: dict[str, LayerCosts], kind: str) -> float:
+    def _stage_time(self, s: int, fixed: np.ndarray, per_sample: np.ndarray) -> float:
         """Rule 2: max over replicas of the summed layer times for a ``b_s / r_s`` share."""
         stage = self.plan.stages[s]
         n = stage.microbatch / stage.replicas
         best = 0.0
         for d in stage.devices:
-            c = costs[self.cluster.device(d).type]
-            fixed, per = (
-                (c.fwd_fixed, c.fwd_per_sample)
-                if kind == "fwd"
-                else (c.bwd_fixed, c.bwd_per_sample)
+            t = self.tables.type_index[self.cluster.device(d).type]
+            layers = slice(stage.start, stage.end)
+            best = max(
+                best, sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
             )
-            t = sum(float(fixed[i] + n * per[i]) for i in range(stage.start, stage.end))
-            best = max(best, t)
         return best
 
-    def _accumulation(self, s: int) -> float:
-        """Rule 2, gradient accumulation: a replica's backward adds into the step's gradients
-        on every microbatch but its first, rule 8's ``4 x params / bandwidth`` (slowest
-        replica) each time; spread evenly over the stage's ``M_s`` backward ops."""
-        stage = self.plan.stages[s]
-        m = self.plan.microbatches(s)
-        params = float(
-            sum(layer.params_bytes for layer in self.profile.layers[stage.start : stage.end])
+    def _update(self, s: int) -> float:
+        """Rule 8's update on the stage's slowest replica (rule 2b charges it too)."""
+        bandwidth = min(
+            self.cluster.device_type(d).memory_bandwidth_gbps for d in self.plan.stages[s].devices
         )
-        bandwidth = min(self.cluster.device_type(d).memory_bandwidth_gbps for d in stage.devices)
-        return (m - 1) / m * 4.0 * params / (bandwidth * 1e9)
+        return float(rules.update_s(self.params[s], bandwidth))
 
     def _send(
-        self,
-        s: int,
-        link_free: list[float],
-        ready: float,
-        nbytes: float,
-        li: int,
-        kind: EventKind,
-        j: int,
+        self, s: int, link: int, ready: float, nbytes: float, kind: EventKind, j: int
     ) -> float:
         """Rule 7: one send on a directional link, after the previous one; returns delivery."""
-        start = max(ready, link_free[li])
-        duration = self.links[li].transfer_s(nbytes)
+        free = self.grad_link if kind == "grad" else self.fwd_link
+        start = max(ready, free[link])
+        duration = self.links[link].transfer_s(nbytes)
         end = start + duration
-        link_free[li] = end
+        free[link] = end
         self.transfer[s] += duration
         self.events.append(Event(s, kind, j, start, end))
         return end
 
     def run(self) -> Estimate:
-        plan, S = self.plan, self.S
-        b = [st.microbatch for st in plan.stages]
-        m = [plan.microbatches(s) for s in range(S)]
-        orders = [stage_order(plan.schedule, m[s], s, S) for s in range(S)]
-        pos, free = [0] * S, [0.0] * S
-        fwd_end: list[dict[int, float]] = [{} for _ in range(S)]
-        delivered: list[dict[int, float]] = [{} for _ in range(S)]  # forward sends of s
-        grad_at: list[dict[int, float]] = [{} for _ in range(S)]  # gradient sends of s
-        last_bwd = [0.0] * S
-        fwd_link, grad_link = [0.0] * max(S - 1, 0), [0.0] * max(S - 1, 0)
+        S = self.S
+        orders = [stage_order(self.plan.schedule, self.m[s], s, S) for s in range(S)]
+        self.pos, self.free = [0] * S, [0.0] * S
+        self.fwd_end: list[dict[int, float]] = [{} for _ in range(S)]
+        self.delivered: list[dict[int, float]] = [{} for _ in range(S)]  # forward sends of s
+        self.grad_at: list[dict[int, float]] = [{} for _ in range(S)]  # gradient sends of s
+        self.last_bwd = [0.0] * S
+        self.fwd_link, self.grad_link = [0.0] * max(S - 1, 0), [0.0] * max(S - 1, 0)
         remaining = sum(len(o) for o in orders)
         while remaining:
             progressed = False
             for s in range(S):
-                while pos[s] < len(orders[s]):
-                    kind, j = orders[s][pos[s]]
-                    if kind == "F":
-                        k = upstream_microbatch(j, b[s], b[s - 1]) if s else -1
-                        if s and k not in delivered[s - 1]:
-                            break
-                        dep = delivered[s - 1][k] if s else 0.0
-                        start = max(free[s], dep)
-                        end = start + self.fwd[s]
-                        fwd_end[s][j] = end
-                        if s < S - 1:
-                            delivered[s][j] = self._send(
-                                s, fwd_link, end, self.x[s] * b[s], s, "send", j
-                            )
-                    else:
-                        k = upstream_microbatch(j, b[s], b[s + 1]) if s < S - 1 else -1
-                        if s < S - 1 and k not in grad_at[s + 1]:
-                            break
-                        dep = grad_at[s + 1][k] if s < S - 1 else 0.0
-                        start = max(free[s], dep, fwd_end[s][j])
-                        end = start + self.bwd[s]
-                        last_bwd[s] = end
-                        if s > 0:
-                            grad_at[s][j] = self._send(
-                                s, grad_link, end, self.x[s - 1] * b[s], s - 1, "grad", j
-                            )
-                    self.events.append(Event(s, kind, j, start, end))
-                    free[s] = end
-                    pos[s] += 1
+                while self.pos[s] < len(orders[s]) and self._step(s, *orders[s][self.pos[s]]):
+                    self.pos[s] += 1
                     remaining -= 1
                     progressed = True
             if not progressed:  # pragma: no cover - the schedules above cannot deadlock
-                raise RuntimeError(f"schedule deadlocked at positions {pos}")
-        return self._finish(last_bwd, m)
+                raise RuntimeError(f"schedule deadlocked at positions {self.pos}")
+        return self._finish()
 
-    def _finish(self, last_bwd: Sequence[float], m: Sequence[int]) -> Estimate:
-        plan, profile, cluster = self.plan, self.profile, self.cluster
-        stages, problems = [], []
-        transfer = self.transfer
-        for s, st in enumerate(plan.stages):
-            layers = profile.layers[st.start : st.end]
-            params = float(sum(layer.params_bytes for layer in layers))
-            acts = float(sum(layer.activation_bytes for layer in layers))
-            types = [cluster.device_type(d) for d in st.devices]
-            update = max(4.0 * params / (t.memory_bandwidth_gbps * 1e9) for t in types)
-            allreduce = 0.0
-            if st.replicas > 1:
-                r, link = st.replicas, cluster.link(st.devices, st.devices)
-                allreduce = (
-                    2 * (r - 1) / r * params / link.bytes_per_s + 2 * (r - 1) * link.latency_s
+    def _step(self, s: int, kind: str, j: int) -> bool:
+        """Run op ``(kind, j)`` of stage ``s`` if its dependencies are done (rules 6 and 7)."""
+        b, last = self.b, self.S - 1
+        if kind == "F":
+            k = upstream_microbatch(j, b[s], b[s - 1]) if s else -1
+            if s and k not in self.delivered[s - 1]:
+                return False
+            start = max(self.free[s], self.delivered[s - 1][k] if s else 0.0)
+            end = start + self.fwd[s]
+            self.fwd_end[s][j] = end
+            if s < last:
+                self.delivered[s][j] = self._send(s, s, end, self.x[s] * b[s], "send", j)
+        else:
+            k = upstream_microbatch(j, b[s], b[s + 1]) if s < last else -1
+            if s < last and k not in self.grad_at[s + 1]:
+                return False
+            dep = self.grad_at[s + 1][k] if s < last else 0.0
+            start = max(self.free[s], dep, self.fwd_end[s][j])
+            end = start + self.bwd[s]
+            self.last_bwd[s] = end
+            if s > 0:
+                self.grad_at[s][j] = self._send(s, s - 1, end, self.x[s - 1] * b[s], "grad", j)
+        self.events.append(Event(s, "F" if kind == "F" else "B", j, start, end))
+        self.free[s] = end
+        return True
+
+    def _stage(self, s: int, problems: list[str]) -> StageEstimate:
+        """Rules 8 and 9 for stage ``s``: its update, all-reduce and memory; a line in
+        ``problems`` for each of its devices the stage does not fit on."""
+        st, m, cluster = self.plan.stages[s], self.m[s], self.cluster
+        types = [cluster.device_type(d) for d in st.devices]
+        update, params = self.update[s], self.params[s]
+        allreduce = 0.0
+        if st.replicas > 1:
+            link = cluster.link(st.devices, st.devices)
+            allreduce = rules.allreduce_s(params, st.replicas, link.bytes_per_s, link.latency_s)
+        end = self.last_bwd[s]
+        self.events.append(Event(s, "update", -1, end, end + update))
+        if allreduce:
+            self.events.append(Event(s, "allreduce", -1, end + update, end + update + allreduce))
+        held = int(rules.in_flight(self.plan.schedule, m, self.S - s))
+        acts = float(self.tables.acts(st.start, st.end))
+        memory = rules.memory_bytes(params, acts, st.microbatch / st.replicas, held)
+        capacity = min(t.memory_bytes for t in types)
+        for d, t in zip(st.devices, types, strict=True):
+            if memory > t.memory_bytes:
+                problems.append(
+                    f"stage {s} on {d}: needs {memory / 1e9:.3f} GB > "
+                    f"{t.memory_gb:g} GB of {t.name}"
                 )
-            self.events.append(Event(s, "update", -1, last_bwd[s], last_bwd[s] + update))
-            if allreduce:
-                self.events.append(
-                    Event(
-                        s, "allreduce", -1, last_bwd[s] + update, last_bwd[s] + update + allreduce
-                    )
-                )
-            in_flight = m[s] if plan.schedule is Schedule.GPIPE else min(self.S - s, m[s])
-            memory = 4.0 * params + in_flight * (st.microbatch / st.replicas) * acts
-            capacity = min(t.memory_bytes for t in types)
-            for d, t in zip(st.devices, types, strict=True):
-                if memory > t.memory_bytes:
-                    problems.append(
-                        f"stage {s} on {d}: needs {memory / 1e9:.3f} GB > "
-                        f"{t.memory_gb:g} GB of {t.name}"
-                    )
-            stages.append(
-                StageEstimate(
-                    index=s,
-                    layers=st.layers,
-                    devices=st.devices,
-                    microbatch=st.microbatch,
-                    microbatches=m[s],
-                    forward_s=self.fwd[s],
-                    backward_s=self.bwd[s],
-                    compute_s=m[s] * (self.fwd[s] + self.bwd[s]),
-                    transfer_s=transfer[s],
-                    boundary_bytes=self.x[s],
-                    update_s=update,
-                    allreduce_s=allreduce,
-                    end_s=last_bwd[s] + update + allreduce,
-                    memory_bytes=memory,
-                    memory_capacity_bytes=capacity,
-                    fits=memory <= capacity,
-                )
-            )
+        return StageEstimate(
+            index=s,
+            layers=st.layers,
+            devices=st.devices,
+            microbatch=st.microbatch,
+            microbatches=m,
+            forward_s=self.fwd[s],
+            backward_s=self.bwd[s],
+            compute_s=m * (self.fwd[s] + self.bwd[s]),
+            transfer_s=self.transfer[s],
+            boundary_bytes=self.x[s],
+            update_s=update,
+            allreduce_s=allreduce,
+            end_s=end + update + allreduce,
+            memory_bytes=memory,
+            memory_capacity_bytes=capacity,
+            fits=memory <= capacity,
+        )
+
+    def _finish(self) -> Estimate:
+        """Rule 10: batch time, price, throughput and communication share."""
+        plan, cluster = self.plan, self.cluster
+        problems: list[str] = []
+        stages = [self._stage(s, problems) for s in range(self.S)]
         batch_time = max(st.end_s for st in stages)
         price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
-        comm, comp = sum(transfer), sum(st.compute_s for st in stages)
-        cost_batch = price * batch_time / 3600.0
+        comm, comp = sum(self.transfer), sum(st.compute_s for st in stages)
+        cost_batch = price * batch_time / SECONDS_PER_HOUR
         return Estimate(
             global_batch=plan.global_batch,
             schedule=plan.schedule,

@@ -13,9 +13,3 @@ class FormatError(PipeplanError):
 
 class PlanError(PipeplanError):
     """A plan does not fit its profile or cluster (gap, overlap, unknown device...)."""
-
-
-def require(cond: bool, message: str, exc: type[PipeplanError] = FormatError) -> None:
-    """Raise ``exc(message)`` unless ``cond`` holds."""
-    if not cond:
-        raise exc(message)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +10,7 @@ from core import _io
 from core.cluster import ClusterSpec, DeviceId, parse_device_id
 from core.errors import FormatError, PlanError
 from core.profile import ModelProfile
-
-
-class Schedule(StrEnum):
-    """Order of a stage's forward and backward operations."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
+from core.schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -214,7 +206,3 @@ def uniform_stages(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
         )
     bounds = [round(k * n_layers / n_stages) for k in range(n_stages + 1)]
     return [(bounds[k], bounds[k + 1]) for k in range(n_stages)]
-
-
-def stages_from_bounds(bounds: Sequence[int]) -> list[tuple[int, int]]:
-    return [(bounds[k], bounds[k + 1]) for k in range(len(bounds) - 1)]

@@ -5,11 +5,20 @@ An op is ``("F", j)`` or ``("B", j)`` for microbatch ``j``.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Literal, TypeVar
 
-from core.plan import Schedule
+import numpy as np
 
 Op = tuple[Literal["F", "B"], int]
+Count = TypeVar("Count", int, np.ndarray)
+
+
+class Schedule(StrEnum):
+    """Order of a stage's forward and backward operations."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
 
 
 def gpipe_order(m: int) -> list[Op]:
@@ -33,9 +42,10 @@ def stage_order(schedule: Schedule, m: int, stage: int, num_stages: int) -> list
     return one_f_one_b_order(m, stage, num_stages)
 
 
-def upstream_microbatch(j: int, b_here: int, b_there: int) -> int:
-    """Index of the neighbour's microbatch holding sample ``(j+1) * b_here - 1``.
+def upstream_microbatch(j: int, b_here: Count, b_there: Count) -> Count:
+    """Index of the neighbour's microbatch holding sample ``(j+1) * b_here - 1`` (rule 6).
 
-    ``ceil((j + 1) * b_here / b_there) - 1`` in integer arithmetic.
+    ``ceil((j + 1) * b_here / b_there) - 1`` in integer arithmetic; element-wise for arrays
+    of microbatch sizes (a population's).
     """
     return -(-(j + 1) * b_here // b_there) - 1

@@ -70,11 +70,13 @@ from agents.baselines.brute import DeviceClass, device_classes
 from agents.problem import InfeasibleError, Objective, Problem, ProblemError
 from agents.registry import Planner
 from agents.search import Search
+from core import rules
 from core.batch_eval import BatchEvaluator, PlanBatch
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
-from core.plan import Plan, Schedule
+from core.plan import Plan
 from core.profile import ModelProfile
+from core.tables import INTER, INTRA, CostTables
 
 FloatArray = np.ndarray
 
@@ -169,8 +171,8 @@ def bottleneck(
 class BottleneckDP:
     """The table and its candidates for one problem (see the module docstring)."""
 
-    def __init__(self, problem: Problem, ev: BatchEvaluator, config: DPConfig) -> None:
-        self.problem, self.ev = problem, ev
+    def __init__(self, problem: Problem, tables: CostTables, config: DPConfig) -> None:
+        self.problem, self.tables = problem, tables
         cluster = problem.cluster
         self.classes = device_classes(cluster)
         self.types = sorted(cluster.device_types)
@@ -220,40 +222,42 @@ class BottleneckDP:
 
     def _links(self) -> FloatArray:
         """(L+1, G, G, k): link cost at the cut before layer j, stage on g then on f."""
-        ev, b = self.ev, self.sizes
+        tb, b = self.tables, self.sizes
         out = np.zeros((self.L + 1, self.G, self.G, len(b)))
         g = np.arange(self.G)
         cross = (g[:, None] != g[None, :]) | (g[:, None] == self.MULTI) | (g == self.MULTI)
-        cls = cross.astype(int)
+        lat, bps = (
+            tb.link_lat[cross.astype(int)][..., None],
+            tb.link_bps[cross.astype(int)][..., None],
+        )
         for j in range(1, self.L):
-            cost = ev.link_lat[cls][..., None] + ev.cuts[j] * b / ev.link_bps[cls][..., None]
-            out[j] = self.M * cost
+            out[j] = self.M * rules.transfer_s(tb.cuts[j] * b, bps, lat)
         return out
 
     def _busy(self, i: int, c: Choice) -> FloatArray:
         """(J, Q, k): busy time of a stage [i, j) for j = i+1..L, by stages from it to the
         end (1F1B memory); inf where it does not fit in memory."""
-        ev, b, M = self.ev, self.sizes, self.M
+        tb, b, M = self.tables, self.sizes, self.M
         t, r = c.type_index, c.replicas
         jj = np.arange(i + 1, self.L + 1)
         n = b / r
-        f = ev.fwd_fixed[t, i, jj][:, None] + n * ev.fwd_ps[t, i, jj][:, None]
-        bk = ev.bwd_fixed[t, i, jj][:, None] + n * ev.bwd_ps[t, i, jj][:, None]
-        dtype = self.problem.cluster.device_types[self.types[t]]
-        params = ev.params[i, jj]
-        update = 4.0 * params / (dtype.memory_bandwidth_gbps * 1e9)
-        cls = int(c.node == self.MULTI)
-        lat, bps = ev.link_lat[cls], ev.link_bps[cls]
-        allreduce = 2 * (r - 1) / r * params / bps + 2 * (r - 1) * lat if r > 1 else 0.0 * params
-        bk = bk + (M - 1) / M * update[:, None]  # rule 2: gradient accumulation
-        busy = M * (f + bk) + (update + allreduce)[:, None]
-        q = np.arange(self.Q)[:, None]
-        in_flight = (
-            np.broadcast_to(M, (self.Q, len(b)))
-            if self.problem.schedule is Schedule.GPIPE
-            else np.minimum(q, M)
+        f = rules.compute_s(
+            tb.fwd_fixed_range[t, i, jj][:, None], tb.fwd_per_sample_range[t, i, jj][:, None], n
         )
-        memory = 4.0 * params[:, None, None] + in_flight * n * ev.acts[i, jj][:, None, None]
+        bk = rules.compute_s(
+            tb.bwd_fixed_range[t, i, jj][:, None], tb.bwd_per_sample_range[t, i, jj][:, None], n
+        )
+        dtype = self.problem.cluster.device_types[self.types[t]]
+        params = tb.params(i, jj)
+        update = rules.update_s(params, dtype.memory_bandwidth_gbps)
+        cls = INTER if c.node == self.MULTI else INTRA
+        allreduce = rules.allreduce_s(params, r, tb.link_bps[cls], tb.link_lat[cls])
+        bk = bk + rules.accumulation_s(update[:, None], M)
+        busy = M * (f + bk) + (update + allreduce)[:, None]
+        q = np.arange(self.Q)[:, None]  # stages from this one to the end
+        held = np.broadcast_to(rules.in_flight(self.problem.schedule, M, q), (self.Q, len(b)))
+        acts = tb.acts(i, jj)[:, None, None]
+        memory = rules.memory_bytes(params[:, None, None], acts, n, held)
         return np.where(memory <= dtype.memory_bytes, busy[:, None, :], np.inf)
 
     # --- the table --------------------------------------------------------------------------
@@ -339,12 +343,12 @@ def memory_hint(problem: Problem, classes: list[DeviceClass]) -> str:
     """Why nothing fits: a layer whose memory alone beats every device type, if there is one."""
     profile, cluster = problem.profile, problem.cluster
     b = min(problem.microbatch_sizes())
-    in_flight = problem.global_batch // b if problem.schedule is Schedule.GPIPE else 1
+    held = rules.in_flight(problem.schedule, problem.global_batch // b, 1)
     most = {t: sum(c.count for c in classes if c.type == t) for t in cluster.device_types}
     worst, where = 0.0, ""
     for layer in profile.layers:
         ratio = min(
-            (4.0 * layer.params_bytes + in_flight * b / r * layer.activation_bytes)
+            rules.memory_bytes(layer.params_bytes, layer.activation_bytes, b / r, held)
             / cluster.device_types[t].memory_bytes
             for t, r in most.items()
             if r
@@ -368,7 +372,7 @@ class DPPlanner(Planner):
 
     def solve(self, problem: Problem, ev: BatchEvaluator) -> list[Candidate]:
         """Every candidate of the DP, for each configured model (see :class:`BottleneckDP`)."""
-        dp = BottleneckDP(problem, ev, self.config)
+        dp = BottleneckDP(problem, ev.tables, self.config)
         out = []
         for model in self.config.models:
             dp.run(model)

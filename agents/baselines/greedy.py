@@ -46,9 +46,10 @@ from agents.baselines.common import devices_fastest_first, population
 from agents.problem import Objective, Problem
 from agents.registry import Planner
 from agents.search import Search
+from core import rules
 from core.cluster import ClusterSpec
-from core.costmodel import layer_costs
 from core.profile import ModelProfile
+from core.tables import CostTables
 
 FOLLOWERS = frozenset({"relu", "pool", "pad", "norm", "dropout", "add", "concat", "flatten"})
 
@@ -109,7 +110,7 @@ def ridge_point(cluster: ClusterSpec) -> float:
     """Bytes per FLOP at which the fastest device type turns from memory- to compute-bound."""
     fastest = max(cluster.counts_by_type(), key=lambda t: cluster.device_types[t].flops)
     t = cluster.device_types[fastest]
-    return t.memory_bandwidth_gbps * 1e9 / t.flops
+    return t.memory_bandwidth_gbps * rules.GB / t.flops
 
 
 def data_intensive(profile: ModelProfile, threshold: float) -> list[bool]:
@@ -188,39 +189,21 @@ class _StageTimes:
     """Rough stage estimates that steer the balancing (the cost model judges the moves):
     compute time for the whole batch in one go, and memory over capacity."""
 
-    def __init__(self, profile: ModelProfile, cluster: ClusterSpec, batch: int) -> None:
-        self.batch = batch
-        self.type_of = [cluster.device(d).type for d in cluster.device_ids]
-        self.capacity = [cluster.device_type(d).memory_bytes for d in cluster.device_ids]
-        self.params = np.concatenate([[0.0], np.cumsum([x.params_bytes for x in profile.layers])])
-        self.acts = np.concatenate([[0.0], np.cumsum([x.activation_bytes for x in profile.layers])])
-        self.fixed: dict[str, np.ndarray] = {}
-        self.per_sample: dict[str, np.ndarray] = {}
-        for t in set(self.type_of):
-            c = layer_costs(profile, cluster.device_types[t])
-            self.fixed[t] = np.concatenate([[0.0], np.cumsum(c.fwd_fixed + c.bwd_fixed)])
-            self.per_sample[t] = np.concatenate(
-                [[0.0], np.cumsum(c.fwd_per_sample + c.bwd_per_sample)]
-            )
+    def __init__(self, tables: CostTables, batch: int) -> None:
+        self.tables, self.batch = tables, batch
 
     def __call__(self, a: int, b: int, devices: Iterable[int]) -> float:
         devs = list(devices)
         n = self.batch / len(devs)
-        return max(
-            float(
-                self.fixed[t][b]
-                - self.fixed[t][a]
-                + n * (self.per_sample[t][b] - self.per_sample[t][a])
-            )
-            for t in {self.type_of[d] for d in devs}
-        )
+        types = {int(self.tables.dev_type[d]) for d in devs}
+        return max(float(self.tables.fb_time(t, a, b, n)) for t in types)
 
     def memory(self, a: int, b: int, devices: Sequence[int]) -> float:
-        """GPipe's footprint over the smallest capacity: ``4 x params + B / r x activations``
-        (the same for every microbatch size)."""
-        need = 4.0 * (self.params[b] - self.params[a])
-        need += self.batch / len(devices) * (self.acts[b] - self.acts[a])
-        return float(need / min(self.capacity[d] for d in devices))
+        """GPipe's footprint (rule 9) over the smallest capacity: ``M`` microbatches of
+        ``b / r`` samples are ``B / r``, the same for every microbatch size."""
+        tb = self.tables
+        need = rules.memory_bytes(tb.params(a, b), tb.acts(a, b), self.batch / len(devices), 1)
+        return float(need / min(tb.dev_capacity[d] for d in devices))
 
     def bottleneck(self, state: Structure) -> int:
         bounds, devices = state
@@ -261,7 +244,7 @@ class _Climber:
 
     def __init__(self, problem: Problem, search: Search, max_rounds: int) -> None:
         self.problem, self.search, self.max_rounds = problem, search, max_rounds
-        self.times = _StageTimes(problem.profile, problem.cluster, problem.global_batch)
+        self.times = _StageTimes(search.evaluator.tables, problem.global_batch)
         self.fastest = devices_fastest_first(problem.cluster)
         ids = problem.cluster.device_ids
         self.price = [problem.cluster.device_type(d).price_per_hour for d in ids]

@@ -39,6 +39,7 @@ from numpy.typing import ArrayLike
 from agents.problem import Objective, Problem, ProblemError
 from agents.registry import Planner
 from agents.search import Search
+from core import rules
 from core.batch_eval import PlanBatch
 
 FloatArray = np.ndarray
@@ -120,23 +121,18 @@ class PipeDreamDPPlanner(Planner):
     config: PipeDreamConfig
 
     def search(self, problem: Problem, search: Search) -> None:
-        ev, cluster = search.evaluator, problem.cluster
-        t = sorted(cluster.device_types).index(assumed_type(problem, self.config.assume))
+        tb, cluster = search.evaluator.tables, problem.cluster
+        t = tb.type_index[assumed_type(problem, self.config.assume)]
         net = cluster.network
         link = net.intra_node if len(cluster.nodes) == 1 else net.inter_node
-        L, N = len(problem.profile), len(cluster.device_ids)
-        idx = np.arange(L)
-        params = np.array([float(x.params_bytes) for x in problem.profile.layers])
+        N = len(cluster.device_ids)
+        params = np.diff(tb.params_prefix)
         workers = range(1, N + 1) if problem.objective is Objective.COST else range(N, N + 1)
         plans: dict[int, list[tuple[list[tuple[int, int, int]], int]]] = {}
         for b in problem.microbatch_sizes():
-            per_layer = (
-                ev.fwd_fixed[t, idx, idx + 1]
-                + b * ev.fwd_ps[t, idx, idx + 1]
-                + ev.bwd_fixed[t, idx, idx + 1]
-                + b * ev.bwd_ps[t, idx, idx + 1]
-            )
-            comm = link.latency_s + ev.cuts * b / link.bytes_per_s
+            fwd = rules.compute_s(tb.fwd_fixed[t], tb.fwd_per_sample[t], b)
+            per_layer = rules.compute_s(fwd + tb.bwd_fixed[t], tb.bwd_per_sample[t], b)
+            comm = rules.transfer_s(tb.cuts * b, link.bytes_per_s, link.latency_s)
             for m in workers:
                 stages = pipedream_partition(per_layer, params, comm, m, link.bytes_per_s)
                 plans.setdefault(len(stages), []).append((stages, b))

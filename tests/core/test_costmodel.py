@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.costmodel import cut_bytes, simulate
+from core.costmodel import simulate
+from core.tables import cut_bytes
 from core.plan import Plan, Schedule, Stage
 from core.profile import LayerProfile, LayerTiming, ModelProfile
 from core.schedules import gpipe_order, one_f_one_b_order, upstream_microbatch
