@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.tables import layer_costs
 from core.formats.pipedream import load_pipedream
 from core.profile import LayerTiming, ModelProfile
+from core.tables import layer_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("local-hetero", "tapp-paper", "cloud-mix")

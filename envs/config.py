@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from core.cluster import ClusterSpec
-from core.costmodel import layer_costs
 from core.errors import PipeplanError
 from core.objective import Objective, score
 from core.plan import Schedule
 from core.profile import ModelProfile
+from core.tables import layer_costs
 from envs.encoding import encode_profile
 from envs.mdp import Instance
 

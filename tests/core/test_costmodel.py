@@ -6,10 +6,10 @@ import pytest
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.costmodel import simulate
-from core.tables import cut_bytes
 from core.plan import Plan, Schedule, Stage
 from core.profile import LayerProfile, LayerTiming, ModelProfile
 from core.schedules import gpipe_order, one_f_one_b_order, upstream_microbatch
+from core.tables import cut_bytes
 
 
 def chain(n: int, flops: float = 1e6, act: int = 100, params: int = 1000) -> ModelProfile:
