@@ -25,8 +25,10 @@ from torch import Tensor
 
 from agents.problem import Budget, Objective, Problem, ProblemError
 from agents.search import Search
-from agents.tapp.nets import PlanContext, Sample, TAPPPolicy, make_context, sample_plans
+from agents.tapp.features import PlanContext, make_context
+from agents.tapp.nets import TAPPPolicy
 from agents.tapp.rewards import RewardSource, SimulatedReward, shape_rewards
+from agents.tapp.sampling import Sample, sample_plans
 from core.cluster import ClusterSpec
 from core.plan import Plan, Schedule
 from core.profile import ModelProfile

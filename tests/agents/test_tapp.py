@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.search import Search
 from agents.tapp import TAPPConfig, TAPPPlanner, TAPPPolicy, make_context, train_policy
-from agents.tapp.nets import Sample, sample_plans
 from agents.tapp.parallel import evaluate_chunk, record
 from agents.tapp.rewards import SimulatedReward, shape_rewards
+from agents.tapp.sampling import Sample, sample_plans
 from agents.tapp.trainer import Task, advantages, reinforce_loss, update_elite
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.formats.pipedream import load_pipedream

@@ -1,0 +1,290 @@
+"""Sampling plans from TAPP's policy, in batches of ``n``, with each plan's log-probability
+and entropy for REINFORCE.
+
+A sampled plan is four decisions, in this order:
+
+1. **microbatch**: one size for every stage, from the allowed ones (a small head scoring each
+   candidate from its size and the model/cluster size);
+2. **partition** (the partition network, layer by layer): layer 0 opens group 0; every later
+   layer ``l`` opens the next group with probability ``sigmoid(f(x_l) + prior)``, else it
+   stays in its predecessor's group, so groups are contiguous by construction; once
+   ``max_groups`` groups are open the rest stay. Beyond the paper, ``x_l`` holds the FLOP
+   share of the open group so far and the number of groups open (the only state a
+   contiguous cut needs: identical layers of repeated blocks can decide differently) and the
+   cost of a cut before the layer (:mod:`agents.tapp.features`);
+3. **allocation** (attention): group ``g``, in order, attends over the devices. Used devices
+   are masked (no device twice) and so are devices the group does not fit (unless none
+   fits);
+4. **replicas** (attention, beyond the paper, so that the space holds brute's optimum): every
+   device left over, in device order, attends over the groups plus an "idle" slot and joins
+   the group it picks as a data-parallel replica (the stage's microbatch is shared among its
+   replicas, DESIGN.md rule 2) or stays unused. The idle slot starts at probability 1/2
+   (``log(groups)`` added to its score), so the ``cost`` objective can keep devices idle and
+   ``time`` can use them all. Only devices no group holds can join (no device twice); the
+   cost model decides memory fit.
+
+The entropy of a plan is the sum over the heads of the mean entropy per decision (so an
+entropy weight means the same for 20 or 300 layers). ``sample_plans(..., given=sample)``
+replays the decisions of earlier plans instead of drawing them: their log-probabilities and
+entropies under the current policy (the trainer's elite). How many evaluations these
+features save is measured by ``bench/rl_quality.py`` (bench/results/rl_quality.json).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from agents.tapp.features import (
+    GroupTables,
+    PlanContext,
+    allocation_inputs,
+    cut_cost,
+    group_tables,
+    group_time_feature,
+    replica_keys,
+)
+from agents.tapp.nets import TAPPPolicy
+from core.plan import Plan, Stage
+
+
+@dataclass(frozen=True)
+class Sample:
+    """``n`` sampled plans as arrays, with the log-probability and entropy of each."""
+
+    size_index: np.ndarray  # (n,) index into context.sizes
+    opens: np.ndarray  # (n, L) bool: layer l opens a group
+    devices: np.ndarray  # (n, G) primary device index of each group, -1 past the last group
+    replica_of: np.ndarray  # (n, D) group a device joins as a replica, -1: primary or idle
+    log_prob: Tensor  # (n,)
+    entropy: Tensor  # (n,)
+
+    @property
+    def n(self) -> int:
+        return len(self.size_index)
+
+    def group_of(self, i: int) -> np.ndarray:
+        """(D,) the group each device of plan ``i`` serves (primary or replica), -1 idle."""
+        out = self.replica_of[i].copy()
+        primaries = self.devices[i][self.devices[i] >= 0]
+        out[primaries] = np.flatnonzero(self.devices[i] >= 0)
+        return out
+
+    def key(self, i: int) -> bytes:
+        """A hashable identity of plan ``i`` (equal plans, equal keys; which of a group's
+        devices is its primary does not matter)."""
+        return (
+            self.size_index[i].tobytes() + np.packbits(self.opens[i]).tobytes()
+            + self.group_of(i).tobytes()
+        )  # fmt: skip
+
+    def plan(self, i: int, ctx: PlanContext) -> Plan:
+        ids = ctx.cluster.device_ids
+        starts = np.flatnonzero(self.opens[i]).tolist()
+        ends = [*starts[1:], ctx.n_layers]
+        b = ctx.sizes[int(self.size_index[i])]
+        group = self.group_of(i)
+        stages = tuple(
+            Stage((s, e), tuple(ids[d] for d in np.flatnonzero(group == g)), b)
+            for g, (s, e) in enumerate(zip(starts, ends, strict=True))
+        )
+        return Plan(ctx.global_batch, stages, ctx.schedule)
+
+    def take(self, rows: Sequence[int]) -> Sample:
+        """The plans at ``rows`` (decisions only: log-probability and entropy detached)."""
+        idx = np.asarray(rows, dtype=np.int64)
+        t = torch.from_numpy(idx)
+        return Sample(
+            self.size_index[idx], self.opens[idx], self.devices[idx], self.replica_of[idx],
+            self.log_prob.detach()[t], self.entropy.detach()[t],
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(parts: Sequence[Sample]) -> Sample:
+        return Sample(
+            np.concatenate([p.size_index for p in parts]),
+            np.concatenate([p.opens for p in parts]),
+            np.concatenate([p.devices for p in parts]),
+            np.concatenate([p.replica_of for p in parts]),
+            torch.cat([p.log_prob for p in parts]),
+            torch.cat([p.entropy for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How decisions are made: drawn from a seeded generator at a temperature (every logit
+    is divided by it; the log-probabilities are those of the tempered policy), greedily, or
+    replayed from ``given`` (earlier plans: their log-probabilities under this policy)."""
+
+    generator: torch.Generator
+    temperature: float = 1.0
+    greedy: bool = False
+    given: Sample | None = None
+
+    def choose(self, logits: Tensor, given: np.ndarray | None = None) -> Tensor:
+        if given is not None:
+            return torch.from_numpy(np.asarray(given, dtype=np.int64))
+        if self.greedy:
+            return logits.argmax(-1)
+        return torch.multinomial(F.softmax(logits, -1), 1, generator=self.generator).squeeze(-1)
+
+
+def sample_plans(
+    policy: TAPPPolicy,
+    ctx: PlanContext,
+    n: int,
+    generator: torch.Generator,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    given: Sample | None = None,
+) -> Sample:
+    """Sample ``n`` plans (``greedy``: the most likely decision at every step; ``given``:
+    replay its ``n`` plans' decisions)."""
+    if given is not None and given.n != n:
+        raise ValueError(f"given: holds {given.n} plans, n is {n}")
+    draw = Draw(generator, temperature, greedy, given)
+    lp_mb, ent_mb, size_index = _sample_microbatch(policy, ctx, n, draw)
+    b = torch.tensor([float(ctx.sizes[k]) for k in size_index.tolist()], dtype=torch.float64)
+    cuts = cut_cost(ctx, b)
+    lp_part, ent_part, opens = _sample_partition(policy, ctx, cuts, draw)
+    groups = group_tables(ctx, opens, b, cuts)
+    lp_alloc, ent_alloc, devices = _sample_allocation(policy, ctx, groups, draw)
+    lp_rep, ent_rep, replica_of = _sample_replicas(policy, ctx, groups, devices, draw)
+    return Sample(
+        size_index=size_index.numpy(),
+        opens=opens.numpy(),
+        devices=devices.numpy(),
+        replica_of=replica_of.numpy(),
+        log_prob=lp_mb + lp_part + lp_alloc + lp_rep,
+        entropy=ent_mb + ent_part + ent_alloc + ent_rep,
+    )
+
+
+def _sample_microbatch(
+    policy: TAPPPolicy, ctx: PlanContext, n: int, draw: Draw
+) -> tuple[Tensor, Tensor, Tensor]:
+    logits = policy.microbatch(ctx.microbatch_inputs).squeeze(-1).expand(n, -1)
+    logits = logits / draw.temperature
+    choice = draw.choose(logits.detach(), None if draw.given is None else draw.given.size_index)
+    logp = F.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, choice[:, None]).squeeze(-1), ent, choice
+
+
+def _sample_partition(
+    policy: TAPPPolicy, ctx: PlanContext, cuts: Tensor, draw: Draw
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer 0 opens group 0; layer l opens the next group with probability p_l while fewer
+    than max_groups are open. Entropy is the mean over the real (unforced) decisions."""
+    n, (L, G) = cuts.shape[0], (ctx.n_layers, ctx.max_groups)
+    flops = ctx.shares[:, 1]
+    fill = flops[0].expand(n)  # FLOP share of the open group so far
+    count = torch.ones(n)  # groups open
+    opens = [torch.ones(n, dtype=torch.bool)]
+    logp, ent, decisions = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    zero = torch.zeros(())
+    for layer in range(1, L):
+        state = torch.stack([fill, count / G, cuts[:, layer]], -1)
+        x = torch.cat([ctx.layer_inputs[layer].expand(n, -1), state], -1)
+        logit = (policy.partition(x) + ctx.partition_prior) / draw.temperature
+        p = torch.sigmoid(logit).detach()
+        if draw.given is not None:
+            raw = torch.from_numpy(draw.given.opens[:, layer].copy())
+        elif draw.greedy:
+            raw = p > 0.5
+        else:
+            raw = torch.rand(n, generator=draw.generator) < p
+        free = count < G  # a real decision (else forced to stay)
+        opened = raw & free
+        lp = torch.where(opened, F.logsigmoid(logit), F.logsigmoid(-logit))
+        h = F.binary_cross_entropy_with_logits(logit, torch.sigmoid(logit), reduction="none")
+        logp = logp + torch.where(free, lp, zero)
+        ent = ent + torch.where(free, h, zero)
+        decisions = decisions + free.float()
+        count = count + opened.float()
+        fill = torch.where(opened, flops[layer], fill + flops[layer])
+        opens.append(opened)
+    return logp, ent / decisions.clamp(min=1), torch.stack(opens, 1)
+
+
+def _sample_allocation(
+    policy: TAPPPolicy, ctx: PlanContext, groups: GroupTables, draw: Draw
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Groups in order choose unused devices by attention; (logp, entropy, devices)."""
+    n, D, G = groups.b.shape[0], ctx.n_devices, ctx.max_groups
+    n_groups = groups.n_groups
+    time_feature = group_time_feature(groups, D)
+    used = torch.zeros(n, D, dtype=torch.bool)
+    devices = torch.full((n, G), -1, dtype=torch.long)
+    prev = torch.zeros(n, dtype=torch.long)
+    logp, ent = torch.zeros(n), torch.zeros(n)
+    rows = torch.arange(n)
+    zero = torch.zeros(())
+    for g in range(G):
+        active = n_groups > g
+        query, keys, fits = allocation_inputs(ctx, groups, g, prev, time_feature)
+        scores = policy.allocation(query, keys) / draw.temperature
+        free = ~used
+        allowed = free & fits
+        allowed = torch.where(allowed.any(-1, keepdim=True), allowed, free)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        given = None if draw.given is None else draw.given.devices[:, g].clip(min=0)
+        choice = draw.choose(scores.detach(), given)
+        lsm = F.log_softmax(scores, -1)
+        logp = logp + torch.where(active, lsm[rows, choice], zero)
+        ent = ent + torch.where(active, -(lsm.exp() * lsm).sum(-1), zero)
+        choice = torch.where(active, choice, torch.full_like(choice, -1))
+        devices[:, g] = choice
+        used = used | (F.one_hot(choice.clamp(min=0), D).bool() & active[:, None])
+        prev = choice.clamp(min=0)
+    return logp, ent / n_groups, devices
+
+
+def _sample_replicas(
+    policy: TAPPPolicy, ctx: PlanContext, groups: GroupTables, devices: Tensor, draw: Draw
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every device no group holds, in device order, attends over the groups and an idle
+    slot (slot ``G``) and joins the group it picks as a replica; (logp, entropy, replica_of)."""
+    n, D, G = groups.b.shape[0], ctx.n_devices, ctx.max_groups
+    n_groups = groups.n_groups
+    primary = devices >= 0
+    member = torch.zeros(n, G, D, dtype=torch.bool)  # devices serving each group
+    member[primary] = F.one_hot(devices[primary], D).bool()
+    is_primary = member.any(1)  # (P, D)
+    open_group = torch.arange(G)[None] < n_groups[:, None]  # (P, G)
+    idle_prior = torch.log(n_groups.float())  # p(idle) = 1/2 at a uniform start
+    replica_of = torch.full((n, D), -1, dtype=torch.long)
+    logp, ent, decisions = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    rows = torch.arange(n)
+    zero = torch.zeros(())
+    for k in range(D):
+        active = ~is_primary[:, k]
+        keys = replica_keys(ctx, groups, devices, member, k)
+        left = torch.full((n, 1), (D - k) / D)
+        query = torch.cat(
+            [ctx.device_static[k].expand(n, -1), n_groups[:, None].float() / D, left], -1
+        )
+        scores = policy.replica(query, keys)
+        scores = torch.cat([scores[:, :G], scores[:, G:] + idle_prior[:, None]], -1)
+        scores = scores / draw.temperature
+        allowed = torch.cat([open_group, torch.ones(n, 1, dtype=torch.bool)], -1)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        given = None
+        if draw.given is not None:
+            g_of = draw.given.replica_of[:, k]
+            given = np.where(g_of >= 0, g_of, G)
+        choice = draw.choose(scores.detach(), given)
+        lsm = F.log_softmax(scores, -1)
+        logp = logp + torch.where(active, lsm[rows, choice], zero)
+        ent = ent + torch.where(active, -(lsm.exp() * lsm).sum(-1), zero)
+        decisions = decisions + active.float()
+        joins = active & (choice < G)
+        replica_of[:, k] = torch.where(joins, choice, torch.full_like(choice, -1))
+        member[rows[joins], choice[joins], k] = True
+    return logp, ent / decisions.clamp(min=1), replica_of
