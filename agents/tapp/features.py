@@ -35,9 +35,9 @@ from torch.nn import functional as F
 
 from core import rules
 from core.cluster import ClusterSpec, DeviceType
-from core.costmodel import cut_bytes, layer_costs
 from core.plan import Schedule
 from core.profile import ModelProfile
+from core.tables import cut_bytes, layer_costs
 from envs.encoding import ACTIVATION_SLICE, FLOPS_SLICE, PARAMS_SLICE, WIDTH, encode_profile
 
 FEEDS = 8
