@@ -52,7 +52,8 @@ def compare(
 
     def run(entry: Entry, p: Problem) -> PlanResult:
         with reporter.search(entry.label, p.budget.evaluations) as progress:
-            return make_planner(entry.planner, **entry.options).plan(p, progress=progress)
+            planner = make_planner(entry.planner, **entry.options)
+            return planner.plan(p, progress=progress, on_record=reporter.evaluated)
 
     entries = [Entry(n, n) for n in names]
     return Compared(problem, run_comparison(problem, entries, run, catch_bugs=catch_bugs))

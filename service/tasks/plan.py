@@ -96,5 +96,5 @@ def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
     problem = build_problem(request, reporter)
     planner = make_planner(request.planner, **options)
     with reporter.search(request.planner, problem.budget.evaluations) as progress:
-        result = planner.plan(problem, progress=progress)
+        result = planner.plan(problem, progress=progress, on_record=reporter.evaluated)
     return Planned(problem, result)

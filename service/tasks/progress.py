@@ -1,8 +1,9 @@
 """How a use-case reports while it works: :class:`Reporter`, handed to every use-case.
 
 A use-case never prints. It announces a long step (profiling, starting a cluster, running a
-plan), a note for people (what was measured, what is EMULATED) and a search's progress
-(evaluations and the best value so far); the face decides what to do with them: the CLI
+plan), a note for people (what was measured, what is EMULATED), a search's progress
+(evaluations and the best value so far) and every population the search valued (its plans
+and their values, simulated or measured); the face decides what to do with them: the CLI
 draws spinners and progress bars on stderr, a job posts events to the control endpoint.
 The base class ignores everything, so a caller overrides only what it shows.
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
+from agents.rewards import Population
 from agents.search import Progress
 
 
@@ -35,6 +39,11 @@ class Reporter:
         """A search runs inside the ``with`` body and calls the yielded callback with
         (evaluations so far, best objective value so far); ``total`` is its budget."""
         yield _ignore
+
+    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+        """A search valued ``plans`` (a ``PlanBatch`` or a list of plans; turn a batch into
+        plans with :func:`agents.rewards.plans_of`): ``values`` by the problem's objective,
+        lower is better, ``inf`` for an infeasible plan."""
 
 
 QUIET = Reporter()

@@ -89,5 +89,5 @@ def search(
         reporter.search("tapp (measured)", problem.budget.evaluations) as progress,
     ):
         planner = make_planner("tapp", reward=reward, **options)
-        result = planner.plan(problem, progress=progress)
+        result = planner.plan(problem, progress=progress, on_record=reporter.evaluated)
     return MeasuredSearch(result, reward)

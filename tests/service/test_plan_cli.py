@@ -233,7 +233,10 @@ def test_default_planners_are_the_registered_baselines() -> None:
             ["plan", "--min-throughput", "10"],
             "error: min_throughput: only applies to the cost objective, not 'time'",
         ),
-        (["plan", "--model", "alexnet"], "error: model, profile: give exactly one of model (a zoo name) or profile"),
+        (
+            ["plan", "--model", "alexnet"],
+            "error: model, profile: give exactly one of model (a zoo name) or profile",
+        ),
         (["plan", "--batch", "0"], "error: global_batch: must be an integer >= 1, got 0"),
         (["plan", "--microbatches", "5"], "error: microbatches: 5 does not divide global_batch"),
         (["plan", "--budget", "0"], "error: budget.evaluations: must be >= 1, got 0"),

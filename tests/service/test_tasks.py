@@ -3,15 +3,18 @@ no console; bad requests name the field and the value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from agents.problem import ProblemError
+from agents.rewards import Population
 from agents.search import Progress
+from core.batch_eval import PlanBatch
 from core.costmodel import simulate as cost_model
 from core.errors import FormatError
 from core.formats.pipedream import load_pipedream
@@ -35,6 +38,10 @@ from tests.core.test_formats import CLUSTER, PLAN, PROFILE
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def plans_of_any(plans: Population) -> Sized:
+    return plans if not isinstance(plans, PlanBatch) else range(plans.size)
+
+
 class Recorder(Reporter):
     """Keeps every report a use-case made."""
 
@@ -42,6 +49,7 @@ class Recorder(Reporter):
         self.steps: list[str] = []
         self.searches: list[tuple[str, int | None]] = []
         self.progress: list[tuple[int, float]] = []
+        self.evaluations: list[float] = []
 
     @contextmanager
     def step(self, text: str) -> Iterator[None]:
@@ -52,6 +60,10 @@ class Recorder(Reporter):
     def search(self, label: str, total: int | None) -> Iterator[Progress]:
         self.searches.append((label, total))
         yield lambda evaluations, best: self.progress.append((evaluations, best))
+
+    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+        assert len(plans_of_any(plans)) == len(values)
+        self.evaluations.extend(values.tolist())
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +87,8 @@ def test_plan_returns_the_document_plan_json_prints(alexnet: Document) -> None:
     assert doc["estimate"]["batch_time_s"] == est.batch_time_s
     assert recorder.searches == [("greedy", 20_000)]
     assert recorder.progress and recorder.progress[-1][0] == doc["evaluations"]
+    assert len(recorder.evaluations) == doc["evaluations"]
+    assert min(recorder.evaluations) == done.result.value
 
 
 def test_plan_request_from_json_with_options_and_budget(alexnet: Document) -> None:
