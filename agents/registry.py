@@ -1,4 +1,9 @@
-"""``make_planner(name, **options)``: one interface over every searcher."""
+"""``make_planner(name, reward=None, **options)``: one interface over every searcher.
+
+A planner is built with its options and the reward source that values its plans
+(:mod:`agents.rewards`; the simulated cost model when none is given); :meth:`Planner.plan`
+runs it on a problem through one :class:`~agents.search.Search`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from agents.problem import PlanResult, Problem, ProblemError
-from agents.search import Progress, Search
+from agents.rewards import RewardSource
+from agents.search import OnRecord, Progress, Search
 
 # name -> "module:Class"; modules are imported on demand (optuna, torch, ray stay unloaded)
 PLANNERS: dict[str, str] = {
@@ -32,12 +38,14 @@ class NoOptions:
 
 
 class Planner(ABC):
-    """A searcher: data in (a :class:`Problem`), a plan out. Never touches devices."""
+    """A searcher: data in (a :class:`Problem`), a plan out. Never touches devices: a
+    measured reward is a :class:`~agents.rewards.RewardSource` handed to it."""
 
     name: ClassVar[str]
     Config: ClassVar[type] = NoOptions
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, reward: RewardSource | None = None, **options: Any) -> None:
+        self.reward = reward
         try:
             self.config = self.Config(**options)
         except TypeError as e:
@@ -51,8 +59,17 @@ class Planner(ABC):
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self.config)
 
-    def plan(self, problem: Problem, progress: Progress | None = None) -> PlanResult:
-        search = Search(problem, self.name, self.options, progress)
+    def plan(
+        self,
+        problem: Problem,
+        progress: Progress | None = None,
+        on_record: OnRecord | None = None,
+    ) -> PlanResult:
+        """Search ``problem``; every evaluation goes through the reward source and is
+        reported to ``progress`` and ``on_record`` (see :class:`~agents.search.Search`)."""
+        search = Search(
+            problem, self.name, self.options, progress, reward=self.reward, on_record=on_record
+        )
         self.search(problem, search)
         return search.result()
 
@@ -61,7 +78,8 @@ class Planner(ABC):
         """Propose plans through ``search.evaluate`` until done or ``search.exhausted()``."""
 
 
-def make_planner(name: str, **options: Any) -> Planner:
+def make_planner(name: str, reward: RewardSource | None = None, **options: Any) -> Planner:
+    """The planner ``name`` with ``options``, valued by ``reward`` (default: simulated)."""
     if name not in PLANNERS:
         raise ProblemError(f"planner: unknown planner {name!r} (one of {', '.join(PLANNERS)})")
     module, cls = PLANNERS[name].split(":")
@@ -69,5 +87,5 @@ def make_planner(name: str, **options: Any) -> Planner:
         planner_cls = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as e:
         raise ProblemError(f"planner {name!r}: not available ({e})") from None
-    planner: Planner = planner_cls(**options)
+    planner: Planner = planner_cls(reward=reward, **options)
     return planner

@@ -7,40 +7,61 @@ rl_module/callbacks/debugging``, ``RLModuleSpec`` with RLlib's own action-maskin
 observation), ``Algorithm.save_to_path`` / ``restore_from_path`` for checkpoints and
 ``env_runner_group.foreach_env_runner`` to gather the best plan each runner has seen.
 
-Episodes are costed inside the env by the contract cost model (one evaluation each, counted
-in the result). Unless the problem (or the ``microbatches`` option) fixes the microbatch
-count, the first action of an episode chooses it among the problem's counts, and a stage may
-take replicas (up to ``max_replicas``), so the env's space holds ``brute``'s optimum over
-equal microbatches. The best plan any runner has seen is the answer. With
-``polish_evaluations=N`` (default 0: PPO's own plan, pure RL) that plan is then polished by
-a steepest-descent local search over one-edit neighbours (:func:`polish`) through the
-vectorised cost model, at most N evaluations; the result's options say it was.
+Ray: PPO runs on the Ray cluster this process is connected to (the faces start or join one
+through ``executor.runtime``); it never starts one of its own, and refuses to run unconnected.
+
+Episodes are costed inside the env by the contract cost model. Unless the problem (or the
+``microbatches`` option) fixes the microbatch count, the first action of an episode chooses
+it among the problem's counts, and a stage may take replicas (up to ``max_replicas``), so
+the env's space holds ``brute``'s optimum over equal microbatches. After every training
+iteration the best plan any runner has seen is valued through the search, so through its
+reward source, and the best plan so valued is the answer. With ``polish_evaluations=N``
+(default 0: PPO's own plan, pure RL) that plan is then polished by a steepest-descent local
+search over one-edit neighbours (:func:`agents.local_search.polish`), at most N evaluations
+through the same source; the result's options say it was.
+
+Reward sources: RLlib's env runners learn from the cost model in the env whatever the
+source; the source decides which of PPO's plans is the answer. With a source that values
+plans as the env does (``simulated``, ``parallel``: :data:`COST_MODEL_SOURCES`) every episode
+is an evaluation of that source and counts towards the budget. With another source (a
+``measured`` one runs each plan on the executor) the episodes are a surrogate: they are not
+counted, and the budget bounds the source's evaluations alone -- one per iteration (the
+runners' best plan; a measured source runs a plan once however often it comes back) plus
+the polish.
 
 Hyper-parameters: the reward comes once, at the end, so ``gamma = 1`` (RLlib's default 0.99
 discounts the first decisions of a 24-step episode by 0.8); small train batches and several
 epochs make more updates within ~40 iterations. The defaults come from a handful of runs of
-bench/ppo_quality.py only: PPO's own best plan is still 3-22% from exact there (see that
-benchmark, which reports PPO alone and PPO + polish).
+``bench/ppo_quality.py``, which reports how far PPO alone and PPO + polish land from the exact
+answer (``bench/results/ppo_quality.json``).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from itertools import permutations
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+from ray.tune.registry import register_env
 
+from agents.local_search import polish
 from agents.problem import Problem, ProblemError
 from agents.registry import Planner
 from agents.search import Search
-from core.plan import Plan, Stage
+from core.errors import PipeplanError
+from core.plan import Plan
+from envs import make_env
 
 ENV_NAME = "pipeplan-placement-v0"
-StageSpec = tuple[int, int, tuple[str, ...]]  # layers [start, end) on devices
-StageList = list[StageSpec]
+COST_MODEL_SOURCES = frozenset({"simulated", "parallel"})
+"""Reward sources that value a plan as the env does (the contract cost model): with these,
+the env runners' episodes count as the search's evaluations."""
 
 
 @dataclass(frozen=True)
@@ -117,25 +138,20 @@ def _microbatches(problem: Problem, option: int | None) -> int | None:
     return option
 
 
-def _best_callbacks() -> type:
-    from ray.rllib.callbacks.callbacks import RLlibCallback
+class BestPlan(RLlibCallback):  # type: ignore[misc]
+    """Keeps, on each env runner, the best plan its episodes produced."""
 
-    class BestPlan(RLlibCallback):  # type: ignore[misc]
-        """Keeps, on each env runner, the best plan its episodes produced."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.best: tuple[float, dict[str, Any]] | None = None
+        self.episodes = 0
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.best: tuple[float, dict[str, Any]] | None = None
-            self.episodes = 0
-
-        def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
-            info = episode.get_infos(-1)
-            self.episodes += 1
-            value = float(info.get("value", np.inf))
-            if np.isfinite(value) and (self.best is None or value < self.best[0]):
-                self.best = (value, info["plan"].to_dict())
-
-    return BestPlan
+    def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
+        info = episode.get_infos(-1)
+        self.episodes += 1
+        value = float(info.get("value", np.inf))
+        if np.isfinite(value) and (self.best is None or value < self.best[0]):
+            self.best = (value, info["plan"].to_dict())
 
 
 def _gather(algo: Any) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
@@ -156,30 +172,19 @@ class PPOPlanner(Planner):
     config: PPOOptions
 
     def search(self, problem: Problem, search: Search) -> None:
+        if not ray.is_initialized():
+            raise PipeplanError(
+                "ppo: needs a connected Ray cluster (RLlib's env runners run on it); start or "
+                "connect one first (executor.runtime.start_local / connect)"
+            )
         m = _microbatches(problem, self.config.microbatches)
-        started = _ensure_ray()
+        algo = self._build(problem, m)
         try:
-            algo = self._build(problem, m)
-            try:
-                self._train(algo, search)
-            finally:
-                algo.stop()
+            self._train(algo, search)
         finally:
-            if started:
-                import ray
-
-                ray.shutdown()
+            algo.stop()
 
     def _build(self, problem: Problem, microbatches: int | None) -> Any:
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-        from ray.rllib.examples.rl_modules.classes.action_masking_rlm import (
-            ActionMaskingTorchRLModule,
-        )
-        from ray.tune.registry import register_env
-
-        from envs import make_env
-
         c = self.config
         register_env(ENV_NAME, make_env)
         config = (
@@ -206,7 +211,7 @@ class PPOPlanner(Planner):
                     },
                 )
             )
-            .callbacks(_best_callbacks())
+            .callbacks(BestPlan)
             .debugging(seed=problem.seed, log_level="ERROR")
         )
         algo = config.build_algo()
@@ -221,7 +226,8 @@ class PPOPlanner(Planner):
         for _ in range(self.config.iterations):
             algo.train()
             episodes, bests = _gather(algo)
-            search.count(episodes - counted)
+            if search.reward.name in COST_MODEL_SOURCES:
+                search.record([], np.zeros(0), evaluations=episodes - counted)
             counted = episodes
             if bests:
                 value, doc = min(bests, key=lambda b: b[0])
@@ -232,97 +238,3 @@ class PPOPlanner(Planner):
             algo.save_to_path(str(Path(self.config.checkpoint).resolve()))
         if search.best_plan is not None and self.config.polish_evaluations > 0:
             polish(search, self.config.polish_evaluations)
-
-
-def neighbours(plan: Plan, problem: Problem) -> list[Plan]:
-    """Plans one edit away from ``plan``, each with every allowed equal microbatch size.
-
-    Edits: a stage boundary moved by 1-2 layers (also with the stages' device groups in
-    every order, up to 4 stages), the device groups reordered, a stage's device exchanged
-    with an unused one or with another stage's, a replica added or removed, two adjacent
-    stages merged (on the devices of both, or of either), a stage split with one part on an
-    unused device or on one of its replicas."""
-    ids = problem.cluster.device_ids
-    stages: StageList = [(s.start, s.end, s.devices) for s in plan.stages]
-    unused = [d for d in ids if d not in plan.devices]
-    moved: list[StageList] = [stages]
-    for k in range(len(stages) - 1):  # move the boundary between k and k+1
-        for step in (-2, -1, 1, 2):
-            cut = stages[k][1] + step
-            if stages[k][0] < cut < stages[k + 1][1]:
-                new = list(stages)
-                new[k] = (stages[k][0], cut, stages[k][2])
-                new[k + 1] = (cut, stages[k + 1][1], stages[k + 1][2])
-                moved.append(new)
-    out: list[StageList] = []
-    for new in moved:  # ... with the device groups in every order
-        groups = [d for _, _, d in new]
-        orders = permutations(groups) if len(groups) <= 4 else iter([tuple(groups)])
-        out += [[(s, e, g) for (s, e, _), g in zip(new, order, strict=True)] for order in orders]
-    for k, (s, e, devs) in enumerate(stages):
-        for i, d in enumerate(devs):
-            for u in unused:  # exchange a device for an unused one
-                out.append(_with(stages, k, (s, e, (*devs[:i], u, *devs[i + 1 :]))))
-            for j in range(k + 1, len(stages)):  # exchange with another stage's device
-                for i2, d2 in enumerate(stages[j][2]):
-                    new = _with(stages, k, (s, e, (*devs[:i], d2, *devs[i + 1 :])))
-                    sj, ej, o = stages[j]
-                    out.append(_with(new, j, (sj, ej, (*o[:i2], d, *o[i2 + 1 :]))))
-            if len(devs) > 1:  # remove a replica
-                out.append(_with(stages, k, (s, e, (*devs[:i], *devs[i + 1 :]))))
-        for u in unused:  # add a replica; split the stage onto an unused device
-            out.append(_with(stages, k, (s, e, (*devs, u))))
-        for cut in range(s + 1, e):  # split off a new stage on an unused device or a replica
-            for u in unused:
-                out.append([*stages[:k], (s, cut, devs), (cut, e, (u,)), *stages[k + 1 :]])
-                out.append([*stages[:k], (s, cut, (u,)), (cut, e, devs), *stages[k + 1 :]])
-            for i, x in enumerate(devs if len(devs) > 1 else ()):
-                rest = (*devs[:i], *devs[i + 1 :])
-                out.append([*stages[:k], (s, cut, rest), (cut, e, (x,)), *stages[k + 1 :]])
-                out.append([*stages[:k], (s, cut, (x,)), (cut, e, rest), *stages[k + 1 :]])
-        if k + 1 < len(stages):  # merge with the next stage, on both's or either's devices
-            after = stages[k + 1]
-            for group in (devs + after[2], devs, after[2]):
-                out.append([*stages[:k], (s, after[1], group), *stages[k + 2 :]])
-    return [
-        Plan(problem.global_batch, tuple(Stage((s, e), d, b) for s, e, d in new), plan.schedule)
-        for new in out
-        for b in problem.microbatch_sizes()
-    ]
-
-
-def _with(stages: StageList, k: int, stage: StageSpec) -> StageList:
-    return [*stages[:k], stage, *stages[k + 1 :]]
-
-
-def polish(search: Search, evaluations: int) -> None:
-    """Steepest-descent local search from the best plan over :func:`neighbours`, through
-    the vectorised cost model, until no neighbour improves or ``evaluations`` are spent."""
-    spent = 0
-    while search.best_plan is not None and spent < evaluations and not search.exhausted():
-        before = search.best_value
-        plans = neighbours(search.best_plan, search.problem)[: evaluations - spent]
-        if not plans:
-            return
-        search.evaluate_plans(plans)
-        spent += len(plans)
-        if not search.best_value < before:
-            return
-
-
-def _ensure_ray() -> bool:
-    """Start a local Ray (loopback, capped object store) unless one is up; True if started."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    if ray.is_initialized():
-        return False
-    ray.init(
-        address="local",  # a new local instance, never a `ray start` cluster found on disk
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    return True

@@ -2,8 +2,10 @@
 
 Seeded (network initialisation under ``torch.manual_seed``, sampling from a seeded
 ``torch.Generator``, task choice from a seeded numpy generator), deterministic for a seed on
-CPU. Every plan is costed through the :class:`~agents.search.Search` (or on Ray workers with
-``workers=N``), so evaluations, history and the best plan are counted there.
+CPU. Every plan is valued through the :class:`~agents.search.Search`, so by the planner's
+reward source (:mod:`agents.rewards`: the cost model by default; ``ParallelReward`` for the
+cost model on Ray workers, ``MeasuredReward`` for runs on the executor), and evaluations,
+history and the best plan are counted there.
 
 Generalisation: ``TAPPPlanner(policy=train_policy(profiles, cluster))`` starts from a policy
 trained on other models (few updates), with ``frozen=True`` it only samples it (zero
@@ -18,14 +20,13 @@ measured by ``bench/rl_quality.py`` (generalisation section of
 from __future__ import annotations
 
 import copy
-from contextlib import ExitStack
 from typing import Any
 
 from agents.problem import Problem
 from agents.registry import Planner
+from agents.rewards import RewardSource
 from agents.search import Search
 from agents.tapp.nets import TAPPPolicy
-from agents.tapp.rewards import RewardSource, SimulatedReward
 from agents.tapp.trainer import OnIteration, TAPPConfig, Task, new_policy, problem_context, train
 
 
@@ -39,9 +40,10 @@ class TAPPPlanner(Planner):
         self,
         policy: TAPPPolicy | None = None,
         on_iteration: OnIteration | None = None,
+        reward: RewardSource | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(**options)
+        super().__init__(reward, **options)
         self.policy, self.on_iteration = policy, on_iteration
 
     def search(self, problem: Problem, search: Search) -> None:
@@ -50,19 +52,12 @@ class TAPPPlanner(Planner):
             policy = copy.deepcopy(self.policy)  # fine-tuning leaves the caller's intact
         else:
             policy = new_policy(config, problem.seed)
-        ctx = problem_context(problem, config)
-        with ExitStack() as stack:
-            source: RewardSource = SimulatedReward(search)
-            if config.workers > 1:
-                from agents.tapp.parallel import RayReward
-
-                source = stack.enter_context(RayReward(search, config.workers))
-            train(
-                policy,
-                [Task(ctx, source)],
-                config,
-                seed=problem.seed,
-                should_stop=search.exhausted,
-                remaining=lambda: search.remaining_evaluations,
-                on_iteration=self.on_iteration,
-            )
+        train(
+            policy,
+            [Task(problem_context(problem, config), search)],
+            config,
+            seed=problem.seed,
+            should_stop=search.exhausted,
+            remaining=lambda: search.remaining_evaluations,
+            on_iteration=self.on_iteration,
+        )

@@ -1,8 +1,9 @@
 """Joint REINFORCE for TAPP's partition and allocation networks.
 
 One iteration reads top to bottom: **sample** a batch of plans from the policy, **evaluate**
-them through the task's reward source (plans seen before come from a cache: the simulated
-reward is deterministic, and a measured one already averages repeats), compute the
+them through the task's :class:`~agents.search.Search`, so through its reward source
+(plans seen before come from a cache: the simulated reward is deterministic, and a measured
+one already averages repeats), compute the
 **advantage** (shaped reward minus a moving-average baseline), **update** both networks with
 one policy-gradient step (entropy bonus, gradient clipping). The best plan seen is kept, and
 the best few distinct plans (the elite) are replayed into every update with their cached
@@ -27,7 +28,6 @@ from agents.problem import Budget, Objective, Problem, ProblemError
 from agents.search import Search
 from agents.tapp.features import PlanContext, make_context
 from agents.tapp.nets import TAPPPolicy
-from agents.tapp.rewards import RewardSource, SimulatedReward, shape_rewards
 from agents.tapp.sampling import Sample, sample_plans
 from core.cluster import ClusterSpec
 from core.plan import Plan, Schedule
@@ -39,8 +39,7 @@ class TAPPConfig:
     """Hyper-parameters of TAPP's joint REINFORCE (the ``tapp`` planner's options)."""
 
     batch_size: int = 64
-    """plans sampled per iteration (64 over 32: within 1% of exact on AlexNet in 147-177
-    evaluations instead of never on 1 of 3 seeds, bench/rl_quality.py)"""
+    """plans sampled per iteration (64 rather than 32: see bench/results/rl_quality.json)"""
     learning_rate: float = 3e-3
     """Adam step size, shared by both networks"""
     hidden: int = 64
@@ -69,14 +68,12 @@ class TAPPConfig:
     """sample without updating the policy (a pretrained policy, zero updates)"""
     temperature: float = 1.0
     """divide every logit by this when sampling (> 1 explores more, e.g. a pretrained policy)"""
-    workers: int = 0
-    """evaluate the sampled plans on this many Ray workers (0 or 1: in this process)"""
     pretrained: str | None = None
     """path of a policy saved by ``TAPPPolicy.save`` to start from (its sizes win)"""
     elite: int = 8
     """replay the best this many distinct plans seen in every update (their decisions, their
-    cached rewards; no evaluation): self-imitation of the elite (0: off; on ResNet-18 it
-    took the seeds within 1% of exact from 1 of 3 to 3 of 3, bench/rl_quality.py)"""
+    cached rewards; no evaluation): self-imitation of the elite (0: off; its effect is in
+    bench/results/rl_quality.json)"""
 
     def __post_init__(self) -> None:
         positive = (
@@ -88,7 +85,7 @@ class TAPPConfig:
                 raise ProblemError(f"tapp.{name}: must be > 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.baseline_decay < 1.0:
             raise ProblemError(f"tapp.baseline_decay: must be in [0, 1), got {self.baseline_decay}")
-        for name in ("entropy_coef", "infeasible_penalty", "greedy_every", "workers", "elite"):
+        for name in ("entropy_coef", "infeasible_penalty", "greedy_every", "elite"):
             if getattr(self, name) < 0:
                 raise ProblemError(f"tapp.{name}: must be >= 0, got {getattr(self, name)!r}")
         for name in ("max_groups", "iterations", "patience"):
@@ -99,10 +96,11 @@ class TAPPConfig:
 
 @dataclass
 class Task:
-    """One planning problem being learned: its tensors, reward source and book-keeping."""
+    """One planning problem being learned: its tensors, the search that values its plans
+    (and keeps the budget, the best plan and the history) and the learner's book-keeping."""
 
     context: PlanContext
-    source: RewardSource
+    search: Search
     cache: dict[bytes, float] = field(default_factory=dict)
     reference: float | None = None  # first finite value seen: reward 0
     worst: float | None = None  # worst finite value seen
@@ -133,7 +131,7 @@ OnIteration = Callable[[IterationLog], None]
 
 
 def evaluate(task: Task, sample: Sample) -> np.ndarray:
-    """Objective values of the sampled plans; only plans never seen go to the source."""
+    """Objective values of the sampled plans; only plans never seen go to the search."""
     keys = [sample.key(i) for i in range(sample.n)]
     new: dict[bytes, int] = {}
     for i, k in enumerate(keys):
@@ -141,7 +139,7 @@ def evaluate(task: Task, sample: Sample) -> np.ndarray:
             new[k] = i
     if new:
         plans = [sample.plan(i, task.context) for i in new.values()]
-        values = task.source.evaluate(plans)
+        values = task.search.evaluate_plans(plans)
         for k, v, plan in zip(new, values, plans, strict=True):
             task.cache[k] = float(v)
             if v < task.best_value:
@@ -175,6 +173,20 @@ def replay_elite(
         policy, task.context, plans.n, generator, temperature=temperature, given=plans
     )
     return replay, values
+
+
+def shape_rewards(
+    values: np.ndarray, reference: float, worst: float, infeasible_penalty: float
+) -> np.ndarray:
+    """Reward ``log(reference / value)`` (0 = as good as the reference, +0.69 = twice as
+    good); an infeasible plan gets ``min(0, log(reference / worst)) - infeasible_penalty``,
+    below every feasible plan seen (``worst`` = the worst finite value seen). The log-ratio
+    gives every model and objective the same reward scale."""
+    values = np.asarray(values, dtype=np.float64)
+    floor = min(0.0, float(np.log(reference / worst))) - infeasible_penalty
+    with np.errstate(divide="ignore"):
+        good = np.log(reference / values)
+    return np.where(np.isfinite(values), good, floor)
 
 
 def task_rewards(task: Task, values: np.ndarray, infeasible_penalty: float) -> np.ndarray:
@@ -346,7 +358,7 @@ def train_policy(
             profile, spec, global_batch, problem.microbatch_sizes(), problem.schedule,
             config.max_groups,
         )  # fmt: skip
-        tasks.append(Task(ctx, SimulatedReward(Search(problem, "tapp", {}))))
+        tasks.append(Task(ctx, Search(problem, "tapp", {})))
     policy = new_policy(config, seed)
     run = dataclasses.replace(config, iterations=iterations, patience=None)
     train(policy, tasks, run, seed=seed, on_iteration=on_iteration)

@@ -1,6 +1,6 @@
 """TAPP: the REINFORCE maths on a hand-computed case, valid samples (with replicated stages),
 replayed decisions, the elite, seeds, tiny runs that learn (one whose optimum needs a
-replicated stage), pretrained policies, and (marked) Ray workers."""
+replicated stage), pretrained policies, and a planner valued by another reward source."""
 
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from hypothesis import strategies as st
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.search import Search
 from agents.tapp import TAPPConfig, TAPPPlanner, TAPPPolicy, make_context, train_policy
-from agents.tapp.parallel import evaluate_chunk, record
-from agents.tapp.rewards import SimulatedReward, shape_rewards
 from agents.tapp.sampling import Sample, sample_plans
-from agents.tapp.trainer import Task, advantages, reinforce_loss, update_elite
+from agents.tapp.trainer import Task, advantages, reinforce_loss, shape_rewards, update_elite
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.formats.pipedream import load_pipedream
 from core.plan import Schedule
@@ -228,7 +226,7 @@ def test_the_elite_keeps_the_best_distinct_feasible_plans() -> None:
         policy = TAPPPolicy()
     sample = sample_plans(policy, ctx, 6, torch.Generator().manual_seed(0))
     assert len({sample.key(i) for i in range(6)}) == 6
-    task = Task(ctx, SimulatedReward(Search(problem(), "tapp", {})))
+    task = Task(ctx, Search(problem(), "tapp", {}))
     values = np.array([5.0, 3.0, np.inf, 4.0, 1.0, 2.0])
     update_elite(task, sample, values, size=3)
     assert sorted(value for value, _ in task.elite.values()) == [1.0, 2.0, 3.0]
@@ -298,30 +296,3 @@ def test_train_policy_on_several_clusters_is_seeded_and_refuses_none() -> None:
     assert not all(torch.equal(a, b) for a, b in zip(both, alone, strict=True))
     with pytest.raises(ProblemError, match="cluster"):
         train_policy([alexnet()], [], config=config, iterations=1)
-
-
-# --- Ray workers ----------------------------------------------------------------------------
-
-
-def test_worker_chunk_matches_the_search_and_reports_failures() -> None:
-    p = problem()
-    search = Search(p, "tapp", {})
-    ctx = make_context(p.profile, p.cluster, 16, p.microbatch_sizes(), p.schedule)
-    sample = sample_plans(TAPPPolicy(), ctx, 12, torch.Generator().manual_seed(1))
-    plans = [sample.plan(i, ctx) for i in range(sample.n)]
-    here = SimulatedReward(search).evaluate(plans)
-    values, error = evaluate_chunk(p, plans)
-    assert error == "" and values is not None and values.tolist() == here.tolist()
-    other = Search(p, "tapp", {})
-    record(other, plans, values)
-    assert (other.evaluations, other.best_value) == (search.evaluations, search.best_value)
-    none, error = evaluate_chunk(p, [None])  # type: ignore[list-item]
-    assert none is None and "Traceback" in error
-
-
-@pytest.mark.ray
-@pytest.mark.timeout(180)
-def test_two_ray_workers_give_the_in_process_result() -> None:
-    local_run = make_planner("tapp", batch_size=8).plan(problem(seed=2, evaluations=48))
-    ray_run = make_planner("tapp", batch_size=8, workers=2).plan(problem(seed=2, evaluations=48))
-    assert ray_run.plan == local_run.plan and ray_run.evaluations == local_run.evaluations
