@@ -1,0 +1,66 @@
+"""MeasuredReward without a cluster: a measured batch time is scored for the problem's
+objective (``measured_value``), bad settings and a missing cluster are refused with what to
+do. Runs on a live cluster are in ``tests/service/test_run_cli.py``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from agents import Problem
+from core.cluster import ClusterSpec
+from core.errors import PipeplanError
+from core.formats.pipedream import load_pipedream
+from core.objective import COST_TIE_WEIGHT
+from core.plan import Plan, Stage
+from core.profile import ModelProfile
+from executor import runtime
+from executor.errors import ExecutorError
+from executor.measured_reward import MeasuredReward, measured_value
+from executor.model import ModelSource
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cloud() -> ClusterSpec:
+    return ClusterSpec.load(ROOT / "examples/clusters/cloud-mix.yaml")
+
+
+def profile() -> ModelProfile:
+    return load_pipedream(ROOT / "tests/data/pipedream/alexnet.graph.txt", 256, "v100")
+
+
+def two_devices(cluster: ClusterSpec) -> Plan:
+    a, b = cluster.device_ids[0], cluster.device_ids[-1]
+    return Plan(32, (Stage((0, 4), (a,), 8), Stage((4, len(profile())), (b,), 8)))
+
+
+def test_the_time_objective_is_the_measured_batch_time() -> None:
+    cluster = cloud()
+    p = Problem(profile(), cluster, global_batch=32)
+    assert measured_value(p, two_devices(cluster), 0.25) == 0.25
+
+
+def test_the_cost_objective_is_dollars_per_sample_under_the_floor() -> None:
+    cluster = cloud()
+    plan = two_devices(cluster)
+    price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
+    p = Problem(profile(), cluster, objective="cost", global_batch=32, min_throughput=100.0)
+    want = price * 0.25 / 3600 / 32 + COST_TIE_WEIGHT * 0.25
+    assert measured_value(p, plan, 0.25) == pytest.approx(want, rel=1e-12)
+    assert math.isinf(measured_value(p, plan, 0.5))  # 64 samples/s: below the floor
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(PipeplanError, match="repeats >= 1"):
+        MeasuredReward(ModelSource("digits_cnn", 8), cloud(), repeats=0)
+
+
+def test_without_a_connected_cluster_it_says_what_to_do() -> None:
+    if runtime.is_connected():
+        pytest.skip("another test left Ray connected")
+    reward = MeasuredReward(ModelSource("digits_cnn", 8), cloud())
+    with pytest.raises(ExecutorError, match="not connected to a Ray cluster"):
+        reward.run([two_devices(cloud())])

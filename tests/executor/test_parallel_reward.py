@@ -1,0 +1,87 @@
+"""ParallelReward: the cost model split over Ray tasks of the current cluster gives exactly
+the in-process values (and TAPP the same answer); a failing worker's traceback reaches the
+driver; without a connected cluster it says what to do instead of starting one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents import Budget, Problem, make_planner
+from agents.rewards import SimulatedReward
+from core.batch_eval import PlanBatch
+from core.cluster import ClusterSpec
+from core.errors import PipeplanError
+from core.formats.pipedream import load_pipedream
+from core.plan import Plan, Stage
+from executor import runtime
+from executor.errors import ExecutorError
+from executor.parallel_reward import ParallelReward, evaluate_chunk
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def problem(seed: int = 0, evaluations: int = 48) -> Problem:
+    profile = load_pipedream(ROOT / "tests/data/pipedream/alexnet.graph.txt", 256, "v100")
+    cluster = ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")
+    return Problem(
+        profile, cluster, global_batch=16, seed=seed, budget=Budget(evaluations, seconds=None)
+    )
+
+
+def population(p: Problem) -> PlanBatch:
+    ids, n = p.cluster.device_ids, len(p.profile)
+    plans = [
+        Plan(16, (Stage((0, cut), (ids[a],), mb), Stage((cut, n), (ids[b], ids[c]), mb)))
+        for cut in (3, n // 2, n - 2)
+        for a, b, c in ((0, 1, 2), (3, 0, 1), (2, 3, 0))
+        for mb in (2, 4, 16)
+    ]
+    return PlanBatch.from_plans(plans, p.cluster)
+
+
+def test_a_chunk_is_costed_as_in_process_and_failures_come_back_as_text() -> None:
+    p = problem()
+    batch = population(p)
+    here = SimulatedReward().evaluate(p, batch)
+    there, error = evaluate_chunk(p, batch)
+    assert error == "" and there is not None
+    assert there.values.tolist() == here.values.tolist()
+    assert there.memory_ratio is not None and here.memory_ratio is not None
+    assert there.memory_ratio.tolist() == here.memory_ratio.tolist()
+    none, error = evaluate_chunk(p, None)  # type: ignore[arg-type]
+    assert none is None and "Traceback" in error
+
+
+def test_bad_workers_are_refused() -> None:
+    with pytest.raises(PipeplanError, match="workers must be an integer >= 1, got 0"):
+        ParallelReward(0)
+
+
+def test_without_a_connected_cluster_it_says_what_to_do() -> None:
+    if runtime.is_connected():
+        pytest.skip("another test left Ray connected")
+    p = problem()
+    with pytest.raises(ExecutorError, match="not connected to a Ray cluster"):
+        ParallelReward(2).evaluate(p, population(p))
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_two_workers_give_the_in_process_values_and_tapp_answer() -> None:
+    p = problem(seed=2)
+    batch = population(p)
+    local_run = make_planner("tapp", batch_size=8).plan(p)
+    runtime.start_local(num_cpus=2)
+    try:
+        source = ParallelReward(2)
+        values = source.evaluate(p, batch).values
+        ray_run = make_planner("tapp", reward=source, batch_size=8).plan(p)
+    finally:
+        runtime.shutdown()
+    assert np.array_equal(values, SimulatedReward().evaluate(p, batch).values)
+    assert ray_run.plan == local_run.plan and ray_run.value == local_run.value
+    assert ray_run.evaluations == local_run.evaluations
+    assert ray_run.options["reward"] == "parallel" and "reward" not in local_run.options
