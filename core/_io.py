@@ -7,6 +7,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from core.errors import FormatError
 
 Doc = Mapping[str, Any]
@@ -67,17 +69,19 @@ def read_document(path: str | Path) -> Any:
     try:
         if p.suffix.lower() == ".json":
             return json.loads(raw)
-        import yaml
-
         return yaml.safe_load(raw)
     except (json.JSONDecodeError, ValueError) as e:
         raise FormatError(f"{p}: not valid JSON: {e}") from None
-    except Exception as e:  # yaml.YAMLError and friends
+    except yaml.YAMLError as e:
         raise FormatError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
 
 
 def write_json(path: str | Path, doc: Any) -> None:
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def write_yaml(path: str | Path, doc: Any) -> None:
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 K = TypeVar("K")

@@ -17,6 +17,7 @@ import numpy as np
 from core import rules
 from core.cluster import ClusterSpec
 from core.errors import PlanError
+from core.objective import SECONDS_PER_HOUR
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
 from core.schedules import stage_order, upstream_microbatch
@@ -100,7 +101,7 @@ class BatchResult:
 
     @property
     def cost_per_batch(self) -> FloatArray:
-        return self.cost_per_hour * self.batch_time_s / 3600.0
+        return self.cost_per_hour * self.batch_time_s / SECONDS_PER_HOUR
 
     @property
     def cost_per_sample(self) -> FloatArray:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import _io
+from core import _io, rules
 from core.errors import FormatError
 
 DeviceId = str
@@ -36,7 +36,7 @@ class DeviceType:
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * 1e9
+        return float(rules.capacity_bytes(self.memory_gb))
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -62,15 +62,15 @@ class Link:
 
     @property
     def latency_s(self) -> float:
-        return self.latency_us * 1e-6
+        return float(rules.latency_s(self.latency_us))
 
     @property
     def bytes_per_s(self) -> float:
-        return self.bandwidth_gbps * 1e9 / 8
+        return float(rules.bytes_per_s(self.bandwidth_gbps))
 
     def transfer_s(self, nbytes: float) -> float:
-        """One transfer: ``latency + bytes / bandwidth``."""
-        return self.latency_s + nbytes / self.bytes_per_s
+        """One transfer over this link class (rule 4)."""
+        return float(rules.transfer_s(nbytes, self.bytes_per_s, self.latency_s))
 
 
 @dataclass(frozen=True)
@@ -271,9 +271,7 @@ class ClusterSpec:
         if p.suffix.lower() == ".json":
             _io.write_json(p, self.to_dict())
         else:
-            import yaml
-
-            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+            _io.write_yaml(p, self.to_dict())
 
 
 def _link(net_doc: Any, key: str, default: Link) -> Link:

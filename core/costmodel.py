@@ -245,7 +245,7 @@ class _Simulation:
         for d, t in zip(st.devices, types, strict=True):
             if memory > t.memory_bytes:
                 problems.append(
-                    f"stage {s} on {d}: needs {memory / 1e9:.3f} GB > "
+                    f"stage {s} on {d}: needs {memory / rules.GB:.3f} GB > "
                     f"{t.memory_gb:g} GB of {t.name}"
                 )
         return StageEstimate(

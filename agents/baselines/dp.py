@@ -18,7 +18,7 @@ separate directions and carry the same bytes with equal microbatches):
   (the "F + B + boundary transfer" stage time). Not a bound; it shuns chatty cuts.
 
 Each model has its exact optimum; both are run by default and the simulation chooses among
-their candidates (AlexNet on the presets: either model wins some instances, by 3-16%).
+their candidates (either model wins some instances: ``bench/results/plan_quality.json``).
 
 Link classes follow the cost model: a stage whose replicas span nodes all-reduces over the
 inter-node class, and two consecutive stages talk intra-node only when both sit on one and the
@@ -42,8 +42,7 @@ Complexity, per model: ``(L+1) P G Q k`` table entries, ``P = prod over classes 
 ``G = nodes + 2``, ``Q = min(L, devices) + 1``, ``k`` microbatch sizes; for each layer ``i``
 and each replica choice (``C = sum over types of prod over its nodes (count + 1) - 1``) one
 numpy operation over ``O(L P G Q k)`` entries: ``O(L^2 C P G Q k)`` time, ``16 (L+1) P G Q k``
-bytes. Refused beyond ``max_states`` entries. The presets have P <= 54: AlexNet's 22 layers
-take 0.1-0.8 s (both models); on 3 nodes of {2 x t4, 1 x v100} (P = 216) 6-8 s.
+bytes. Refused beyond ``max_states`` entries (timings: ``bench/results/plan_quality.json``).
 
 Limits: exact for the bottleneck, not for the batch time (the simulation adds fill, drain and
 dependencies; it only chooses among the DP's candidates); no mixed-type stages (one fast and

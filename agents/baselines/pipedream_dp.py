@@ -44,6 +44,10 @@ from core.batch_eval import PlanBatch
 
 FloatArray = np.ndarray
 
+SYNC_FACTOR = 4.0
+"""The 4 of PipeDream's weight synchronisation time ``W_l^m = 4 (m - 1) |w_l| / (m B)``
+(SOSP'19, section 3.1): its own model, not this project's all-reduce rule."""
+
 
 @dataclass(frozen=True)
 class PipeDreamConfig:
@@ -88,7 +92,7 @@ def pipedream_partition(
     L = len(t_sum) - 1
 
     def stage(i: np.ndarray, j: int, m: np.ndarray) -> FloatArray:  # layers [i, j) on m
-        sync = 4.0 * (m - 1) * (w_sum[j] - w_sum[i]) / (m * bandwidth)
+        sync = SYNC_FACTOR * (m - 1) * (w_sum[j] - w_sum[i]) / (m * bandwidth)
         return np.maximum(t_sum[j] - t_sum[i], sync) / m
 
     A = np.full((L + 1, workers + 1), np.inf)
