@@ -13,7 +13,7 @@ from agents import Problem
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.formats.pipedream import load_pipedream
-from core.objective import COST_TIE_WEIGHT
+from core.objective import COST_TIE_WEIGHT, Objective
 from core.plan import Plan, Stage
 from core.profile import ModelProfile
 from executor import runtime
@@ -47,7 +47,7 @@ def test_the_cost_objective_is_dollars_per_sample_under_the_floor() -> None:
     cluster = cloud()
     plan = two_devices(cluster)
     price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
-    p = Problem(profile(), cluster, objective="cost", global_batch=32, min_throughput=100.0)
+    p = Problem(profile(), cluster, objective=Objective.COST, global_batch=32, min_throughput=100.0)
     want = price * 0.25 / 3600 / 32 + COST_TIE_WEIGHT * 0.25
     assert measured_value(p, plan, 0.25) == pytest.approx(want, rel=1e-12)
     assert math.isinf(measured_value(p, plan, 0.5))  # 64 samples/s: below the floor
