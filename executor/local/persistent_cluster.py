@@ -210,7 +210,7 @@ def start_persistent(
     (default :func:`default_state_dir`). Refuses while a recorded cluster still runs."""
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
-    if (state_dir / STATE_FILE).exists() and _alive(read_state(state_dir).processes):
+    if (state_dir / STATE_FILE).exists() and is_running(read_state(state_dir)):
         running = read_state(state_dir)
         raise ExecutorError(
             f"a pipeplan cluster is already running at {running.address} (state in "
@@ -250,6 +250,11 @@ def read_state(state_dir: Path | None = None) -> PersistentCluster:
     if not path.exists():
         raise ExecutorError(f"no pipeplan cluster recorded in {path.parent}")
     return PersistentCluster.from_dict(json.loads(path.read_text()))
+
+
+def is_running(state: PersistentCluster) -> bool:
+    """Whether any process of the recorded cluster still runs (same PID and start time)."""
+    return _alive(state.processes)
 
 
 def status_persistent(state_dir: Path | None = None) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import ray
 
 from core.cluster import ClusterSpec, Node
+from executor import runtime
 from executor.errors import ExecutorError
 from executor.live_cluster import discover
 from executor.local import persistent_cluster as persistent
@@ -31,6 +31,7 @@ def test_up_status_connect_down(tmp_path: Path) -> None:
         assert state.address.startswith("127.0.0.1:")
         assert state.dashboard_url.startswith("http://127.0.0.1:")
         assert (tmp_path / persistent.STATE_FILE).exists()
+        assert persistent.is_running(state)
         assert status_persistent(tmp_path).count("node_") >= 2
         with pytest.raises(ExecutorError, match="already running"):
             start_persistent(SPEC, tmp_path)
@@ -38,7 +39,7 @@ def test_up_status_connect_down(tmp_path: Path) -> None:
         try:
             found = discover(SPEC)
         finally:
-            ray.shutdown()
+            runtime.shutdown()
         assert {n.name: dict(n.devices) for n in found.nodes} == {
             "n0": {"fast": 1},
             "n2": {"slow": 2},
@@ -46,5 +47,5 @@ def test_up_status_connect_down(tmp_path: Path) -> None:
     finally:
         stopped = stop_persistent(tmp_path)
     assert stopped >= len(state.processes)
-    assert not persistent._matching(list(state.processes))
+    assert not persistent.is_running(state)
     assert not (tmp_path / persistent.STATE_FILE).exists()
