@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,10 @@ from rich.console import Console
 from rich.table import Table
 
 from agents import InfeasibleError, Objective, ProblemError, make_planner
-from agents.rllib_ppo import polish as polish_plan
+from agents.local_search import polish as polish_plan
 from agents.search import Search
 from bench.rl_quality import BRUTE_MAX_SPACE, DEFAULT_PPO, Case, gap_of, parse_case
+from executor import runtime
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 0.03
@@ -68,10 +68,13 @@ def run_ppo(case: Case, seed: int, options: dict[str, Any], polish: int) -> dict
     it, as the planner runs it by default (the same deterministic steps, timed apart)."""
     t0 = time.perf_counter()
     problem = case.problem(seed, None, None)
+    runtime.start_local()  # a fresh local Ray per run, timed with it
     try:
         r = make_planner("ppo", **options, polish_evaluations=0).plan(problem)
     except (InfeasibleError, ProblemError) as e:
         return {"seed": seed, "value": math.inf, "ppo_value": math.inf, "error": str(e)[:200]}
+    finally:
+        runtime.shutdown()
     ppo_seconds = time.perf_counter() - t0
     search = Search(problem, "ppo", {"polish_evaluations": polish})
     search.evaluate_plans([r.plan])
@@ -117,7 +120,6 @@ def main() -> None:
     ap.add_argument("--polish", type=int, default=20_000, help="local-search evaluations")
     ap.add_argument("--out", default=str(RESULTS / "ppo_quality.json"))
     a = ap.parse_args()
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     given = {
         "iterations": a.iterations,
         "train_batch": a.train_batch,

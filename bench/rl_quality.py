@@ -18,10 +18,10 @@ Targets (issue 4): TAPP within 1% of exact within 2,000 evaluations (every seed)
 ``--planners`` names the planners to run (of tapp, genetic, ppo; the JSON records which ran).
 TAPP and genetic run ``--seeds`` seeds under an evaluation budget (``--evaluations``);
 TAPP's evaluations are distinct plans (repeats come from its cache and are not counted).
-PPO (one seed, Ray started locally by the planner) runs ``--ppo-iterations`` training
-iterations of ``--ppo-train-batch`` env steps; its evaluations are its episodes (one plan
-costed by the env each) plus the plans the planner costs itself (the best episode's plan and
-its microbatch sweep); its seconds include Ray's start-up.
+PPO (one seed, on a local Ray started for each run through ``executor.runtime``) runs
+``--ppo-iterations`` training iterations of ``--ppo-train-batch`` env steps; its evaluations
+are its episodes (one plan costed by the env each) plus the plans the planner costs itself
+(the best episode's plan and its microbatch sweep); its seconds exclude Ray's start-up.
 
 Generalisation: ``train_policy`` on ``--train-models`` on ``--train-cluster`` with
 ``--train-seeds`` training seeds (the trained policy varies a lot from one training run to
@@ -69,6 +69,7 @@ from agents import (
 )
 from agents.tapp import IterationLog, TAPPConfig
 from bench.instances import Instance, cluster, model_profile
+from executor import runtime
 
 RESULTS = Path(__file__).parent / "results"
 THRESHOLDS = (0.05, 0.01)
@@ -326,7 +327,11 @@ def run_ppo(
             "microbatches": m,
         }
         for seed in range(a.ppo_seeds):
-            r = plan(label, "ppo", case.problem(seed, None, None), **options)
+            runtime.start_local()
+            try:
+                r = plan(label, "ppo", case.problem(seed, None, None), **options)
+            finally:
+                runtime.shutdown()
             r.extra.update(
                 {
                     "env_microbatches": m,
@@ -901,11 +906,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    finally:  # never leave a Ray started here running (the PPO planner stops its own)
-        import sys
-
-        if "ray" in sys.modules:
-            import ray
-
-            if ray.is_initialized():
-                ray.shutdown()
+    finally:  # never leave a Ray started here running
+        runtime.shutdown()
