@@ -2,8 +2,8 @@
 
 The search space has one fixed shape for every stage count, so that the Gaussian process sees
 the same parameters in every trial, and every parameter is a float in ``[0, 1)`` read as one
-of ``n`` equal slots (a continuous relaxation: Optuna's discrete local search over integer
-parameters cost ~5 s per trial here, the continuous one a fraction of that):
+of ``n`` equal slots (a continuous relaxation: Optuna's local search over integer parameters
+is far slower per trial than over continuous ones):
 
 - ``stages``: the stage count ``S`` in ``[min_stages, max_stages]``;
 - ``cut_k`` (``k < max_stages - 1``): fractions of the layer count; the first ``S - 1``,
@@ -19,7 +19,10 @@ the worst feasible value seen (and above their own unconstrained value, re-coste
 with how far they miss. The first trials are ``genetic``'s most promising structure by its
 cheap proxy (balanced boundaries for the best device assignment; not costed beforehand) for
 ``seeds`` stage counts spread over the range, then ``n_startup_trials`` random ones, then GP
-proposals. Torch (the GP's backend) runs on one thread while it searches.
+proposals. Torch (the GP's backend) runs on one thread while it searches: its matrices are
+tiny, and threads only contend.
+
+Optuna is imported with this module, which only the planner registry imports.
 """
 
 from __future__ import annotations
@@ -29,21 +32,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import optuna
+import torch
+from optuna.distributions import FloatDistribution
 
-from agents.baselines.genetic import (
-    Context,
-    GeneticConfig,
-    Genomes,
-    candidates,
-    decode,
-    repair,
-    stage_range,
-    violation,
-)
+from agents.baselines.genetic.context import Context, GeneticConfig, violation
+from agents.baselines.genetic.genome import Genomes, decode
+from agents.baselines.genetic.islands import stage_range
+from agents.baselines.genetic.operators import repair
+from agents.baselines.genetic.seeds import candidates
 from agents.problem import Objective, Problem, ProblemError
 from agents.registry import Planner
 from agents.search import Search
 from core.batch_eval import PlanBatch
+from core.objective import COST_TIE_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class BayesConfig:
     """Options of the ``bayes`` planner."""
 
     n_trials: int = 60
-    """Trials, one evaluation each (GP proposals took ~0.2-0.6 s each on 2 busy cores)."""
+    """Trials, one evaluation each (each GP proposal costs a fraction of a second)."""
     n_startup_trials: int = 16
     """Random trials before the GP takes over (after the seeds)."""
     seeds: int = 6
@@ -80,9 +82,6 @@ class BayesPlanner(Planner):
     Config = BayesConfig
 
     def search(self, problem: Problem, search: Search) -> None:
-        import optuna
-        import torch  # what Optuna's GP sampler computes with
-
         c: BayesConfig = self.config
         stages = stage_range(problem, c.min_stages, c.max_stages)
         ga = GeneticConfig(unequal=c.unequal)
@@ -90,7 +89,7 @@ class BayesPlanner(Planner):
         space = _Space(ctx, stages.start, stages.stop - 1)
         verbosity, threads = optuna.logging.get_verbosity(), torch.get_num_threads()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        torch.set_num_threads(1)  # tiny GP matrices: threads only contend (3x slower here)
+        torch.set_num_threads(1)  # Optuna's GP computes with torch: tiny matrices
         try:
             sampler = optuna.samplers.GPSampler(
                 seed=problem.seed,
@@ -129,7 +128,7 @@ def _raw_log_value(search: Search, batch: PlanBatch) -> float:
     res = search.evaluator.evaluate(batch, p.global_batch, p.schedule)
     t = float(res.batch_time_s[0])
     if p.objective is Objective.COST:
-        return math.log(max(float(res.cost_per_sample[0]), 1e-300) + 1e-15 * t)
+        return math.log(max(float(res.cost_per_sample[0]), 1e-300) + COST_TIE_WEIGHT * t)
     return math.log(t)
 
 
@@ -141,8 +140,6 @@ class _Space:
         self.n_devices = ctx.n_devices
 
     def distributions(self) -> dict[str, Any]:
-        from optuna.distributions import FloatDistribution
-
         unit = FloatDistribution(0.0, 1.0)
         names = ["stages"] + [f"cut_{k}" for k in range(self.hi - 1)]
         names += [f"device_{d}" for d in range(self.n_devices)]
@@ -172,7 +169,7 @@ class _Space:
         """Parameters of ``genetic``'s best uncosted candidate, for stage counts spread over
         the range (costing more candidates would spend evaluations outside the trials); no
         more once the time budget is spent (ranking candidates is O(S L^2) per assignment:
-        seconds each on Inception-V3's 313 layers and 7 devices)."""
+        slow on models of hundreds of layers)."""
         out: list[dict[str, Any]] = []
         counts = np.unique(np.linspace(self.lo, self.hi, num=max(n, 1)).round().astype(int))
         for S in counts[:n]:

@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 
 from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
-from agents.baselines.genetic import (
-    Context,
-    GeneticConfig,
-    canonical,
-    decode,
-    device_classes,
-    random_genomes,
-    repair_cuts,
-    repair_devices,
-)
+from agents.baselines.genetic.context import Context, GeneticConfig
+from agents.baselines.genetic.genome import canonical, decode, device_classes
+from agents.baselines.genetic.operators import repair_cuts, repair_devices
+from agents.baselines.genetic.seeds import random_genomes
 from agents.search import Search
 from core.cluster import ClusterSpec, DeviceType, Node
 from core.costmodel import simulate

@@ -1,0 +1,205 @@
+"""What every island of the ``genetic`` planner shares: its options, the problem's tables,
+randomness, and TiDGAP's fitness with its cache.
+
+Fitness is TiDGAP's: a whole brood is costed at once through ``search.evaluate`` (numpy over
+the population), split only by the power of two of the largest microbatch count, since the
+simulation's cost grows with it and not with the population size. A genome is never costed
+twice (the cache). Infeasible plans get a :func:`violation` (how far they miss memory or the
+throughput target), so that selection can rank them instead of discarding them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.baselines.genetic.genome import FloatArray, Genomes, IntArray, decode, device_classes
+from agents.problem import Objective, Problem, ProblemError
+from agents.search import Search
+from core import rules
+from core.batch_eval import PlanBatch
+from core.plan import Schedule
+from core.tables import CostTables
+
+
+@dataclass(frozen=True)
+class GeneticConfig:
+    """Options of the ``genetic`` planner."""
+
+    population: int = 40
+    """Individuals per stage-count island."""
+    generations: int = 150
+    """Upper bound on generations."""
+    elite: int = 4
+    """Best individuals copied unchanged into the next generation."""
+    tournament: int = 3
+    """Contestants per tournament selection."""
+    crossover_rate: float = 0.9
+    """Probability that a chromosome is crossed (each chromosome)."""
+    cut_mutation: float = 0.25
+    """Probability per stage boundary of being shifted."""
+    device_mutation: float = 0.12
+    """Probability per device of being moved to another stage."""
+    microbatch_mutation: float = 0.2
+    """Probability per stage of a microbatch-size step."""
+    unused_rate: float = 0.25
+    """Probability that a random device gene is "unused"."""
+    seed_candidates: int = 96
+    """Seed candidates costed per island (chosen by a cheap proxy from many more)."""
+    rebalance_rate: float = 0.1
+    """Probability that a child's boundaries are re-balanced."""
+    unequal: bool = True
+    """Unequal per-stage microbatches (GPipe, free microbatch count only)."""
+    min_stages: int = 1
+    """Fewest stages tried (one island per stage count)."""
+    max_stages: int | None = None
+    """Most stages tried; None: as many as devices (and layers)."""
+    patience: int = 40
+    """Stop after this many generations without a better plan (or when the budget runs out)."""
+    restart_after: int = 12
+    """An island stalled this long is polished, then restarted afresh."""
+    prune_after: int = 12
+    """Generations before far-behind islands are dropped."""
+    prune_ratio: float = 1.25
+    """Drop islands whose best > this x the global best."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("population", self.population >= 4, self.population),
+            ("generations", self.generations >= 0, self.generations),
+            ("elite", 0 <= self.elite < self.population, self.elite),
+            ("tournament", self.tournament >= 1, self.tournament),
+            ("seed_candidates", self.seed_candidates >= 1, self.seed_candidates),
+            ("min_stages", self.min_stages >= 1, self.min_stages),
+            ("patience", self.patience >= 1, self.patience),
+            ("restart_after", self.restart_after >= 1, self.restart_after),
+            ("prune_after", self.prune_after >= 0, self.prune_after),
+            ("prune_ratio", self.prune_ratio >= 1.0, self.prune_ratio),
+        ]
+        for key in (
+            "crossover_rate",
+            "cut_mutation",
+            "device_mutation",
+            "microbatch_mutation",
+            "rebalance_rate",
+        ):
+            checks.append((key, 0.0 <= getattr(self, key) <= 1.0, getattr(self, key)))
+        checks.append(("unused_rate", 0.0 <= self.unused_rate < 1.0, self.unused_rate))
+        if self.max_stages is not None:
+            checks.append(("max_stages", self.max_stages >= self.min_stages, self.max_stages))
+        for key, ok, value in checks:
+            if not ok:
+                raise ProblemError(f"genetic.{key}: out of range, got {value!r}")
+
+
+@dataclass
+class Context:
+    """What every island shares: the problem, its tables, randomness and the fitness cache."""
+
+    problem: Problem
+    search: Search
+    config: GeneticConfig
+    rng: np.random.Generator
+    sizes: IntArray = field(init=False)
+    equal: bool = field(init=False)
+    classes: list[IntArray] = field(init=False)
+    tables: CostTables = field(init=False)
+    fb_fixed: FloatArray = field(init=False)  # (T, L+1, L+1) forward + backward, fixed part
+    fb_per_sample: FloatArray = field(init=False)  # (T, L+1, L+1) the per-sample part
+    upper: np.ndarray = field(init=False)  # (L+1, L+1) a < b
+    cache: dict[bytes, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        self.sizes = np.asarray(p.microbatch_sizes(), dtype=np.int64)
+        self.equal = not (
+            self.config.unequal and p.schedule is Schedule.GPIPE and p.microbatches is None
+        )
+        self.classes = device_classes(p.cluster)
+        tb = self.tables = CostTables.of(p.profile, p.cluster)
+        self.fb_fixed = tb.fwd_fixed_range + tb.bwd_fixed_range
+        self.fb_per_sample = tb.fwd_per_sample_range + tb.bwd_per_sample_range
+        self.upper = np.triu(np.ones((self.n_layers + 1,) * 2, dtype=bool), 1)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.problem.profile)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.problem.cluster.device_ids)
+
+    def fitness(self, g: Genomes) -> tuple[FloatArray, FloatArray]:
+        """(objective value, violation) per individual; cached genomes are not re-costed."""
+        keys = g.keys()
+        value, viol = np.full(g.size, np.inf), np.full(g.size, np.inf)
+        todo: dict[bytes, list[int]] = {}
+        for i, k in enumerate(keys):
+            if k in self.cache:
+                value[i], viol[i] = self.cache[k]
+            else:
+                todo.setdefault(k, []).append(i)
+        first = np.array([idx[0] for idx in todo.values()], dtype=np.int64)
+        for rows in self._chunks(g, first):
+            if self.search.exhausted():
+                break
+            v, w = self._cost(g.take(rows))
+            for r, vi, wi in zip(rows, v, w, strict=True):
+                for j in todo[keys[r]]:
+                    value[j], viol[j] = vi, wi
+                self.cache[keys[r]] = (float(vi), float(wi))
+        return value, viol
+
+    def _chunks(self, g: Genomes, rows: IntArray) -> Iterator[IntArray]:
+        """Rows grouped by the power of two of their largest microbatch count (simulation
+        time grows with it), capped by the evaluation budget."""
+        left = self.search.remaining_evaluations
+        if left is not None:
+            rows = rows[:left]
+        if rows.size == 0:
+            return
+        mmax = (self.problem.global_batch // self.sizes[g.mb[rows]]).max(1)
+        bucket = np.ceil(np.log2(mmax)).astype(np.int64)
+        for b in np.unique(bucket):
+            yield rows[bucket == b]
+
+    def _cost(self, g: Genomes) -> tuple[FloatArray, FloatArray]:
+        batch = decode(g, self.sizes, self.n_layers)
+        value = self.search.evaluate(batch)
+        viol = np.zeros(g.size)
+        bad = ~np.isfinite(value)
+        if bad.any():
+            viol[bad] = violation(self, _rows(batch, bad))
+        return value, viol
+
+
+def _rows(batch: PlanBatch, mask: np.ndarray) -> PlanBatch:
+    return PlanBatch(batch.bounds[mask], batch.microbatch[mask], batch.devices[mask])
+
+
+def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
+    """How far each plan misses: memory excess (``need / capacity - 1``) plus, for the cost
+    objective, the throughput shortfall of a steady-state upper bound on throughput."""
+    tb, problem = ctx.tables, ctx.problem
+    S, B = batch.num_stages, problem.global_batch
+    start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
+    valid = batch.devices >= 0
+    dev = np.where(valid, batch.devices, 0)
+    r = valid.sum(-1)
+    b = batch.microbatch.astype(np.float64)
+    m = B // batch.microbatch
+    held = rules.in_flight(problem.schedule, m, S - np.arange(S))
+    memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], b / r, held)
+    capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
+    out = np.maximum((memory / capacity).max(-1) - 1.0, 0.0)
+    if problem.objective is Objective.COST and problem.min_throughput:
+        t = tb.dev_type[dev]
+        n = (b / r)[..., None]
+        a, e = start[..., None], end[..., None]
+        op = rules.compute_s(ctx.fb_fixed[t, a, e], ctx.fb_per_sample[t, a, e], n)
+        busy = m * np.where(valid, op, 0.0).max(-1)  # (P, S) compute time of each stage
+        best_tp = B / busy.max(-1)
+        out += np.maximum(problem.min_throughput / best_tp - 1.0, 0.0)
+    return out
