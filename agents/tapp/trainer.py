@@ -217,6 +217,58 @@ def reinforce_loss(log_prob: Tensor, advantage: Tensor, entropy: Tensor, coef: f
 # --- the loop ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one policy-gradient step saw: its fresh sample, the shaped rewards (the sample's,
+    then the replayed elite's) and the loss."""
+
+    sample: Sample
+    rewards: np.ndarray
+    loss: Tensor
+
+
+def reinforce_step(
+    policy: TAPPPolicy,
+    optimizer: torch.optim.Optimizer,
+    task: Task,
+    config: TAPPConfig,
+    gen: torch.Generator,
+    n: int,
+) -> Step:
+    """One iteration on ``task``, top to bottom: sample ``n`` plans, evaluate them (and
+    replay the elite), compute the advantage, update the policy (unless frozen)."""
+    # 1. sample
+    with torch.set_grad_enabled(not config.frozen):
+        sample = sample_plans(policy, task.context, n, gen, temperature=config.temperature)
+    # 2. evaluate (and the elite: the best plans so far, replayed, not re-evaluated)
+    values = evaluate(task, sample)
+    update_elite(task, sample, values, config.elite)
+    batch, batch_values = sample, values
+    with torch.set_grad_enabled(not config.frozen):
+        replay = replay_elite(policy, task, gen, config.temperature)
+    if replay is not None:
+        batch = Sample.concat([sample, replay[0]])
+        batch_values = np.concatenate([values, replay[1]])
+    # 3. advantage
+    rewards = task_rewards(task, batch_values, config.infeasible_penalty)
+    if task.baseline is None:
+        task.baseline = float(rewards.mean())
+    adv = advantages(rewards, task.baseline, config.normalize_advantages)
+    d = config.baseline_decay
+    task.baseline = d * task.baseline + (1 - d) * float(rewards.mean())
+    # 4. update
+    loss = reinforce_loss(
+        batch.log_prob, torch.as_tensor(adv, dtype=torch.float32), batch.entropy,
+        config.entropy_coef,
+    )  # fmt: skip
+    if not config.frozen:
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        optimizer.step()
+    return Step(sample, rewards, loss)
+
+
 def train(
     policy: TAPPPolicy,
     tasks: Sequence[Task],
@@ -228,7 +280,8 @@ def train(
     on_iteration: OnIteration | None = None,
 ) -> list[IterationLog]:
     """Run REINFORCE over ``tasks`` (picked uniformly at random when several) until
-    ``config.iterations``, ``config.patience``, ``should_stop()`` or ``remaining() == 0``."""
+    ``config.iterations``, ``config.patience``, ``should_stop()`` or ``remaining() == 0``;
+    every ``config.greedy_every`` iterations the policy's most likely plan is evaluated too."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
@@ -246,35 +299,7 @@ def train(
         n = config.batch_size if left is None else min(config.batch_size, left)
         if n < 1:
             break
-        # 1. sample
-        with torch.set_grad_enabled(not config.frozen):
-            sample = sample_plans(policy, task.context, n, gen, temperature=config.temperature)
-        # 2. evaluate (and the elite: the best plans so far, replayed, not re-evaluated)
-        values = evaluate(task, sample)
-        update_elite(task, sample, values, config.elite)
-        batch, batch_values = sample, values
-        with torch.set_grad_enabled(not config.frozen):
-            replay = replay_elite(policy, task, gen, config.temperature)
-        if replay is not None:
-            batch = Sample.concat([sample, replay[0]])
-            batch_values = np.concatenate([values, replay[1]])
-        # 3. advantage
-        rewards = task_rewards(task, batch_values, config.infeasible_penalty)
-        if task.baseline is None:
-            task.baseline = float(rewards.mean())
-        adv = advantages(rewards, task.baseline, config.normalize_advantages)
-        d = config.baseline_decay
-        task.baseline = d * task.baseline + (1 - d) * float(rewards.mean())
-        # 4. update
-        loss = reinforce_loss(
-            batch.log_prob, torch.as_tensor(adv, dtype=torch.float32), batch.entropy,
-            config.entropy_coef,
-        )  # fmt: skip
-        if not config.frozen:
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-            optimizer.step()
+        step = reinforce_step(policy, optimizer, task, config, gen, n)
         stale = 0 if task.best_value < best_before else stale + 1
         it += 1
         log = IterationLog(
@@ -282,9 +307,9 @@ def train(
             profile=task.context.profile.name,
             evaluations=sum(len(t.cache) for t in tasks),
             best_value=task.best_value,
-            mean_reward=float(rewards[: sample.n].mean()),
-            loss=float(loss.detach()),
-            entropy=float(sample.entropy.detach().mean()),
+            mean_reward=float(step.rewards[: step.sample.n].mean()),
+            loss=float(step.loss.detach()),
+            entropy=float(step.sample.entropy.detach().mean()),
             seconds=time.perf_counter() - start,
         )
         logs.append(log)
