@@ -1,7 +1,9 @@
-"""Planners: one interface (``make_planner(name).plan(problem)``), many searchers."""
+"""Planners: one interface (``make_planner(name, reward=None, **options).plan(problem)``),
+many searchers, and the reward sources that value their plans (:mod:`agents.rewards`)."""
 
 from agents.problem import Budget, InfeasibleError, Objective, PlanResult, Problem, ProblemError
 from agents.registry import PLANNERS, Planner, make_planner
+from agents.rewards import Rewards, RewardSource, SimulatedReward
 
 __all__ = [
     "PLANNERS",
@@ -12,5 +14,8 @@ __all__ = [
     "Planner",
     "Problem",
     "ProblemError",
+    "RewardSource",
+    "Rewards",
+    "SimulatedReward",
     "make_planner",
 ]
