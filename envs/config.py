@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from core import rules
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.objective import Objective, score
 from core.plan import Schedule
 from core.profile import ModelProfile
-from core.tables import layer_costs
+from core.tables import CostTables
 from envs.encoding import encode_profile
 from envs.mdp import Instance
 
@@ -78,14 +79,12 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         raise EnvConfigError(
             f"min_stages: {opt.min_stages} exceeds the {len(profile)} layers of {profile.name!r}"
         )
-    fixed, per_sample = _device_times(profile, cluster)
-    types = [cluster.device_type(d) for d in cluster.device_ids]
-    fastest = max(t.flops for t in types)
-    nodes = {n.name: i for i, n in enumerate(cluster.nodes)}
+    tb = CostTables.of(profile, cluster)
+    fixed = tb.fb_fixed_prefix[tb.dev_type]  # (D, L+1)
+    per_sample = tb.fb_per_sample_prefix[tb.dev_type]
     B = opt.global_batch
-    ref_time = fixed[:, -1] + B * per_sample[:, -1]  # the whole batch at once, each device
-    ref_price = np.array([t.price_per_hour for t in types])
-    reference = score(objective, ref_time, np.ones(n_dev, bool), ref_price, global_batch=B)
+    ref_time = rules.compute_s(fixed[:, -1], per_sample[:, -1], B)  # whole batch, each device
+    reference = score(objective, ref_time, np.ones(n_dev, bool), tb.dev_price, global_batch=B)
     return Instance(
         profile=profile,
         cluster=cluster,
@@ -100,34 +99,16 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         lookahead=opt.lookahead,
         infeasible_reward=opt.infeasible_reward,
         encoding=encode_profile(profile),
-        params=_prefix([x.params_bytes for x in profile.layers]),
-        acts=_prefix([x.activation_bytes for x in profile.layers]),
-        flops=_prefix([x.flops for x in profile.layers]),
+        params=tb.params_prefix,
+        acts=tb.acts_prefix,
+        flops=tb.flops_prefix,
         fixed=fixed,
         per_sample=per_sample,
-        capacity=np.array([t.memory_bytes for t in types]),
-        speed=np.array([t.flops / fastest for t in types]),
-        node=np.array([nodes[cluster.device(d).node] for d in cluster.device_ids]),
+        capacity=tb.dev_capacity,
+        speed=tb.dev_flops / tb.dev_flops.max(),
+        node=tb.dev_node,
         reference=float(reference.min()),
     )
-
-
-def _device_times(profile: ModelProfile, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(D, L+1) prefix sums over layers of each device's forward + backward seconds: the
-    fixed part per call and the part per sample."""
-    types = [cluster.device_type(d) for d in cluster.device_ids]
-    per_type = {t.name: layer_costs(profile, t) for t in types}
-    fixed = np.zeros((len(types), len(profile) + 1))
-    per_sample = np.zeros((len(types), len(profile) + 1))
-    for d, t in enumerate(types):
-        c = per_type[t.name]
-        fixed[d, 1:] = np.cumsum(c.fwd_fixed + c.bwd_fixed)
-        per_sample[d, 1:] = np.cumsum(c.fwd_per_sample + c.bwd_per_sample)
-    return fixed, per_sample
-
-
-def _prefix(values: Sequence[float]) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
 
 
 def _is_int(x: object) -> bool:

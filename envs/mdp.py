@@ -41,7 +41,8 @@ replicas, the closed stages' worst load, the microbatch size, choosing the micro
 
 @dataclass(frozen=True)
 class Instance:
-    """Everything fixed during an episode: the problem and the tables the pure functions read.
+    """Everything fixed during an episode: the problem and the tables the pure functions read
+    (taken from :class:`core.tables.CostTables`, per device).
 
     Prefix sums run over layers: ``params[b] - params[a]`` is the parameter bytes of layers
     ``a..b-1``; ``fixed[d, b] - fixed[d, a] + n * (per_sample[d, b] - per_sample[d, a])``
