@@ -15,8 +15,8 @@ Stage actors are expensive to start (a process and a model each): the source kee
 :class:`~executor.pipeline.Pipeline` open and, when the next plan has the same stages (layers
 and devices), only :meth:`~executor.pipeline.Pipeline.reconfigure`\\ s it (other microbatches
 or schedule, fresh weights); any other plan closes it and starts a new one. It needs a
-connected cluster (:class:`~executor.cluster.LocalCluster` or
-:func:`~executor.cluster.connect`) for its whole life, and is a context manager that closes
+connected cluster (a :class:`~executor.local_cluster.LocalCluster`, or one joined with
+:func:`executor.runtime.connect`) for its whole life, and is a context manager that closes
 its pipeline.
 
 A plan that fails (refused by the live cluster, a stage that raised, a timeout) is worth
@@ -151,7 +151,7 @@ class MeasuredReward:
         if not runtime.is_connected():
             raise ExecutorError(
                 "measured reward: not connected to a Ray cluster; start or join one first "
-                "(executor.runtime, LocalCluster or connect())"
+                "(executor.local_cluster.LocalCluster or executor.runtime.connect)"
             )
         out = []
         for plan in plans:
