@@ -37,7 +37,7 @@ from core import rules
 from core.cluster import ClusterSpec, DeviceType
 from core.plan import Schedule
 from core.profile import ModelProfile
-from core.tables import cut_bytes, layer_costs
+from core.tables import INTER, INTRA, CostTables
 from envs.encoding import ACTIVATION_SLICE, FLOPS_SLICE, PARAMS_SLICE, WIDTH, encode_profile
 
 FEEDS = 8
@@ -118,13 +118,13 @@ def make_context(
         succ[i, list(layer.successors)] = 1.0
     cols = [PARAMS_SLICE.start + 1, FLOPS_SLICE.start + 1, ACTIVATION_SLICE.start + 1]
     types = [cluster.device_type(d) for d in ids]
-    fixed, per_sample = _device_times(profile, types)
+    tb = CostTables.of(profile, cluster)
+    fixed = tb.fwd_fixed[tb.dev_type] + tb.bwd_fixed[tb.dev_type]
+    per_sample = tb.fwd_per_sample[tb.dev_type] + tb.bwd_per_sample[tb.dev_type]
     params = np.array([x.params_bytes for x in profile.layers], dtype=np.float64)
-    nodes = {n.name: i for i, n in enumerate(cluster.nodes)}
     log_b = math.log2(global_batch) if global_batch > 1 else 1.0
     mb_in = [[math.log2(global_batch // b) / log_b, math.log2(b) / log_b, *size_in] for b in sizes]
-    net = cluster.network
-    link = net.inter_node if len(cluster.nodes) > 1 else net.intra_node
+    link = INTER if len(cluster.nodes) > 1 else INTRA
     p0 = (G - 1) / (2.0 * (L - 1)) if L > 1 else 0.5
     p0 = min(max(p0, 1e-3), 0.5)
     return PlanContext(
@@ -141,29 +141,17 @@ def make_context(
         acts=torch.tensor([float(x.activation_bytes) for x in profile.layers], dtype=torch.float64),
         fixed=torch.from_numpy(fixed),
         per_sample=torch.from_numpy(per_sample),
-        capacity=torch.from_numpy(np.array([t.memory_bytes for t in types])),
-        node=torch.tensor([nodes[cluster.device(d).node] for d in ids]),
+        capacity=torch.from_numpy(tb.dev_capacity),
+        node=torch.from_numpy(tb.dev_node),
         device_static=torch.tensor(_device_static(types, params), dtype=torch.float32),
         microbatch_inputs=torch.tensor(mb_in, dtype=torch.float32),
-        cut=torch.from_numpy(cut_bytes(profile)),
-        link_latency=link.latency_s,
-        link_bytes_per_s=link.bytes_per_s,
-        intra_latency=net.intra_node.latency_s,
-        intra_bytes_per_s=net.intra_node.bytes_per_s,
+        cut=torch.from_numpy(tb.cuts),
+        link_latency=float(tb.link_lat[link]),
+        link_bytes_per_s=float(tb.link_bps[link]),
+        intra_latency=float(tb.link_lat[INTRA]),
+        intra_bytes_per_s=float(tb.link_bps[INTRA]),
         partition_prior=math.log(p0 / (1.0 - p0)),
     )
-
-
-def _device_times(
-    profile: ModelProfile, types: Sequence[DeviceType]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(D, L) forward + backward seconds of each layer on each device: per call, per sample."""
-    costs = {t.name: layer_costs(profile, t) for t in types}
-    fixed = np.stack([costs[t.name].fwd_fixed + costs[t.name].bwd_fixed for t in types])
-    per_sample = np.stack(
-        [costs[t.name].fwd_per_sample + costs[t.name].bwd_per_sample for t in types]
-    )
-    return fixed, per_sample
 
 
 def _device_static(types: Sequence[DeviceType], params: np.ndarray) -> np.ndarray:
