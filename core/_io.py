@@ -59,13 +59,18 @@ def text(doc: Doc, key: str, where: str, default: Any = ...) -> str:
     return value
 
 
+def read_text(path: str | Path) -> str:
+    """A document's text; a :class:`FormatError` naming the file when it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise FormatError(f"cannot read {path}: {e.strerror or e}") from None
+
+
 def read_document(path: str | Path) -> Any:
     """Load JSON or YAML (by extension; YAML accepts JSON too)."""
     p = Path(path)
-    try:
-        raw = p.read_text()
-    except OSError as e:
-        raise FormatError(f"cannot read {p}: {e.strerror or e}") from None
+    raw = read_text(p)
     try:
         if p.suffix.lower() == ".json":
             return json.loads(raw)

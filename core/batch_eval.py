@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -115,22 +114,6 @@ class BatchEvaluator:
         self.profile, self.cluster = profile, cluster
         self.tables = CostTables.of(profile, cluster)
 
-    _RENAMED = {
-        "fwd_fixed": "fwd_fixed_range",
-        "fwd_ps": "fwd_per_sample_range",
-        "bwd_fixed": "bwd_fixed_range",
-        "bwd_ps": "bwd_per_sample_range",
-        "params": "params_range",
-        "acts": "acts_range",
-    }
-
-    def __getattr__(self, name: str) -> Any:
-        """Transitional: the tables under the names the evaluator held before
-        :class:`CostTables`, for ``agents/baselines/genetic.py`` until it reads ``tables``."""
-        if name.startswith("_") or name == "tables":
-            raise AttributeError(name)
-        return getattr(self.tables, self._RENAMED.get(name, name))
-
     # --- per stage quantities --------------------------------------------------------------
 
     def _stage_times(self, batch: PlanBatch) -> tuple[FloatArray, FloatArray]:
@@ -178,6 +161,8 @@ class BatchEvaluator:
         lat, bps, rlat, rbps = self._links(batch)
         x = tb.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
         b = batch.microbatch.astype(np.float64)
+        down = rules.transfer_s(x * b[:, :-1], bps, lat)  # (P, S-1) stage s's forward send
+        up = rules.transfer_s(x * b[:, 1:], bps, lat)  # (P, S-1) stage s+1's gradient send
         m = global_batch // batch.microbatch
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
         valid = batch.devices >= 0
@@ -186,14 +171,12 @@ class BatchEvaluator:
         update = rules.update_s(params, np.where(valid, tb.dev_membw[dev], np.inf).min(-1))
         bwd = bwd + rules.accumulation_s(update, m)
         if schedule is Schedule.GPIPE:
-            last = _gpipe(fwd, bwd, x, lat, bps, b, m)
+            last = _gpipe(fwd, bwd, down, up, b, m)
         else:
             last = np.zeros(fwd.shape)
             for mm in np.unique(m[:, 0]):
                 rows = np.flatnonzero(m[:, 0] == mm)
-                last[rows] = _one_f_one_b(
-                    fwd[rows], bwd[rows], x[rows], lat[rows], bps[rows], b[rows], int(mm)
-                )
+                last[rows] = _one_f_one_b(fwd[rows], bwd[rows], down[rows], up[rows], int(mm))
         r = valid.sum(-1)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         held = rules.in_flight(schedule, m, S - np.arange(S))
@@ -209,17 +192,13 @@ def _send(ready: FloatArray, link_free: FloatArray, cost: FloatArray) -> FloatAr
 
 
 def _gpipe(
-    fwd: FloatArray,
-    bwd: FloatArray,
-    x: FloatArray,
-    lat: FloatArray,
-    bps: FloatArray,
-    b: FloatArray,
-    m: IntArray,
+    fwd: FloatArray, bwd: FloatArray, down: FloatArray, up: FloatArray, b: FloatArray, m: IntArray
 ) -> FloatArray:
     """GPipe with per-stage microbatches: forward sweep down the stages, backward sweep up.
 
-    Returns (P, S): the end of each stage's last backward.
+    ``down[:, s]`` / ``up[:, s]``: one send across cut ``s`` forward / backward; ``b``
+    samples per microbatch, ``m`` microbatches. Returns (P, S): the end of each stage's
+    last backward.
     """
     P, S = fwd.shape
     rows = np.arange(P)
@@ -229,7 +208,7 @@ def _gpipe(
     free = np.zeros((S, P))
     for s in range(S):
         link_free, t = np.zeros(P), np.zeros(P)
-        cost = rules.transfer_s(x[:, s] * b[:, s], bps[:, s], lat[:, s]) if s < S - 1 else None
+        cost = down[:, s] if s < S - 1 else None
         for j in range(mmax):
             act = j < m[:, s]
             dep: FloatArray | float = 0.0
@@ -250,7 +229,7 @@ def _gpipe(
     last = np.zeros((P, S))
     for s in range(S - 1, -1, -1):
         link_free, t = np.zeros(P), free[s]
-        cost = rules.transfer_s(x[:, s - 1] * b[:, s], bps[:, s - 1], lat[:, s - 1]) if s else None
+        cost = up[:, s - 1] if s else None
         for j in range(mmax):
             act = j < m[:, s]
             dep = fwd_end[s, :, j]
@@ -270,13 +249,7 @@ def _gpipe(
 
 
 def _one_f_one_b(
-    fwd: FloatArray,
-    bwd: FloatArray,
-    x: FloatArray,
-    lat: FloatArray,
-    bps: FloatArray,
-    b: FloatArray,
-    m: int,
+    fwd: FloatArray, bwd: FloatArray, down: FloatArray, up: FloatArray, m: int
 ) -> FloatArray:
     """1F1B with equal microbatches and ``m`` of them: ops in one dependency-respecting order."""
     P, S = fwd.shape
@@ -291,15 +264,13 @@ def _one_f_one_b(
             end = np.maximum(free[s], dep) + fwd[:, s]
             fwd_end[s, j] = end
             if s < S - 1:
-                cost = rules.transfer_s(x[:, s] * b[:, s], bps[:, s], lat[:, s])
-                fwd_link[s] = _send(end, fwd_link[s], cost)
+                fwd_link[s] = _send(end, fwd_link[s], down[:, s])
                 delivered[s, j] = fwd_link[s]
         else:
             dep = np.maximum(fwd_end[s, j], grads[s + 1, j]) if s < S - 1 else fwd_end[s, j]
             end = np.maximum(free[s], dep) + bwd[:, s]
             if s:
-                cost = rules.transfer_s(x[:, s - 1] * b[:, s], bps[:, s - 1], lat[:, s - 1])
-                grad_link[s] = _send(end, grad_link[s], cost)
+                grad_link[s] = _send(end, grad_link[s], up[:, s - 1])
                 grads[s, j] = grad_link[s]
         free[s] = end
     return free.T.copy()

@@ -1,0 +1,52 @@
+"""The contract's formulas (core.rules) on hand-computed values, for floats and arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core import rules
+from core.schedules import Schedule
+
+
+def test_update_streams_four_copies_of_the_parameters() -> None:
+    # 1 GB of parameters at 100 GB/s: weights, gradients and two Adam states, 4 x 10 ms
+    assert rules.update_s(1e9, 100.0) == pytest.approx(0.04)
+    assert rules.OPTIMIZER_COPIES == 4
+
+
+def test_accumulation_charges_all_backwards_but_the_first() -> None:
+    assert rules.accumulation_s(0.04, 1) == 0.0
+    assert rules.accumulation_s(0.04, 4) == pytest.approx(0.03)
+
+
+def test_ring_allreduce_is_free_for_one_replica() -> None:
+    assert rules.allreduce_s(1e9, 1, 1e9, 1e-5) == 0.0
+    # 2 replicas: 2 (r-1)/r = 1 pass of the bytes, 2 latencies
+    assert rules.allreduce_s(1e9, 2, 1e9, 1e-5) == pytest.approx(1.0 + 2e-5)
+
+
+def test_link_units_and_one_transfer() -> None:
+    bps, lat = rules.bytes_per_s(10.0), rules.latency_s(50.0)
+    assert bps == 1.25e9
+    assert lat == pytest.approx(5e-5)
+    assert rules.transfer_s(1.25e9, bps, lat) == pytest.approx(1.0 + 5e-5)
+
+
+def test_in_flight_gpipe_holds_all_and_1f1b_the_stages_ahead() -> None:
+    assert rules.in_flight(Schedule.GPIPE, 8, 3) == 8
+    held = rules.in_flight(Schedule.ONE_F_ONE_B, 8, np.array([4, 3, 2, 1]))
+    assert held.tolist() == [4, 3, 2, 1]
+    assert rules.in_flight(Schedule.ONE_F_ONE_B, 2, np.array([4, 1])).tolist() == [2, 1]
+
+
+def test_memory_per_device() -> None:
+    # 4 x 1000 parameter bytes + 3 microbatches x 8 samples x 100 bytes
+    assert rules.memory_bytes(1000, 100, 8.0, 3) == 4000 + 2400
+    assert rules.capacity_bytes(16) == 16e9
+
+
+def test_rules_apply_element_wise_to_arrays() -> None:
+    params = np.array([1e9, 2e9])
+    assert rules.update_s(params, np.array([100.0, 200.0])).tolist() == pytest.approx([0.04, 0.04])
+    assert rules.compute_s(np.array([1.0, 0.0]), np.array([0.5, 2.0]), 4).tolist() == [3.0, 8.0]
