@@ -103,11 +103,7 @@ def make_context(
     schedule: Schedule = Schedule.GPIPE,
     max_groups: int | None = None,
 ) -> PlanContext:
-    """Precompute the tensors of one planning problem.
-
-    ``partition_prior = logit(p0)`` with ``p0 = (G - 1) / (2 (L - 1))`` starts the policy at
-    about half the devices in use, whatever the model's size.
-    """
+    """Precompute the tensors of one planning problem."""
     L, ids = len(profile), cluster.device_ids
     D = len(ids)
     G = min(D, L, max_groups or D)
@@ -122,11 +118,7 @@ def make_context(
     fixed = tb.fwd_fixed[tb.dev_type] + tb.bwd_fixed[tb.dev_type]
     per_sample = tb.fwd_per_sample[tb.dev_type] + tb.bwd_per_sample[tb.dev_type]
     params = np.array([x.params_bytes for x in profile.layers], dtype=np.float64)
-    log_b = math.log2(global_batch) if global_batch > 1 else 1.0
-    mb_in = [[math.log2(global_batch // b) / log_b, math.log2(b) / log_b, *size_in] for b in sizes]
     link = INTER if len(cluster.nodes) > 1 else INTRA
-    p0 = (G - 1) / (2.0 * (L - 1)) if L > 1 else 0.5
-    p0 = min(max(p0, 1e-3), 0.5)
     return PlanContext(
         profile=profile,
         cluster=cluster,
@@ -144,14 +136,30 @@ def make_context(
         capacity=torch.from_numpy(tb.dev_capacity),
         node=torch.from_numpy(tb.dev_node),
         device_static=torch.tensor(_device_static(types, params), dtype=torch.float32),
-        microbatch_inputs=torch.tensor(mb_in, dtype=torch.float32),
+        microbatch_inputs=_microbatch_inputs(global_batch, sizes, size_in),
         cut=torch.from_numpy(tb.cuts),
         link_latency=float(tb.link_lat[link]),
         link_bytes_per_s=float(tb.link_bps[link]),
         intra_latency=float(tb.link_lat[INTRA]),
         intra_bytes_per_s=float(tb.link_bps[INTRA]),
-        partition_prior=math.log(p0 / (1.0 - p0)),
+        partition_prior=_partition_prior(G, L),
     )
+
+
+def _microbatch_inputs(global_batch: int, sizes: Sequence[int], size_in: list[float]) -> Tensor:
+    """(K, MICROBATCH_IN): per allowed size ``b``, ``log2 M`` and ``log2 b`` over ``log2 B``,
+    then the model's size and the device count."""
+    log_b = math.log2(global_batch) if global_batch > 1 else 1.0
+    rows = [[math.log2(global_batch // b) / log_b, math.log2(b) / log_b, *size_in] for b in sizes]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def _partition_prior(groups: int, layers: int) -> float:
+    """``logit(p0)`` with ``p0 = (G - 1) / (2 (L - 1))``: the policy starts at about half the
+    devices in use, whatever the model's size."""
+    p0 = (groups - 1) / (2.0 * (layers - 1)) if layers > 1 else 0.5
+    p0 = min(max(p0, 1e-3), 0.5)
+    return math.log(p0 / (1.0 - p0))
 
 
 def _device_static(types: Sequence[DeviceType], params: np.ndarray) -> np.ndarray:
