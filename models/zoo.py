@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torchvision
 from torch import nn
 
 from core.errors import PipeplanError
@@ -161,8 +162,6 @@ class _Spec:
 
 def _torchvision(name: str, **extra: Any) -> Builder:
     def build(num_classes: int = 10) -> nn.Module:
-        import torchvision
-
         _check_positive(f"{name}.num_classes", num_classes)
         factory = getattr(torchvision.models, name)
         model: nn.Module = factory(weights=None, num_classes=num_classes, **extra)
