@@ -43,6 +43,9 @@ class Planner(ABC):
 
     name: ClassVar[str]
     Config: ClassVar[type] = NoOptions
+    needs_ray: ClassVar[bool] = False
+    """Whether the planner itself runs on the current Ray cluster (RLlib's env runners): the
+    face connects one (``executor.runtime``) before it plans; agents never start Ray."""
 
     def __init__(self, reward: RewardSource | None = None, **options: Any) -> None:
         self.reward = reward
@@ -78,14 +81,19 @@ class Planner(ABC):
         """Propose plans through ``search.evaluate`` until done or ``search.exhausted()``."""
 
 
-def make_planner(name: str, reward: RewardSource | None = None, **options: Any) -> Planner:
-    """The planner ``name`` with ``options``, valued by ``reward`` (default: simulated)."""
+def planner_class(name: str) -> type[Planner]:
+    """The class of planner ``name``, its module imported on first use (optuna, torch and
+    RLlib load only for the planners that need them)."""
     if name not in PLANNERS:
         raise ProblemError(f"planner: unknown planner {name!r} (one of {', '.join(PLANNERS)})")
     module, cls = PLANNERS[name].split(":")
     try:
-        planner_cls = getattr(importlib.import_module(module), cls)
+        planner_cls: type[Planner] = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as e:
         raise ProblemError(f"planner {name!r}: not available ({e})") from None
-    planner: Planner = planner_cls(reward=reward, **options)
-    return planner
+    return planner_cls
+
+
+def make_planner(name: str, reward: RewardSource | None = None, **options: Any) -> Planner:
+    """The planner ``name`` with ``options``, valued by ``reward`` (default: simulated)."""
+    return planner_class(name)(reward=reward, **options)

@@ -169,6 +169,7 @@ def _gather(algo: Any) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
 class PPOPlanner(Planner):
     name = "ppo"
     Config = PPOOptions
+    needs_ray = True
     config: PPOOptions
 
     def search(self, problem: Problem, search: Search) -> None:

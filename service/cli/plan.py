@@ -85,7 +85,11 @@ OptionOpt = Annotated[
     ),
 ]
 WorkersOpt = Annotated[
-    int | None, typer.Option(help="tapp/ppo: parallel Ray workers for sampling and evaluation")
+    int | None,
+    typer.Option(
+        help="ppo: RLlib env runners; any other planner: cost its plans on this many Ray "
+        "workers (reward parallel)"
+    ),
 ]
 IterationsOpt = Annotated[int | None, typer.Option(help="tapp/ppo: training iterations")]
 CurveOpt = Annotated[
@@ -94,8 +98,8 @@ CurveOpt = Annotated[
 RewardOpt = Annotated[
     Reward,
     typer.Option(
-        help="tapp: rewards from the cost model, or from real runs on the cluster "
-        "(small default budget: each evaluation is a run)"
+        help="rewards from the cost model (parallel: on --workers Ray workers), or, for tapp "
+        "and ppo, from real runs on the cluster (small default budget: each evaluation is a run)"
     ),
 ]
 RepeatsOpt = Annotated[
@@ -114,8 +118,9 @@ PlannersOpt = Annotated[
 ]
 ChartOpt = Annotated[Path | None, typer.Option(help="write a bar chart PNG here")]
 
-# planner-specific spellings of the generic --workers / --iterations flags
-WORKERS_OPTION = {"tapp": "workers", "ppo": "num_env_runners"}
+# planner-specific spellings of the generic --workers / --iterations flags (--workers for
+# any other planner asks for a parallel reward: reward_for_workers)
+WORKERS_OPTION = {"ppo": "num_env_runners"}
 ITERATIONS_OPTION = {"tapp": "iterations", "ppo": "iterations"}
 
 
@@ -167,7 +172,7 @@ def parse_options(
         except json.JSONDecodeError:
             options[key] = raw
     for flag, value, table in (
-        ("--workers", workers, WORKERS_OPTION),
+        ("--workers", workers if planner in WORKERS_OPTION else None, WORKERS_OPTION),
         ("--iterations", iterations, ITERATIONS_OPTION),
     ):
         if value is None:
@@ -176,6 +181,15 @@ def parse_options(
             raise CliError(f"{flag}: only applies to {' and '.join(table)}, not {planner!r}")
         options[table[planner]] = value
     return options
+
+
+def reward_for_workers(planner: str, reward: Reward, workers: int | None) -> Reward:
+    """``--workers N`` with a planner other than ppo: its plans are costed on N Ray workers."""
+    if workers is None or planner in WORKERS_OPTION:
+        return reward
+    if reward is Reward.MEASURED:
+        raise CliError("--workers: not with --reward measured (plans run one at a time)")
+    return Reward.PARALLEL
 
 
 def _render_plan(done: Planned) -> None:
@@ -219,9 +233,10 @@ def plan_command(
     flags = ProblemFlags(cluster, model, profile, input_size, objective, min_throughput,
                          batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
     options = parse_options(planner, option or [], workers, iterations)
+    reward = reward_for_workers(planner, reward, workers)
     request = PlanRequest(
         **flags.fields(), planner=planner, options=options, reward=reward, repeats=repeats,
-        address=address,
+        address=address, workers=workers if reward is Reward.PARALLEL else None,
     )  # fmt: skip
     done = plan(request, ConsoleReporter(objective))
     if curve is not None:

@@ -10,7 +10,7 @@ from executor.emulation import is_emulated
 from executor.errors import ExecutorError
 from executor.local.persistent_cluster import (
     PersistentCluster,
-    _alive,
+    is_running,
     ray_status,
     read_state,
     start_persistent,
@@ -83,6 +83,6 @@ def cluster_status() -> ClusterStatus:
         state = read_state(state_dir())
     except ExecutorError:
         return ClusterStatus(None)
-    if not _alive(state.processes):
+    if not is_running(state):
         return ClusterStatus(state)
     return ClusterStatus(state, True, ray_status(state.address).rstrip())

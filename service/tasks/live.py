@@ -24,7 +24,7 @@ from executor import runtime
 from executor.emulation import is_emulated
 from executor.errors import ExecutorError
 from executor.live_cluster import discover
-from executor.local.persistent_cluster import _alive, default_state_dir, read_state
+from executor.local.persistent_cluster import default_state_dir, is_running, read_state
 from executor.local_cluster import LocalCluster
 from executor.measured_profile import call_sizes, measure_profile
 from executor.model import ModelSource
@@ -64,7 +64,7 @@ def resolve_address(address: str) -> str:
             f"address auto: no pipeplan cluster is running (none recorded in {state_dir()}); "
             "start one with `pipeplan cluster up --spec C`"
         ) from None
-    if not _alive(state.processes):
+    if not is_running(state):
         raise RequestError(
             f"address auto: the cluster recorded in {state_dir()} ({state.address}) is not "
             "running; `pipeplan cluster down` clears the record"
@@ -117,6 +117,25 @@ def live_cluster(
             yield discover(reference, name=reference.name if reference else "discovered")
     finally:
         runtime.shutdown()
+
+
+@contextmanager
+def ray_for_search(address: str | None, reporter: Reporter) -> Iterator[None]:
+    """The Ray cluster a search's workers run on (PPO's env runners, a parallel reward):
+    the cluster at ``address``, else the one this process is connected to, else a
+    single-node local Ray started for the search and stopped after it."""
+    quiet_ray_logs()
+    if address is not None:
+        runtime.connect(resolve_address(address))
+        started = True
+    else:
+        with reporter.step("starting a local Ray for the search's workers"):
+            started = runtime.ensure()
+    try:
+        yield
+    finally:
+        if started:
+            runtime.shutdown()
 
 
 def model_source(

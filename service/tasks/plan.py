@@ -8,21 +8,32 @@ is usually one cheap device, seldom what anyone means to rent; 0 asks for exactl
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from agents.problem import PlanResult, Problem
-from agents.registry import PLANNERS, make_planner
+from agents.registry import PLANNERS, make_planner, planner_class
+from executor.parallel_reward import ParallelReward
 from service.tasks.common import ProblemRequest, RequestError, build_problem
+from service.tasks.live import ray_for_search
 from service.tasks.progress import QUIET, Reporter
-from service.tasks.search import MeasuredSearch, SearchSettings, measured_budget, search
+from service.tasks.search import (
+    MEASURED_PLANNERS,
+    MeasuredSearch,
+    SearchSettings,
+    measured_budget,
+    search,
+)
 
 
 class Reward(StrEnum):
-    """Where a plan's value comes from: the cost model, or a run on the cluster."""
+    """Where a plan's value comes from: the cost model (in this process, or split over
+    ``workers`` Ray tasks), or a run on the cluster."""
 
     SIMULATED = "simulated"
+    PARALLEL = "parallel"
     MEASURED = "measured"
 
 
@@ -32,6 +43,7 @@ class PlanRequest(ProblemRequest):
     planner: str
     options: dict[str, Any] = {}
     reward: Reward = Reward.SIMULATED
+    workers: int | None = None
     repeats: int = 3
     warmup: int = 1
     address: str | None = None
@@ -72,10 +84,29 @@ def check_plan_fields(request: PlanRequest) -> None:
         raise RequestError(
             f"planner: unknown planner {request.planner!r} (one of {', '.join(PLANNERS)})"
         )
-    if request.reward is Reward.MEASURED and request.planner != "tapp":
-        raise RequestError(f"reward: measured only applies to tapp, not {request.planner!r}")
-    if request.reward is Reward.SIMULATED and request.address is not None:
-        raise RequestError("address: only applies with reward measured")
+    if request.reward is Reward.MEASURED and request.planner not in MEASURED_PLANNERS:
+        raise RequestError(
+            f"reward: measured applies to {' and '.join(MEASURED_PLANNERS)} (learned planners "
+            f"that spend few evaluations), not {request.planner!r}"
+        )
+    if (request.reward is Reward.PARALLEL) != (request.workers is not None):
+        raise RequestError(
+            f"workers: goes with reward parallel (got workers {request.workers!r}, "
+            f"reward {request.reward.value!r})"
+        )
+    if request.workers is not None and request.workers < 1:
+        raise RequestError(f"workers: must be >= 1, got {request.workers}")
+    if request.address is not None and not uses_ray(request):
+        raise RequestError(
+            "address: only applies where the search uses a Ray cluster (reward measured or "
+            f"parallel, or planner ppo), not {request.planner!r} with reward "
+            f"{request.reward.value!r}"
+        )
+
+
+def uses_ray(request: PlanRequest) -> bool:
+    """Whether the search runs on a Ray cluster (its workers, or its measured runs)."""
+    return request.reward is not Reward.SIMULATED or planner_class(request.planner).needs_ray
 
 
 def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
@@ -91,10 +122,17 @@ def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
             warmup=request.warmup,
             address=request.address,
         )
-        found = search(problem, options, settings, reporter)
+        found = search(problem, request.planner, options, settings, reporter)
         return Planned(problem, found.result, found)
     problem = build_problem(request, reporter)
-    planner = make_planner(request.planner, **options)
-    with reporter.search(request.planner, problem.budget.evaluations) as progress:
-        result = planner.plan(problem, progress=progress, on_record=reporter.evaluated)
+    planner = make_planner(request.planner, **options)  # bad options fail before Ray starts
+    with ExitStack() as stack:
+        if uses_ray(request):
+            stack.enter_context(ray_for_search(request.address, reporter))
+        if request.workers is not None:
+            planner = make_planner(
+                request.planner, reward=ParallelReward(request.workers), **options
+            )
+        with reporter.search(request.planner, problem.budget.evaluations) as progress:
+            result = planner.plan(problem, progress=progress, on_record=reporter.evaluated)
     return Planned(problem, result)

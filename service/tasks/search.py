@@ -1,12 +1,14 @@
 """The ``search`` use-case: planning with a measured reward (``plan`` with
-``reward: measured``): TAPP built with a :class:`~executor.measured_reward.MeasuredReward`
-as its reward source.
+``reward: measured``): a learned planner (TAPP or PPO) built with a
+:class:`~executor.measured_reward.MeasuredReward` as its reward source.
 
 Every plan the planner samples runs on a cluster, ``repeats`` steps after ``warmup``,
 averaged, and is valued by the problem's objective; one cluster and, where stages repeat,
 the same actors serve the whole search. Each evaluation takes seconds, so the defaults are
-small (:data:`MEASURED_ITERATIONS` iterations of :data:`MEASURED_BATCH_SIZE` plans, at most
-:data:`MEASURED_BUDGET` evaluations or :data:`MEASURED_SECONDS` seconds).
+small: at most :data:`MEASURED_BUDGET` evaluations or :data:`MEASURED_SECONDS` seconds, and
+TAPP samples :data:`MEASURED_ITERATIONS` iterations of :data:`MEASURED_BATCH_SIZE` plans.
+PPO trains on the cost model inside its env and spends the measured runs on the plans it
+finds (:mod:`agents.rllib_ppo`); it runs on the same cluster as the measured plans.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 from agents.problem import Budget, PlanResult, Problem
 from agents.registry import make_planner
 from executor.measured_reward import MeasuredReward
-from service.tasks.common import RequestError
 from service.tasks.live import live_cluster, model_source
 from service.tasks.progress import Reporter
 
+MEASURED_PLANNERS = ("tapp", "ppo")
 MEASURED_ITERATIONS = 3
 MEASURED_BATCH_SIZE = 4
 MEASURED_BUDGET = 16
@@ -74,20 +76,23 @@ class MeasuredSearch:
 
 
 def search(
-    problem: Problem, options: dict[str, Any], settings: SearchSettings, reporter: Reporter
+    problem: Problem,
+    planner: str,
+    options: dict[str, Any],
+    settings: SearchSettings,
+    reporter: Reporter,
 ) -> MeasuredSearch:
-    """TAPP trained on measured batch times of the plans it samples."""
-    options = {"iterations": MEASURED_ITERATIONS, "batch_size": MEASURED_BATCH_SIZE, **options}
-    if options.get("workers", 0) > 1:
-        raise RequestError("options.workers: not with reward measured (plans run one at a time)")
-    make_planner("tapp", **options)  # bad options fail here, before the cluster starts
+    """``planner`` (one of :data:`MEASURED_PLANNERS`) rewarded by measured batch times."""
+    if planner == "tapp":
+        options = {"iterations": MEASURED_ITERATIONS, "batch_size": MEASURED_BATCH_SIZE, **options}
+    make_planner(planner, **options)  # bad options fail here, before the cluster starts
     profile = None if settings.model else problem.profile
     source = model_source(settings.model, settings.input_size, profile)
     with (
         live_cluster(problem.cluster, settings.address, reporter) as live,
         MeasuredReward(source, live, repeats=settings.repeats, warmup=settings.warmup) as reward,
-        reporter.search("tapp (measured)", problem.budget.evaluations) as progress,
+        reporter.search(f"{planner} (measured)", problem.budget.evaluations) as progress,
     ):
-        planner = make_planner("tapp", reward=reward, **options)
-        result = planner.plan(problem, progress=progress, on_record=reporter.evaluated)
+        searcher = make_planner(planner, reward=reward, **options)
+        result = searcher.plan(problem, progress=progress, on_record=reporter.evaluated)
     return MeasuredSearch(result, reward)

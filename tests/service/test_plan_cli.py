@@ -246,8 +246,17 @@ def test_default_planners_are_the_registered_baselines() -> None:
         ),
         (["compare", "--planners", "uniform,nosuch"], "error: planners: unknown planner"),
         (
-            ["plan", "--planner", "greedy", "--workers", "2"],
-            "error: --workers: only applies to tapp and ppo, not 'greedy'",
+            ["plan", "--planner", "tapp", "--workers", "2", "--reward", "measured"],
+            "error: --workers: not with --reward measured",
+        ),
+        (["plan", "--planner", "greedy", "--workers", "0"], "error: workers: must be >= 1, got 0"),
+        (
+            ["plan", "--planner", "greedy", "--address", "127.0.0.1:1"],
+            "error: address: only applies where the search uses a Ray cluster",
+        ),
+        (
+            ["plan", "--planner", "greedy", "--reward", "measured"],
+            "error: reward: measured applies to tapp and ppo",
         ),
         (["plan", "--planner", "brute", "-O", "max_space"], "error: --option: expected KEY=VALUE"),
         (["plan", "--planner", "brute", "-O", "nosuch=1"], "planner 'brute': bad options"),

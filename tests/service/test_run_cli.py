@@ -84,13 +84,16 @@ def test_run_refuses_bad_input_before_starting_ray(  # type: ignore[no-untyped-d
     assert err.startswith("error: ") and message in err
 
 
-def test_measured_reward_is_for_tapp_only(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_measured_reward_is_for_the_learned_planners_only(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     code, _, err = cli(
         monkeypatch, capsys, "plan", "--planner", "dp", "--reward", "measured",
         "--model", "digits_cnn", "--cluster", "local-hetero",
     )  # fmt: skip
     assert code == 2
-    assert err.strip() == "error: reward: measured only applies to tapp, not 'dp'"
+    assert err.strip() == (
+        "error: reward: measured applies to tapp and ppo (learned planners that spend few "
+        "evaluations), not 'dp'"
+    )
 
 
 # --- on a live cluster ------------------------------------------------------------------------
@@ -184,3 +187,22 @@ def test_measured_reward_caches_plans_and_reuses_actors(address) -> None:  # typ
     assert all(v > 0 for v in first) and again[0] == first[1]
     assert reward.runs == 2
     assert reward.pipelines_started == 1  # same stages: the actors were reconfigured
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_workers_cost_plans_on_the_cluster_with_the_same_answer(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, address
+) -> None:
+    common = (
+        "plan", "--planner", "genetic", "--model", "digits_cnn", "--cluster",
+        str(files["cluster"]), "--batch", "16", "--budget", "200", "--json",
+    )  # fmt: skip
+    code, out, err = cli(monkeypatch, capsys, *common)
+    assert code == 0, err
+    alone = json.loads(out)
+    code, out, err = cli(monkeypatch, capsys, *common, "--workers", "2", "--address", address)
+    assert code == 0, err
+    parallel = json.loads(out)
+    assert parallel["plan"] == alone["plan"]
+    assert parallel["evaluations"] == alone["evaluations"] > 0

@@ -134,8 +134,11 @@ def test_a_malformed_request_names_the_field_and_the_value(
         ({"batch": 0}, ProblemError, "global_batch: must be an integer >= 1, got 0"),
         ({"budget": {"evaluations": 0}}, ProblemError, "budget.evaluations: must be >= 1, got 0"),
         ({"options": {"nosuch": 1}}, ProblemError, "planner 'uniform': bad options"),
-        ({"reward": "measured"}, RequestError, "reward: measured only applies to tapp"),
-        ({"address": "auto"}, RequestError, "address: only applies with reward measured"),
+        ({"reward": "measured"}, RequestError, "reward: measured applies to tapp and ppo"),
+        ({"address": "auto"}, RequestError, "address: only applies where the search uses a Ray"),
+        ({"workers": 2}, RequestError, "workers: goes with reward parallel (got workers 2, "),
+        ({"reward": "parallel"}, RequestError, "workers: goes with reward parallel (got workers "),
+        ({"reward": "parallel", "workers": 0}, RequestError, "workers: must be >= 1, got 0"),
         ({"profile": {"layers": []}}, FormatError, "profile.name"),
     ],
 )
