@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
 from agents.problem import PlanResult, Problem
-from agents.registry import PLANNERS, make_planner
+from agents.registry import PLANNERS, make_planner, planner_class
 from service.tasks.common import ProblemRequest, RequestError, build_problem
+from service.tasks.live import ray_for_search
 from service.tasks.progress import QUIET, Reporter
 
 
@@ -56,4 +58,8 @@ def compare(
             return planner.plan(p, progress=progress, on_record=reporter.evaluated)
 
     entries = [Entry(n, n) for n in names]
-    return Compared(problem, run_comparison(problem, entries, run, catch_bugs=catch_bugs))
+    with ExitStack() as stack:
+        if any(planner_class(n).needs_ray for n in names):
+            stack.enter_context(ray_for_search(None, reporter))
+        rows = run_comparison(problem, entries, run, catch_bugs=catch_bugs)
+    return Compared(problem, rows)
