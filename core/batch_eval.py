@@ -200,6 +200,14 @@ def _gpipe(
     samples per microbatch, ``m`` microbatches. Returns (P, S): the end of each stage's
     last backward.
     """
+    fwd_end, free = _gpipe_forwards(fwd, down, b, m)
+    return _gpipe_backwards(bwd, up, b, m, fwd_end, free)
+
+
+def _gpipe_forwards(
+    fwd: FloatArray, down: FloatArray, b: FloatArray, m: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """(S, P, max M) end of every forward, and (S, P) when each stage's last one ends."""
     P, S = fwd.shape
     rows = np.arange(P)
     mmax = int(m.max())
@@ -208,7 +216,6 @@ def _gpipe(
     free = np.zeros((S, P))
     for s in range(S):
         link_free, t = np.zeros(P), np.zeros(P)
-        cost = down[:, s] if s < S - 1 else None
         for j in range(mmax):
             act = j < m[:, s]
             dep: FloatArray | float = 0.0
@@ -220,16 +227,30 @@ def _gpipe(
             end = np.maximum(t, dep) + fwd[:, s]
             t = np.where(act, end, t)
             fwd_end[s, :, j] = end
-            if cost is not None:
-                sent = _send(end, link_free, cost)
+            if s < S - 1:
+                sent = _send(end, link_free, down[:, s])
                 link_free = np.where(act, sent, link_free)
                 delivered[s, :, j] = sent
         free[s] = t
+    return fwd_end, free
+
+
+def _gpipe_backwards(
+    bwd: FloatArray,
+    up: FloatArray,
+    b: FloatArray,
+    m: IntArray,
+    fwd_end: FloatArray,
+    free: FloatArray,
+) -> FloatArray:
+    """(P, S) end of each stage's last backward, after its forwards (``free``)."""
+    P, S = bwd.shape
+    rows = np.arange(P)
+    mmax = int(m.max())
     grads = np.zeros((S, P, mmax))
     last = np.zeros((P, S))
     for s in range(S - 1, -1, -1):
         link_free, t = np.zeros(P), free[s]
-        cost = up[:, s - 1] if s else None
         for j in range(mmax):
             act = j < m[:, s]
             dep = fwd_end[s, :, j]
@@ -240,8 +261,8 @@ def _gpipe(
                 dep = np.maximum(dep, grads[s + 1, rows, k])
             end = np.maximum(t, dep) + bwd[:, s]
             t = np.where(act, end, t)
-            if cost is not None:
-                sent = _send(end, link_free, cost)
+            if s:
+                sent = _send(end, link_free, up[:, s - 1])
                 link_free = np.where(act, sent, link_free)
                 grads[s, :, j] = sent
         last[:, s] = t

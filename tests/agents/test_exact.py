@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
 from agents.baselines.brute import BrutePlanner, count_assignments, count_matrices
-from agents.baselines.dp import Candidate, DPPlanner, StageModel, bottleneck, explain_gap
+from agents.baselines.dp import DPPlanner, bottleneck, explain_gap
+from agents.baselines.dp_table import Candidate, StageModel
 from agents.baselines.pipedream_dp import assumed_type, pipedream_partition
 from core.batch_eval import BatchEvaluator
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
