@@ -1,0 +1,163 @@
+"""The layout's rules (DESIGN.md, "Layout"), read off the source with ``ast``.
+
+- ``core`` imports neither torch nor Ray, nor any other package of the project;
+- Ray is imported only in ``executor/`` and the RLlib adapter ``agents/rllib_ppo.py``;
+- arrows point one way: ``service -> agents, executor, envs -> core``, ``models`` beside core;
+- no import cycle between files, and no import placed inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "models", "envs", "agents", "executor", "service")
+RAY_ALLOWED = ("executor/", "agents/rllib_ppo.py")
+MAY_IMPORT = {  # package -> the project packages it may import
+    "core": set(),
+    "models": {"core"},
+    "envs": {"core"},
+    "agents": {"core", "envs", "models"},
+    "executor": {"core", "models", "agents"},
+    "service": {"core", "models", "envs", "agents", "executor"},
+}
+
+
+def _files() -> Iterator[Path]:
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> Iterator[tuple[str, ast.AST, bool]]:
+    """(imported module, node, inside a function) for every import of the file; relative
+    imports resolved; ``if TYPE_CHECKING:`` blocks skipped."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = (
+        _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
+    )
+
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, ast.AST, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, child, in_function
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                yield base, child, in_function
+                for alias in child.names:  # `from pkg import module`
+                    yield f"{base}.{alias.name}", child, in_function
+            yield from walk(child, inner)
+
+    yield from walk(tree, False)
+
+
+def _top(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def test_core_imports_neither_torch_nor_ray_nor_the_project() -> None:
+    bad = [
+        f"{p.relative_to(ROOT)}:{node.lineno} imports {name}"  # type: ignore[attr-defined]
+        for p in (ROOT / "core").rglob("*.py")
+        for name, node, _ in _imports(p)
+        if _top(name) in {"torch", "torchvision", "ray", *PACKAGES} - {"core"}
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_ray_is_imported_only_by_the_executor_and_the_rllib_adapter() -> None:
+    bad = [
+        f"{p.relative_to(ROOT)}:{node.lineno} imports {name}"  # type: ignore[attr-defined]
+        for p in _files()
+        for name, node, _ in _imports(p)
+        if _top(name) == "ray" and not str(p.relative_to(ROOT)).startswith(RAY_ALLOWED)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_packages_import_only_downwards() -> None:
+    bad = []
+    for p in _files():
+        own = p.relative_to(ROOT).parts[0]
+        for name, node, _ in _imports(p):
+            top = _top(name)
+            if top in PACKAGES and top != own and top not in MAY_IMPORT[own]:
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {name}")  # type: ignore[attr-defined]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_inside_a_function() -> None:
+    bad = sorted(
+        {
+            f"{p.relative_to(ROOT)}:{node.lineno}"  # type: ignore[attr-defined]
+            for p in _files()
+            for _, node, inside in _imports(p)
+            if inside
+        }
+    )
+    assert not bad, f"{len(bad)} imports inside functions:\n" + "\n".join(bad)
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in _files()}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        for name, _, _ in _imports(path):
+            target = name
+            while target and target not in files:  # `pkg.mod.attr` -> `pkg.mod`
+                target = target.rpartition(".")[0]
+            if target and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_files() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    ("graph", "has_cycle"),
+    [({"a": {"b"}, "b": {"c"}, "c": set()}, False), ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True)],
+)
+def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]], has_cycle: bool) -> None:
+    assert (_cycle(graph) is not None) is has_cycle
