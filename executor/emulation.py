@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from core.cluster import ClusterSpec, parse_device_id
 from core.errors import PipeplanError, PlanError
 from core.profile import LayerTiming, ModelProfile
-from models.profiler import Clock
+from models.layer_timing import Clock
 
 __all__ = [
     "EMULATED_NOTE",

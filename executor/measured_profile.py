@@ -62,7 +62,8 @@ from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.live_cluster import LiveNode, live_nodes
 from executor.model import ModelSource, timing_loss
 from executor.pinning import actor_options
-from models.profiler import Clock, profile_model
+from models.layer_timing import Clock
+from models.profiler import profile_model
 
 __all__ = [
     "MeasureOn",

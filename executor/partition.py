@@ -1,7 +1,7 @@
 """Cut a model at a plan's layer boundaries: one torch.fx GraphModule per stage.
 
-The model is traced with :func:`models.profiler.trace`; each fx node goes to the stage of its
-profile layer (:func:`models.profiler.layer_of_nodes`, so layer indices mean what they mean in
+The model is traced with :func:`models.fx_layers.trace`; each fx node goes to the stage of its
+profile layer (:func:`models.fx_layers.layer_of_nodes`, so layer indices mean what they mean in
 the profile) and ``torch.fx.passes.split_module`` builds one submodule per stage.
 
 Values crossing a boundary are named by their fx node names. A stage receives every value
@@ -30,7 +30,7 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
 from core.errors import PipeplanError, PlanError
-from models.profiler import layer_of_nodes, trace
+from models.fx_layers import layer_of_nodes, trace
 
 ValueKind = Literal["batched", "shared", "constant"]
 

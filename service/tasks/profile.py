@@ -19,7 +19,7 @@ from core.formats.pipedream import load_pipedream
 from core.profile import ModelProfile
 from executor.emulation import emulated_timings
 from executor.model import timing_loss
-from models import profiler, zoo
+from models import layer_timing, profiler, zoo
 from service.tasks.common import ClusterRef, Request, RequestError, cluster_spec
 from service.tasks.live import live_cluster, measure_on_cluster, model_source
 from service.tasks.progress import QUIET, Reporter
@@ -66,7 +66,7 @@ def _timed_here(request: ProfileRequest, reporter: Reporter) -> ModelProfile:
     measure_as = request.device_type
     if spec is not None and measure_as is None:
         measure_as = max(spec.counts_by_type(), key=lambda t: spec.device_types[t].flops)
-    clock: profiler.Clock = "cpu" if spec is not None else "wall"
+    clock: layer_timing.Clock = "cpu" if spec is not None else "wall"
     timing = f" (timing as {measure_as})" if measure_as else ""
     with reporter.step(f"profiling {request.model}{timing}"):
         prof = profiler.profile_model(

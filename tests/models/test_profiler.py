@@ -19,14 +19,9 @@ from torchvision.models.resnet import BasicBlock
 from core.errors import PipeplanError
 from core.profile import ModelProfile
 from models import zoo
-from models.profiler import (
-    calibrated,
-    fit_fixed_per_sample,
-    layer_nodes,
-    layer_of_nodes,
-    profile_model,
-    trace,
-)
+from models.fx_layers import layer_nodes, layer_of_nodes, trace
+from models.layer_timing import calibrated, fit_fixed_per_sample
+from models.profiler import profile_model
 
 
 def analytic(model: nn.Module, x: torch.Tensor, name: str = "m") -> ModelProfile:
