@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import FormatError
-from core.formats.pipedream import load_pipedream, op_kind, parse_pipedream
+from core.formats.pipedream import load_pipedream, parse_pipedream
+from core.formats.pipedream_ops import op_kind
 from core.profile import ModelProfile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "pipedream"
