@@ -52,7 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents import Budget, Objective, Problem, literal, make_planner
+from agents import Budget, Objective, Problem, make_planner
+from agents.baselines import every_device
 from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
@@ -148,7 +149,7 @@ def bsp_all(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
     the microbatch the cost model likes best. (The ``data_parallel`` planner may keep only a
     prefix of the devices, fastest first: on local-hetero it keeps the fast device alone, the
     same plan as ``dp``.)"""
-    return literal.bsp_all(Problem(profile, spec, Objective.TIME, batch))
+    return every_device.bsp_all(Problem(profile, spec, Objective.TIME, batch))
 
 
 def planned(name: str, profile: ModelProfile, spec: ClusterSpec, batch: int, seed: int) -> Plan:

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents import Budget, Objective, Problem, literal, make_planner
+from agents import Budget, Objective, Problem, make_planner
+from agents.baselines import every_device
 from bench.fidelity import (
     ModelCase,
     add_cluster_options,
@@ -92,7 +93,7 @@ def single_device(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
 
 def pipe_torch(profile: ModelProfile, spec: ClusterSpec, batch: int) -> Plan:
     """Equal layer counts over every device, fastest first (``agents.baselines.every_device``)."""
-    return literal.pipe_torch_all(Problem(profile, spec, Objective.TIME, batch))
+    return every_device.pipe_torch_all(Problem(profile, spec, Objective.TIME, batch))
 
 
 def plan_with(
