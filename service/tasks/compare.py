@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
-from agents.problem import PlanResult, Problem
+from agents.problem import PlanResult, Problem, ProblemError
 from agents.registry import PLANNERS, make_planner, planner_class
 from service.tasks.common import ProblemRequest, RequestError, build_problem
 from service.tasks.live import ray_for_search
@@ -59,7 +59,16 @@ def compare(
 
     entries = [Entry(n, n) for n in names]
     with ExitStack() as stack:
-        if any(planner_class(n).needs_ray for n in names):
+        if any(_needs_ray(n) for n in names):
             stack.enter_context(ray_for_search(None, reporter))
         rows = run_comparison(problem, entries, run, catch_bugs=catch_bugs)
     return Compared(problem, rows)
+
+
+def _needs_ray(name: str) -> bool:
+    """Whether planner ``name`` runs on Ray; one that cannot be loaded gets its reason in
+    its row instead."""
+    try:
+        return planner_class(name).needs_ray
+    except ProblemError:
+        return False
