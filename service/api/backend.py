@@ -1,0 +1,64 @@
+"""Where a job's work runs: the :class:`JobsBackend` protocol the routes talk to.
+
+The service stores a job, then hands it to the backend: Ray's Jobs API in production
+(:mod:`service.api.ray_jobs`), a fake in the API's unit tests. The pipeplan job id is the
+backend's submission id, so a retried submission cannot start a job twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class BackendState(StrEnum):
+    """What the backend knows of a submitted job (Ray's ``JobStatus``, spelled as ours)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"  # the backend has no job of that id
+
+    @property
+    def finished(self) -> bool:
+        return self in (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.STOPPED)
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    state: BackendState
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What the backend runs for one job: the pipeplan job entrypoint, told where the
+    service is and given the job's own token (never the API token)."""
+
+    job_id: str
+    server_url: str
+    job_token: str
+
+
+class JobsBackend(Protocol):
+    def submit(self, submission: Submission) -> str:
+        """Start the job's entrypoint; returns the backend's job id (= ``job_id``).
+        Submitting an id that exists already starts nothing."""
+        ...
+
+    def stop(self, job_id: str) -> None:
+        """Stop the job (no error if it has finished)."""
+        ...
+
+    def status(self, job_id: str) -> BackendStatus: ...
+
+    def logs(self, job_id: str) -> str:
+        """The job's log text ("" when there is none yet)."""
+        ...
+
+    def ready(self) -> str | None:
+        """None when the backend answers, else why not (for ``/readyz``)."""
+        ...

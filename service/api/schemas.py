@@ -1,0 +1,122 @@
+"""The documents of the HTTP contract (``../shared/API.md``): jobs, their events, pages.
+
+These are the wire formats shared by the routes, the store, the job entrypoint and the
+client. The ``spec`` of a job is the request model of its use-case (``service.tasks``):
+:data:`SPEC_MODELS` maps each kind to it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.tasks.compare import CompareRequest
+from service.tasks.plan import PlanRequest
+from service.tasks.profile import ProfileRequest
+from service.tasks.run import RunRequest
+
+
+class JobKind(StrEnum):
+    PROFILE = "profile"
+    PLAN = "plan"
+    COMPARE = "compare"
+    RUN = "run"
+
+
+class JobState(StrEnum):
+    """``queued -> running -> succeeded | failed | cancelled``; terminal states never change."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+SPEC_MODELS: dict[JobKind, type[BaseModel]] = {
+    JobKind.PROFILE: ProfileRequest,
+    JobKind.PLAN: PlanRequest,
+    JobKind.COMPARE: CompareRequest,
+    JobKind.RUN: RunRequest,
+}
+"""The request model a job's ``spec`` must validate as, per kind."""
+
+
+class EventType(StrEnum):
+    PROGRESS = "progress"
+    EVALUATION = "evaluation"
+    MEASUREMENT = "measurement"
+    RESULT = "result"
+    ERROR = "error"
+
+
+ENDING_EVENTS = frozenset({EventType.RESULT, EventType.ERROR})
+"""Events that end their job (``succeeded`` / ``failed``)."""
+
+
+class JobCreate(BaseModel):
+    """``POST /v1/jobs``: what to run. The spec is validated as the kind's request model
+    (and further, as far as it can be without a cluster) before anything is queued."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: JobKind
+    spec: dict[str, Any]
+    name: str | None = Field(default=None, max_length=200)
+
+
+class Job(BaseModel):
+    """A job as the API returns it."""
+
+    id: str
+    kind: JobKind
+    state: JobState
+    name: str | None
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: dict[str, Any] | None = None
+    result: Any = None
+    error: str | None = None
+    ray_job_id: str | None = None
+
+
+class JobPage(BaseModel):
+    """``GET /v1/jobs``: newest first; ``next`` is the cursor of the following page."""
+
+    items: list[Job]
+    next: str | None = None
+
+
+class EventIn(BaseModel):
+    """``POST /v1/jobs/{id}/events`` (the control endpoint, with the job's token). Idempotent
+    on ``seq``: a repeated seq is acknowledged and not stored twice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(ge=0, le=2**62)
+    type: EventType
+    data: dict[str, Any] = {}
+
+
+class Event(EventIn):
+    """A stored event, with when the service received it."""
+
+    received_at: datetime
+
+
+class EventAck(BaseModel):
+    """The answer to a posted event: whether it was new (``stored``) or a repeat."""
+
+    seq: int
+    stored: bool
