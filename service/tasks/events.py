@@ -1,0 +1,237 @@
+"""The reporter of a use-case that runs as a service job: its reports become the job's events.
+
+Inside a Ray Job (``pipeplan job run``), a use-case reports through an
+:class:`EventReporter`, which posts to the service's control endpoint
+(``POST {server}/v1/jobs/{id}/events``, with the job's own token, ``../shared/API.md``):
+
+- ``progress`` ``{evaluations, best_value, elapsed_s, search}`` from a search's callback, at
+  most every :data:`PROGRESS_EVERY_S` (and always the last one of a search);
+- ``evaluation`` ``{plan, value, source, batch_time_s?, search}`` for every plan a search
+  valued (:meth:`~service.tasks.progress.Reporter.evaluated`);
+- ``measurement``, ``result`` and ``error``, posted by the entrypoint.
+
+Delivery (:class:`EventChannel`): every event gets the next ``seq`` (0, 1, 2 ...) and goes
+out in that order from one sender thread, so the search never waits on the network. While
+the service is unreachable (a connection error, a 5xx, a 429) an event is retried with
+exponential backoff, up to a total deadline; the service stores each seq once, so a retry
+after a lost answer doubles nothing. Any other 4xx is a bug (a wrong token, a malformed
+event): delivery stops and :meth:`EventChannel.flush` raises it. ``inf`` and ``nan`` are not
+JSON: such values go out as ``null``.
+
+Notes and steps are for people: they go to stdout, the Ray job's log.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from agents.problem import Objective
+from agents.rewards import Population
+from agents.search import Progress
+from core.batch_eval import PlanBatch
+from core.cluster import ClusterSpec
+from core.plan import Plan, Schedule
+from service.tasks.progress import Reporter
+
+PROGRESS_EVERY_S = 0.1
+"""Least time between two ``progress`` events of one search (at most ~10 a second)."""
+QUEUE_SIZE = 10_000
+"""Events waiting to be sent; a search that outruns delivery waits for room."""
+
+
+class EventDeliveryError(RuntimeError):
+    """An event could not be delivered: refused by the service (4xx) or not answered
+    before the deadline. Names the event's seq and type and the cause."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one event is retried: first wait, the longest wait, and the total deadline
+    (seconds from the first failure of that event)."""
+
+    first_wait_s: float = 0.1
+    max_wait_s: float = 5.0
+    deadline_s: float = 600.0
+
+
+def finite(x: float) -> float | None:
+    """``x``, or None for inf and nan (not JSON)."""
+    return float(x) if math.isfinite(x) else None
+
+
+class EventChannel:
+    """Posts one job's events in order, each until it is acknowledged (module docstring).
+
+    ``client`` is an ``httpx.Client`` whose base URL is the service (tests hand in one with
+    a ``MockTransport``); ``sleep`` is the backoff's wait."""
+
+    def __init__(
+        self,
+        client: httpx.Client,
+        job_id: str,
+        token: str,
+        delivery: Delivery = Delivery(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.client, self.job_id, self.delivery, self.sleep = client, job_id, delivery, sleep
+        self.path = f"/v1/jobs/{job_id}/events"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.next_seq = 0
+        self.error: EventDeliveryError | None = None
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_SIZE)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"events-{job_id}", daemon=True)
+        self._thread.start()
+
+    def emit(self, type_: str, data: dict[str, Any]) -> int:
+        """Queue an event; returns its seq. Raises the delivery error once there is one."""
+        if self.error is not None:
+            raise self.error
+        with self._lock:
+            seq = self.next_seq
+            self.next_seq += 1
+            self._queue.put({"seq": seq, "type": type_, "data": data})
+        return seq
+
+    def flush(self) -> None:
+        """Wait until every queued event is delivered; raises the delivery error if any."""
+        self._queue.join()
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Deliver what is queued, then stop the sender thread."""
+        try:
+            self.flush()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (event := self._queue.get()) is not None:
+            try:
+                if self.error is None:
+                    self._deliver(event)
+            except EventDeliveryError as e:
+                self.error = e
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        """Post ``event`` until the service acknowledges it (module docstring)."""
+        what = f"event {event['seq']} ({event['type']}) of job {self.job_id}"
+        wait, first_failure = self.delivery.first_wait_s, None
+        while True:
+            try:
+                r = self.client.post(self.path, json=event, headers=self.headers)
+                if r.status_code < 400:
+                    return
+                if r.status_code < 500 and r.status_code != 429:
+                    raise EventDeliveryError(f"{what}: refused with {r.status_code}: {r.text}")
+                cause = f"{r.status_code} {r.text[:200]}"
+            except httpx.TransportError as e:
+                cause = f"{type(e).__name__}: {e}"
+            first_failure = first_failure or time.monotonic()
+            if time.monotonic() - first_failure + wait > self.delivery.deadline_s:
+                raise EventDeliveryError(
+                    f"{what}: not delivered in {self.delivery.deadline_s:.0f} s; last: {cause}"
+                )
+            self.sleep(wait)
+            wait = min(2 * wait, self.delivery.max_wait_s)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What turns a vectorised population into plans, and what its values mean."""
+
+    cluster: ClusterSpec
+    global_batch: int
+    schedule: Schedule
+    objective: Objective
+
+
+def _plans(population: Population, context: PlanContext | None) -> list[Plan | None]:
+    if not isinstance(population, PlanBatch):
+        return list(population)
+    if context is None:
+        return [None] * population.size
+    c = context
+    return [
+        population.plan(i, c.cluster, c.global_batch, c.schedule) for i in range(population.size)
+    ]
+
+
+class EventReporter(Reporter):
+    """A use-case's reports as the job's events (module docstring). ``source`` says where
+    values come from (``simulated`` or ``measured``); ``context`` decodes populations."""
+
+    def __init__(
+        self,
+        channel: EventChannel,
+        context: PlanContext | None = None,
+        source: str = "simulated",
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.channel, self.context, self.source, self.echo = channel, context, source, echo
+        self._search = ""
+
+    @contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        self.echo(f"{text} ...")
+        yield
+
+    def note(self, text: str) -> None:
+        self.echo(text)
+
+    @contextmanager
+    def search(self, label: str, total: int | None) -> Iterator[Progress]:
+        start = time.monotonic()
+        last_sent = -math.inf
+        latest: dict[str, Any] | None = None
+        self._search = label
+
+        def progress(evaluations: int, best: float) -> None:
+            nonlocal last_sent, latest
+            now = time.monotonic()
+            latest = {
+                "evaluations": int(evaluations),
+                "best_value": finite(best),
+                "elapsed_s": now - start,
+                "search": label,
+            }
+            if now - last_sent >= PROGRESS_EVERY_S:
+                self.channel.emit("progress", latest)
+                last_sent, latest = now, None
+
+        self.echo(f"search {label} (budget {total if total is not None else '-'} evaluations)")
+        yield progress
+        if latest is not None:  # the last report of the search, whatever the throttle
+            self.channel.emit("progress", latest)
+
+    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+        time_is_value = self.context is not None and self.context.objective is Objective.TIME
+        for plan, value in zip(_plans(plans, self.context), values, strict=True):
+            data: dict[str, Any] = {
+                "plan": None if plan is None else plan.to_dict(),
+                "value": finite(float(value)),
+                "source": self.source,
+                "search": self._search,
+            }
+            if time_is_value:
+                data["batch_time_s"] = data["value"]
+            self.channel.emit("evaluation", data)
+
+    def measurement(self, data: dict[str, Any]) -> None:
+        """A run measured on the cluster (the entrypoint posts them)."""
+        self.channel.emit("measurement", data)

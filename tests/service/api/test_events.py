@@ -1,0 +1,168 @@
+"""The job side's event delivery (service.tasks.events) against a stub control endpoint (an
+httpx MockTransport): in order, each seq once, retried while the service is away, a 4xx
+raised, bounded by a deadline; and a use-case's reports as events."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from agents.problem import Objective
+from core.plan import Plan, Schedule
+from service.tasks.common import cluster_spec
+from service.tasks.events import (
+    Delivery,
+    EventChannel,
+    EventDeliveryError,
+    EventReporter,
+    PlanContext,
+)
+from service.tasks.plan import PlanRequest, plan
+from tests.core.test_formats import CLUSTER, PROFILE
+
+JOB = "j1"
+TOKEN = "job-token"
+
+
+class Stub:
+    """A control endpoint that stores each seq once and fails as told: ``down`` posts
+    answered with a connection error, then ``fail`` with 503; ``lose`` posts are stored but
+    their answer is a 503 (a reply lost on the way)."""
+
+    def __init__(self, down: int = 0, fail: int = 0, lose: int = 0, status: int = 0) -> None:
+        self.down, self.fail, self.lose, self.status = down, fail, lose, status
+        self.posts: list[int] = []
+        self.stored: list[dict[str, object]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            assert request.url.path == f"/v1/jobs/{JOB}/events"
+            assert request.headers["authorization"] == f"Bearer {TOKEN}"
+            event = json.loads(request.content)
+            self.posts.append(event["seq"])
+            if self.down:
+                self.down -= 1
+                raise httpx.ConnectError("connection refused", request=request)
+            if self.fail:
+                self.fail -= 1
+                return httpx.Response(503, text="starting")
+            if self.status:
+                return httpx.Response(self.status, text="wrong token")
+            new = all(e["seq"] != event["seq"] for e in self.stored)
+            if new:
+                self.stored.append(event)
+            if self.lose:
+                self.lose -= 1
+                return httpx.Response(503, text="lost")
+            return httpx.Response(201 if new else 200, json={"seq": event["seq"], "stored": new})
+
+
+def channel(
+    stub: Stub, delivery: Delivery | None = None, waits: list[float] | None = None
+) -> EventChannel:
+    client = httpx.Client(base_url="http://service", transport=httpx.MockTransport(stub))
+    kept = waits if waits is not None else []
+    return EventChannel(client, JOB, TOKEN, delivery or Delivery(), sleep=kept.append)
+
+
+def emit_all(ch: EventChannel, n: int) -> list[int]:
+    seqs = [ch.emit("progress", {"evaluations": i}) for i in range(n)]
+    ch.close()
+    return seqs
+
+
+def test_events_go_out_in_order_with_increasing_seq() -> None:
+    stub = Stub()
+    assert emit_all(channel(stub), 50) == list(range(50))
+    assert [e["seq"] for e in stub.stored] == list(range(50))
+    assert [e["data"] for e in stub.stored] == [{"evaluations": i} for i in range(50)]
+    assert stub.posts == list(range(50))
+
+
+@pytest.mark.parametrize(("down", "fail", "lose"), [(3, 0, 0), (0, 4, 0), (2, 2, 3)])
+def test_a_service_that_fails_at_first_loses_no_event_and_doubles_none(
+    down: int, fail: int, lose: int
+) -> None:
+    stub, waits = Stub(down=down, fail=fail, lose=lose), list[float]()
+    emit_all(channel(stub, waits=waits), 20)
+    assert [e["seq"] for e in stub.stored] == list(range(20))
+    assert len(stub.posts) == 20 + down + fail + lose
+    assert stub.posts == sorted(stub.posts)  # retried in place: never one out of order
+    assert waits[:3] == [0.1, 0.2, 0.4][: len(waits[:3])]  # exponential backoff
+
+
+def test_backoff_is_capped_and_bounded_by_the_deadline() -> None:
+    stub, waits = Stub(down=10**9), list[float]()
+    ch = channel(stub, Delivery(first_wait_s=1.0, max_wait_s=4.0, deadline_s=0.0), waits)
+    ch.emit("progress", {})
+    with pytest.raises(EventDeliveryError, match=r"event 0 \(progress\) of job j1: not delivered"):
+        ch.flush()
+    assert waits == []  # a zero deadline: no wait at all
+    waits.clear()
+    stub2 = Stub(down=10**9)
+    d = Delivery(first_wait_s=1.0, max_wait_s=4.0, deadline_s=1e9)
+    ch2 = channel(stub2, d, waits)
+    ch2.emit("progress", {})
+    while len(waits) < 6:  # the sender keeps trying; its waits double up to the cap
+        threading.Event().wait(0.01)
+    assert waits[:6] == [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+
+
+def test_a_refused_event_is_a_bug_raised_with_its_seq_and_status() -> None:
+    ch = channel(Stub(status=403))
+    ch.emit("result", {"x": 1})
+    with pytest.raises(EventDeliveryError, match=r"event 0 \(result\).*refused with 403"):
+        ch.flush()
+    with pytest.raises(EventDeliveryError):
+        ch.emit("progress", {})
+
+
+def test_a_plan_use_case_reports_every_evaluation_and_its_progress() -> None:
+    stub = Stub()
+    ch = channel(stub)
+    request = PlanRequest(profile=PROFILE, cluster=CLUSTER, planner="brute", batch=8)
+    context = PlanContext(cluster_spec(CLUSTER), 8, Schedule.GPIPE, Objective.TIME)
+    lines: list[str] = []
+    done = plan(request, EventReporter(ch, context, echo=lines.append))
+    ch.close()
+    events = stub.stored
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    evaluations = [e["data"] for e in events if e["type"] == "evaluation"]
+    progress = [e["data"] for e in events if e["type"] == "progress"]
+    assert len(evaluations) == done.result.evaluations
+    assert all(e["source"] == "simulated" and e["search"] == "brute" for e in evaluations)
+    values = [e["value"] for e in evaluations if e["value"] is not None]
+    assert min(values) == done.result.value
+    best = next(e for e in evaluations if e["value"] == done.result.value)
+    assert best["batch_time_s"] == best["value"]
+    assert Plan.from_dict(best["plan"]) == done.result.plan  # type: ignore[arg-type]
+    assert progress and progress[-1]["evaluations"] == done.result.evaluations
+    assert progress[-1]["best_value"] == done.result.value
+    assert any("search brute" in line for line in lines)
+
+
+def test_progress_is_throttled_but_the_last_report_is_sent() -> None:
+    stub = Stub()
+    ch = channel(stub)
+    reporter = EventReporter(ch, echo=lambda _: None)
+    with reporter.search("s", 1000) as progress:
+        for i in range(1, 1001):
+            progress(i, 1.0 / i)
+    ch.close()
+    sent = [e["data"] for e in stub.stored]
+    assert 1 <= len(sent) < 100
+    assert sent[-1]["evaluations"] == 1000 and sent[-1]["best_value"] == 1.0 / 1000
+
+
+def test_infinite_values_go_out_as_null() -> None:
+    stub = Stub()
+    ch = channel(stub)
+    reporter = EventReporter(ch, echo=lambda _: None)
+    with reporter.search("s", None) as progress:
+        progress(1, float("inf"))
+    ch.close()
+    assert stub.stored[0]["data"]["best_value"] is None  # type: ignore[index]
