@@ -6,7 +6,8 @@ request, calling one use-case (:mod:`service.tasks`) and rendering the result.
 - :mod:`~service.cli.plan`: ``plan``, ``compare``;
 - :mod:`~service.cli.run`: ``run``;
 - :mod:`~service.cli.cluster`: ``cluster up|down|status``;
-- :mod:`~service.cli.demo`: ``demo``.
+- :mod:`~service.cli.demo`: ``demo``;
+- :mod:`~service.cli.job`: ``job run`` (the entrypoint of a service job's Ray Job).
 
 Every error is one line on stderr and a non-zero exit code; no tracebacks.
 """
@@ -18,7 +19,7 @@ import sys
 import typer
 from typer._click import exceptions as click_errors
 
-from service.cli import cluster, demo, plan, profile, run, simulate
+from service.cli import cluster, demo, job, plan, profile, run, simulate
 from service.cli.console import debug, say
 
 app = typer.Typer(
@@ -28,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for _group in (profile, simulate, plan, run, cluster, demo):
+for _group in (profile, simulate, plan, run, cluster, demo, job):
     _group.register(app)
 
 

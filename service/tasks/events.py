@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -69,6 +70,46 @@ def finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def jsonable(doc: Any) -> Any:
+    """``doc`` with every inf and nan float replaced by None, so that it is strict JSON."""
+    if isinstance(doc, float):
+        return finite(doc)
+    if isinstance(doc, dict):
+        return {k: jsonable(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [jsonable(v) for v in doc]
+    return doc
+
+
+def with_retries(
+    send: Callable[[], httpx.Response],
+    what: str,
+    delivery: Delivery = Delivery(),
+    sleep: Callable[[float], None] = time.sleep,
+) -> httpx.Response:
+    """``send()`` until the service answers other than with a 5xx or 429, with exponential
+    backoff while it is unreachable; a 4xx is raised at once, and so is the last failure
+    once ``delivery.deadline_s`` has passed since the first. Errors begin with ``what``."""
+    wait, first_failure = delivery.first_wait_s, None
+    while True:
+        try:
+            r = send()
+            if r.status_code < 400:
+                return r
+            if r.status_code < 500 and r.status_code != 429:
+                raise EventDeliveryError(f"{what}: refused with {r.status_code}: {r.text}")
+            cause = f"{r.status_code} {r.text[:200]}"
+        except httpx.TransportError as e:
+            cause = f"{type(e).__name__}: {e}"
+        first_failure = first_failure or time.monotonic()
+        if time.monotonic() - first_failure + wait > delivery.deadline_s:
+            raise EventDeliveryError(
+                f"{what}: not delivered in {delivery.deadline_s:.0f} s; last: {cause}"
+            )
+        sleep(wait)
+        wait = min(2 * wait, delivery.max_wait_s)
+
+
 class EventChannel:
     """Posts one job's events in order, each until it is acknowledged (module docstring).
 
@@ -100,7 +141,7 @@ class EventChannel:
         with self._lock:
             seq = self.next_seq
             self.next_seq += 1
-            self._queue.put({"seq": seq, "type": type_, "data": data})
+            self._queue.put({"seq": seq, "type": type_, "data": jsonable(data)})
         return seq
 
     def flush(self) -> None:
@@ -131,24 +172,8 @@ class EventChannel:
     def _deliver(self, event: dict[str, Any]) -> None:
         """Post ``event`` until the service acknowledges it (module docstring)."""
         what = f"event {event['seq']} ({event['type']}) of job {self.job_id}"
-        wait, first_failure = self.delivery.first_wait_s, None
-        while True:
-            try:
-                r = self.client.post(self.path, json=event, headers=self.headers)
-                if r.status_code < 400:
-                    return
-                if r.status_code < 500 and r.status_code != 429:
-                    raise EventDeliveryError(f"{what}: refused with {r.status_code}: {r.text}")
-                cause = f"{r.status_code} {r.text[:200]}"
-            except httpx.TransportError as e:
-                cause = f"{type(e).__name__}: {e}"
-            first_failure = first_failure or time.monotonic()
-            if time.monotonic() - first_failure + wait > self.delivery.deadline_s:
-                raise EventDeliveryError(
-                    f"{what}: not delivered in {self.delivery.deadline_s:.0f} s; last: {cause}"
-                )
-            self.sleep(wait)
-            wait = min(2 * wait, self.delivery.max_wait_s)
+        send = partial(self.client.post, self.path, json=event, headers=self.headers)
+        with_retries(send, what, self.delivery, self.sleep)
 
 
 @dataclass(frozen=True)

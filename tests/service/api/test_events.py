@@ -12,6 +12,7 @@ import pytest
 
 from agents.problem import Objective
 from core.plan import Plan, Schedule
+from service.cli.job import run_job
 from service.tasks.common import cluster_spec
 from service.tasks.events import (
     Delivery,
@@ -166,3 +167,53 @@ def test_infinite_values_go_out_as_null() -> None:
         progress(1, float("inf"))
     ch.close()
     assert stub.stored[0]["data"]["best_value"] is None  # type: ignore[index]
+
+
+# --- the job entrypoint (service.cli.job) against the stub ------------------------------------
+
+
+class JobStub(Stub):
+    """The stub, also answering ``GET /v1/jobs/{id}`` with a job of ``kind`` and ``spec``."""
+
+    def __init__(self, kind: str, spec: dict[str, object], **fails: int) -> None:
+        super().__init__(**fails)
+        self.job = {"id": JOB, "kind": kind, "spec": spec, "state": "queued"}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            assert request.headers["authorization"] == f"Bearer {TOKEN}"
+            return httpx.Response(200, json=self.job)
+        return super().__call__(request)
+
+
+def test_a_plan_job_posts_its_evaluations_then_its_result_and_exits_0() -> None:
+    spec = {"profile": PROFILE, "cluster": CLUSTER, "planner": "dp", "batch": 8}
+    stub = JobStub("plan", spec, down=2, fail=1)
+    code = run_job(JOB, "http://service", TOKEN, transport=httpx.MockTransport(stub))
+    assert code == 0
+    events = stub.stored
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "result"
+    expected = plan(PlanRequest.model_validate(spec)).to_dict()
+    result = events[-1]["data"]
+    assert result["plan"] == expected["plan"]  # type: ignore[index]
+    assert result["estimate"] == expected["estimate"]  # type: ignore[index]
+    assert {e["type"] for e in events[:-1]} <= {"progress", "evaluation"}
+
+
+def test_a_job_that_fails_posts_one_line_error_and_exits_1() -> None:
+    spec = {"profile": PROFILE, "cluster": "no-such-preset", "planner": "dp"}
+    stub = JobStub("plan", spec)
+    code = run_job(JOB, "http://service", TOKEN, transport=httpx.MockTransport(stub))
+    assert code == 1
+    assert [e["type"] for e in stub.stored] == ["error"]
+    message = stub.stored[0]["data"]["message"]  # type: ignore[index]
+    assert message.startswith("cluster: unknown preset 'no-such-preset'")
+    assert "\n" not in message
+
+
+def test_a_malformed_spec_names_the_field_and_the_value() -> None:
+    stub = JobStub("plan", {"profile": PROFILE, "cluster": CLUSTER, "planner": "dp", "batch": "x"})
+    assert run_job(JOB, "http://service", TOKEN, transport=httpx.MockTransport(stub)) == 1
+    assert stub.stored[0]["data"]["message"].startswith("batch: ")  # type: ignore[index]
+    assert "'x'" in stub.stored[0]["data"]["message"]  # type: ignore[index]

@@ -1,0 +1,205 @@
+"""``pipeplan job run --job ID --server URL``: the entrypoint of a service job's Ray Job.
+
+The service submits this command as the job's Ray Job (:mod:`service.api.ray_jobs`), with
+the job's own token in ``PIPEPLAN_JOB_TOKEN``. It fetches the job's spec with that token,
+runs the kind's use-case with an :class:`~service.tasks.events.EventReporter` (every
+evaluation, progress, measurements as events), then posts ``result`` (the result's
+``to_dict()``) and exits 0, or posts ``error`` (``{"message": one line}``) and exits 1.
+
+Where the use-case needs Ray (a measured, parallel or PPO search, ``run``, a measured
+``profile``), it joins the cluster the job runs in (``RAY_ADDRESS``, set by Ray's job
+supervisor) through the request's ``address``, never a cluster of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Annotated, Any
+
+import httpx
+import typer
+from pydantic import BaseModel, ValidationError
+
+from agents.problem import ProblemError
+from agents.registry import planner_class
+from core.errors import PipeplanError
+from executor import runtime
+from executor.errors import ExecutorError
+from service.api.ray_jobs import JOB_TOKEN_ENV
+from service.api.schemas import SPEC_MODELS, EventType, JobKind
+from service.cli.console import say, validation_message
+from service.tasks.common import ProblemRequest, cluster_spec
+from service.tasks.compare import CompareRequest, compare, planner_names
+from service.tasks.events import (
+    EventChannel,
+    EventDeliveryError,
+    EventReporter,
+    PlanContext,
+    with_retries,
+)
+from service.tasks.plan import PlanRequest, Reward, plan, uses_ray
+from service.tasks.profile import ProfileRequest, profile
+from service.tasks.run import RunRequest, run
+
+Result = Any
+"""A use-case's result: anything with ``to_dict()``."""
+
+
+def fetch_job(client: httpx.Client, job_id: str, token: str) -> dict[str, Any]:
+    """The job as the service holds it (its kind and spec), fetched with the job token."""
+    headers = {"Authorization": f"Bearer {token}"}
+    send = partial(client.get, f"/v1/jobs/{job_id}", headers=headers)
+    doc: dict[str, Any] = with_retries(send, f"fetching job {job_id}").json()
+    return doc
+
+
+def in_job_cluster(request: BaseModel) -> BaseModel:
+    """``request`` joined to the job's own cluster (``RAY_ADDRESS``) where its use-case
+    would otherwise start a cluster of its own (module docstring)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address or getattr(request, "address", "set") is not None:
+        return request
+    joins = (
+        (isinstance(request, PlanRequest) and uses_ray(request))
+        or (isinstance(request, ProfileRequest) and request.measure)
+        or isinstance(request, RunRequest)
+    )
+    return request.model_copy(update={"address": address}) if joins else request
+
+
+def _compare_needs_ray(request: CompareRequest) -> bool:
+    try:
+        return any(planner_class(n).needs_ray for n in planner_names(request.planners))
+    except (PipeplanError, ProblemError):
+        return False  # the use-case names the bad planner
+
+
+@contextmanager
+def ray_for_compare(request: BaseModel) -> Iterator[None]:
+    """A comparison with a Ray planner runs on the job's cluster: joined for its time."""
+    joined = (
+        isinstance(request, CompareRequest)
+        and bool(os.environ.get("RAY_ADDRESS"))
+        and _compare_needs_ray(request)
+    )
+    if joined:
+        runtime.connect_in_job()
+    try:
+        yield
+    finally:
+        if joined:
+            runtime.shutdown()
+
+
+def plan_context(request: BaseModel) -> PlanContext | None:
+    """What decodes the populations of the request's searches (None: not a search)."""
+    if not isinstance(request, ProblemRequest):
+        return None
+    try:
+        spec = cluster_spec(request.cluster)
+    except PipeplanError:
+        return None  # the use-case reports the bad cluster
+    return PlanContext(spec, request.batch, request.schedule, request.objective)
+
+
+def run_use_case(kind: JobKind, request: BaseModel, reporter: EventReporter) -> Result:
+    if isinstance(request, PlanRequest):
+        return plan(request, reporter)
+    if isinstance(request, CompareRequest):
+        with ray_for_compare(request):
+            return compare(request, reporter)
+    if isinstance(request, ProfileRequest):
+        return profile(request, reporter)
+    if isinstance(request, RunRequest):
+        return run(request, reporter)
+    raise ValueError(f"kind: no use-case for {kind.value!r}")
+
+
+def measurements(kind: JobKind, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs measured on the cluster, from the result document: a ``run`` job's one run,
+    a measured search's every run."""
+    if kind is JobKind.RUN:
+        return [
+            {
+                "plan": doc["plan"],
+                "batch_time_s": doc["measured"]["batch_time_s"],
+                "predicted_batch_time_s": doc["predicted"]["batch_time_s"],
+                "emulated": doc["emulated"],
+            }
+        ]
+    if kind is JobKind.PLAN and isinstance(doc.get("measured"), dict):
+        return list(doc["measured"].get("evaluated", []))
+    return []
+
+
+def one_line(e: BaseException) -> str:
+    """An error as the CLI would print it, on one line."""
+    if isinstance(e, ValidationError):
+        return validation_message(e)
+    lines = str(e).strip().splitlines()
+    first = lines[0] if lines else ""
+    if isinstance(e, PipeplanError | ExecutorError):
+        return first
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def execute(job: dict[str, Any], channel: EventChannel) -> int:
+    """Run the job's use-case, its reports and its end as events; the exit code."""
+    try:
+        kind = JobKind(job["kind"])
+        request = in_job_cluster(SPEC_MODELS[kind].model_validate(job["spec"]))
+        measured = isinstance(request, PlanRequest) and request.reward is Reward.MEASURED
+        source = "measured" if measured else "simulated"
+        reporter = EventReporter(channel, plan_context(request), source)
+        doc = run_use_case(kind, request, reporter).to_dict()
+        for m in measurements(kind, doc):
+            reporter.measurement(m)
+        channel.emit(EventType.RESULT.value, doc)
+        return 0
+    except EventDeliveryError:
+        raise
+    except Exception as e:  # the job's failure, whatever it is, ends the job as an event
+        say(f"error: {one_line(e)}")
+        channel.emit(EventType.ERROR.value, {"message": one_line(e)})
+        return 1
+
+
+def run_job(
+    job_id: str, server: str, token: str, transport: httpx.BaseTransport | None = None
+) -> int:
+    """Fetch job ``job_id`` from ``server``, run it, deliver every event; the exit code.
+    (``transport``: httpx's, for tests.)"""
+    with httpx.Client(base_url=server, timeout=30.0, transport=transport) as client:
+        job = fetch_job(client, job_id, token)
+        channel = EventChannel(client, job_id, token)
+        try:
+            code = execute(job, channel)
+        finally:
+            channel.close()
+    return code
+
+
+def run_command(
+    job: Annotated[str, typer.Option("--job", help="the pipeplan job id")],
+    server: Annotated[str, typer.Option("--server", help="the service's URL")],
+) -> None:
+    """Run one service job (the entrypoint of its Ray Job; token in PIPEPLAN_JOB_TOKEN)."""
+    token = os.environ.get(JOB_TOKEN_ENV, "")
+    if not token:
+        say(f"error: {JOB_TOKEN_ENV}: not set (the service passes the job's token there)")
+        raise typer.Exit(2)
+    try:
+        code = run_job(job, server, token)
+    except EventDeliveryError as e:
+        say(f"error: {e}")
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Service jobs (the entrypoint their Ray Jobs run).")
+    group.command("run")(run_command)
+    app.add_typer(group, name="job")
