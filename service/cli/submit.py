@@ -1,0 +1,284 @@
+"""``pipeplan submit plan|compare|profile|run``: a job for the service, built from the local
+command's flags.
+
+Each command builds the request the local command builds, from the same flags (or takes the
+whole request with ``--spec FILE``, ``-`` for stdin), sends it to the service
+(:class:`service.client.Client`) and prints the job id; ``--wait`` follows the job with a
+progress bar and ends with the local command's table (``--json``: its document). A job that
+failed or was cancelled exits 1; see :mod:`service.cli.jobs` for the other exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+from typer._click.core import ParameterSource
+
+from agents.problem import Objective
+from core._io import read_document
+from core.plan import Schedule
+from service.api.schemas import JobKind, JobState
+from service.cli import plan as local_plan
+from service.cli import profile as local_profile
+from service.cli import run as local_run
+from service.cli.console import CliError, cluster_ref, document, echo_json, say
+from service.cli.job_view import job_progress, render_result
+from service.cli.jobs import JsonOpt, NameOpt, ServerOpt, TokenOpt, connect, served
+from service.tasks.compare import CompareRequest
+from service.tasks.plan import PlanRequest, Reward
+from service.tasks.profile import ProfileRequest
+from service.tasks.run import DataKind, RunRequest
+
+Document = dict[str, Any]
+
+SpecOpt = Annotated[
+    str | None,
+    typer.Option("--spec", help="the whole request as JSON/YAML (FILE, or - for stdin)"),
+]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="follow the job to its end and print its result")
+]
+# flags the local commands require, optional here (--spec may give the request instead)
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="cluster.yaml or a preset name")]
+PlannerOpt = Annotated[str | None, typer.Option("--planner", help="planner name")]
+
+COMMON = frozenset({"spec", "name", "server", "token", "wait", "as_json"})
+"""The parameters of every ``submit`` command; the others describe the request."""
+
+
+@dataclass(frozen=True)
+class Submitting:
+    """The flags every ``submit`` command has: where, under which name, and what to show."""
+
+    server: str | None
+    token: str | None
+    name: str | None
+    wait: bool
+    as_json: bool
+
+
+def read_spec(text: str) -> Document:
+    """``--spec``: a JSON/YAML file's document, or JSON on stdin (``-``)."""
+    if text != "-":
+        return read_document(Path(text))
+    try:
+        doc = json.loads(sys.stdin.read())
+    except json.JSONDecodeError as e:
+        raise CliError(f"--spec: stdin is not JSON ({e})") from e
+    if not isinstance(doc, dict):
+        raise CliError(f"--spec: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def request_spec(ctx: typer.Context, spec: str | None, build: Callable[[], BaseModel]) -> Document:
+    """The job's spec: ``--spec``'s document as it is, or the request the flags build (the
+    service fills in the defaults left out)."""
+    if spec is None:
+        return build().model_dump(mode="json", exclude_defaults=True)
+    given = [
+        p.opts[0]
+        for p in ctx.command.params
+        if p.name not in COMMON
+        and p.name is not None
+        and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise CliError(f"--spec: not with {', '.join(given)} (the spec is the whole request)")
+    return read_spec(spec)
+
+
+def require(flag: str, value: str | None) -> str:
+    if value is None:
+        raise CliError(f"{flag}: required (or give the whole request with --spec)")
+    return value
+
+
+def submit_job(kind: JobKind, spec: Document, how: Submitting) -> None:
+    """Submit; print the job id (``--json``: the job), or with ``--wait`` follow it and
+    print its result as the local command does (``--json``: the result document)."""
+    with connect(how.server, how.token) as client:
+        job = client.submit(kind, spec, how.name)
+        if not how.wait:
+            if how.as_json:
+                echo_json(job.model_dump(mode="json"))
+            else:
+                typer.echo(job.id)
+            return
+        say(f"submitted {job.kind.value} job {job.id}")
+        with job_progress(job) as on_event:
+            done = client.wait(job.id, on_event)
+    if done.state is not JobState.SUCCEEDED:
+        why = f": {done.error}" if done.error else ""
+        say(f"error: job {done.id} {done.state.value}{why}")
+        raise typer.Exit(1)
+    if how.as_json:
+        echo_json(done.result)
+    else:
+        render_result(done)
+
+
+submit_app = typer.Typer(
+    name="submit",
+    help="Submit a job to the pipeplan service (prints its id; --wait follows it).",
+    no_args_is_help=True,
+)
+
+
+@submit_app.command("plan")
+@served
+def submit_plan(
+    ctx: typer.Context,
+    cluster: ClusterOpt = None,
+    planner: PlannerOpt = None,
+    model: local_plan.ModelOpt = None,
+    profile: local_plan.ProfileOpt = None,
+    input_size: local_plan.InputSizeOpt = None,
+    objective: local_plan.ObjectiveOpt = Objective.TIME,
+    min_throughput: local_plan.MinThroughputOpt = None,
+    batch: local_plan.BatchOpt = 64,
+    schedule: local_plan.ScheduleOpt = Schedule.GPIPE,
+    microbatches: local_plan.MicrobatchesOpt = None,
+    seed: local_plan.SeedOpt = 0,
+    budget: local_plan.BudgetOpt = None,
+    seconds: local_plan.SecondsOpt = None,
+    option: local_plan.OptionOpt = None,
+    workers: local_plan.WorkersOpt = None,
+    iterations: local_plan.IterationsOpt = None,
+    reward: local_plan.RewardOpt = Reward.SIMULATED,
+    repeats: local_plan.RepeatsOpt = 3,
+    spec: SpecOpt = None,
+    name: NameOpt = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A `pipeplan plan` job: one planner on one problem."""
+
+    def build() -> PlanRequest:
+        who = require("--planner", planner)
+        where = require("--cluster", cluster)
+        flags = local_plan.ProblemFlags(where, model, profile, input_size, objective,
+            min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
+        options = local_plan.parse_options(who, option or [], workers, iterations)
+        how = local_plan.reward_for_workers(who, reward, workers)
+        return PlanRequest(
+            **flags.fields(), planner=who, options=options, reward=how, repeats=repeats,
+            workers=workers if how is Reward.PARALLEL else None,
+        )  # fmt: skip
+
+    doc = request_spec(ctx, spec, build)
+    submit_job(JobKind.PLAN, doc, Submitting(server, token, name, wait, as_json))
+
+
+@submit_app.command("compare")
+@served
+def submit_compare(
+    ctx: typer.Context,
+    cluster: ClusterOpt = None,
+    planners: local_plan.PlannersOpt = None,
+    model: local_plan.ModelOpt = None,
+    profile: local_plan.ProfileOpt = None,
+    input_size: local_plan.InputSizeOpt = None,
+    objective: local_plan.ObjectiveOpt = Objective.TIME,
+    min_throughput: local_plan.MinThroughputOpt = None,
+    batch: local_plan.BatchOpt = 64,
+    schedule: local_plan.ScheduleOpt = Schedule.GPIPE,
+    microbatches: local_plan.MicrobatchesOpt = None,
+    seed: local_plan.SeedOpt = 0,
+    budget: local_plan.BudgetOpt = None,
+    seconds: local_plan.SecondsOpt = None,
+    spec: SpecOpt = None,
+    name: NameOpt = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A `pipeplan compare` job: several planners on one problem."""
+
+    def build() -> CompareRequest:
+        where = require("--cluster", cluster)
+        flags = local_plan.ProblemFlags(where, model, profile, input_size, objective,
+            min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
+        names = None if planners is None else planners.split(",")
+        return CompareRequest(**flags.fields(), planners=names)
+
+    doc = request_spec(ctx, spec, build)
+    submit_job(JobKind.COMPARE, doc, Submitting(server, token, name, wait, as_json))
+
+
+@submit_app.command("profile")
+@served
+def submit_profile(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Argument(help="zoo model name")] = None,
+    input_size: local_plan.InputSizeOpt = None,
+    cluster: local_profile.ClusterOpt = None,
+    measure: local_profile.MeasureOpt = False,
+    spec: SpecOpt = None,
+    name: NameOpt = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A `pipeplan profile` job: a zoo model into a profile document."""
+
+    def build() -> ProfileRequest:
+        return ProfileRequest(
+            model=require("MODEL", model),
+            input_size=input_size,
+            cluster=cluster_ref(cluster) if cluster is not None else None,
+            measure=measure,
+        )
+
+    doc = request_spec(ctx, spec, build)
+    submit_job(JobKind.PROFILE, doc, Submitting(server, token, name, wait, as_json))
+
+
+@submit_app.command("run")
+@served
+def submit_run(
+    ctx: typer.Context,
+    plan: Annotated[Path | None, typer.Option("--plan", help="plan.json to run")] = None,
+    cluster: ClusterOpt = None,
+    model: local_plan.ModelOpt = None,
+    input_size: local_plan.InputSizeOpt = None,
+    profile: local_run.ProfileOpt = None,
+    steps: Annotated[int, typer.Option(help="measured training steps")] = 5,
+    warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,
+    data: local_run.DataOpt = DataKind.SYNTHETIC,
+    seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = 0,
+    spec: SpecOpt = None,
+    name: NameOpt = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A `pipeplan run` job: a plan trained on the service's Ray cluster."""
+
+    def build() -> RunRequest:
+        if plan is None:
+            raise CliError("--plan: required (or give the whole request with --spec)")
+        return RunRequest(
+            plan=read_document(plan),
+            cluster=cluster_ref(cluster) if cluster is not None else None,
+            model=model, input_size=input_size, profile=document(profile),
+            steps=steps, warmup=warmup, data=data, seed=seed,
+        )  # fmt: skip
+
+    doc = request_spec(ctx, spec, build)
+    submit_job(JobKind.RUN, doc, Submitting(server, token, name, wait, as_json))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(submit_app)
