@@ -1,0 +1,397 @@
+"""The client (service.client) and the CLI's submit / jobs commands against a stub of the
+HTTP contract (an httpx MockTransport): requests built from the local command's flags, the
+job id printed, --wait ending with the local command's table, events streamed or polled,
+and every refusal one line with exit code 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import socket
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+
+from service.api.schemas import Event, EventType, JobState
+from service.cli import jobs as jobs_cli
+from service.cli.job_view import comparison_table, render_result
+from service.cli.plan import _render_plan
+from service.client import (
+    Client,
+    ServiceUnreachable,
+    TokenError,
+    default_token_file,
+    parse_sse,
+    token_from_env,
+)
+from service.render import comparison_table as local_comparison_table
+from service.tasks.compare import CompareRequest, compare
+from service.tasks.plan import PlanRequest, plan
+from tests.core.test_formats import CLUSTER, PROFILE
+from tests.service.runner import run_cli
+
+TOKEN = "api-token"
+SERVER = "http://127.0.0.1:8321"
+JOB_PATH = re.compile(r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/[a-z]+)?$")
+Doc = dict[str, Any]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class ContractStub:
+    """The routes of API.md the client uses, in memory. ``script[id]`` are events a job
+    posts one per poll of its events (a job that runs while the client follows it);
+    ``sse`` answers ``Accept: text/event-stream`` with a stream."""
+
+    def __init__(self, sse: bool = False) -> None:
+        self.sse = sse
+        self.jobs: dict[str, Doc] = {}
+        self.events: dict[str, list[Doc]] = {}
+        self.script: dict[str, list[tuple[EventType, Doc]]] = {}
+        self.next_script: list[tuple[EventType, Doc]] = []
+        self.streams = 0
+
+    def add_job(self, kind: str, spec: Doc, name: str | None = None) -> Doc:
+        job_id = f"job-{len(self.jobs) + 1:04d}"
+        job = {"id": job_id, "kind": kind, "state": "queued", "name": name, "spec": spec,
+               "created_at": _now()}  # fmt: skip
+        self.jobs[job_id], self.events[job_id] = job, []
+        self.script[job_id], self.next_script = self.next_script, []
+        return job
+
+    def post(self, job_id: str, kind: EventType, data: Doc) -> None:
+        """What the control endpoint does with a job's event."""
+        job, events = self.jobs[job_id], self.events[job_id]
+        events.append({"seq": len(events), "type": kind.value, "data": data,
+                       "received_at": _now()})  # fmt: skip
+        if job["state"] == "queued":
+            job["state"] = "running"
+        if kind is EventType.PROGRESS:
+            job["progress"] = data
+        elif kind is EventType.RESULT:
+            job["state"], job["result"] = "succeeded", data
+        elif kind is EventType.ERROR:
+            job["state"], job["error"] = "failed", data["message"]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        auth = request.headers.get("authorization")
+        if auth is None:
+            return httpx.Response(401, json={"detail": "not authenticated: send a bearer token"})
+        if auth != f"Bearer {TOKEN}":
+            return httpx.Response(403, json={"detail": "token: not valid for this service"})
+        if request.url.path == "/v1/jobs":
+            return self._jobs(request)
+        m = JOB_PATH.match(request.url.path)
+        if m is None:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if m["id"] == "boom":
+            return httpx.Response(500, text="Internal Server Error")
+        if m["id"] not in self.jobs:
+            return httpx.Response(404, json={"detail": f"job: no job {m['id']!r}"})
+        return self._job(request, m["id"], m["rest"] or "")
+
+    def _jobs(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            body = json.loads(request.content)
+            if body["kind"] not in ("profile", "plan", "compare", "run"):
+                return httpx.Response(422, json={"detail": [
+                    {"loc": ["body", "kind"], "msg": "Input should be 'profile', 'plan', "
+                     "'compare' or 'run'", "input": body["kind"]}]})  # fmt: skip
+            if body["spec"].get("planner") == "nope":
+                return httpx.Response(422, json={"detail": "planner: unknown planner 'nope'"})
+            return httpx.Response(201, json=self.add_job(body["kind"], body["spec"], body["name"]))
+        q = request.url.params
+        items = [
+            j
+            for j in reversed(self.jobs.values())
+            if q.get("state", j["state"]) == j["state"] and q.get("kind", j["kind"]) == j["kind"]
+        ]
+        limit = int(q.get("limit", 100))
+        more = items[limit:]
+        return httpx.Response(200, json={"items": items[:limit], "next": "c1" if more else None})
+
+    def _job(self, request: httpx.Request, job_id: str, rest: str) -> httpx.Response:
+        job = self.jobs[job_id]
+        if rest == "/cancel":
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                return httpx.Response(409, json={"detail": f"job {job_id}: already {job['state']}"})
+            job["state"] = "cancelled"
+        elif rest == "/logs":
+            return httpx.Response(200, text=f"log of {job_id}\n")
+        elif rest == "/events":
+            return self._events(request, job_id)
+        return httpx.Response(200, json=job)
+
+    def _events(self, request: httpx.Request, job_id: str) -> httpx.Response:
+        script = self.script.get(job_id)
+        if script:
+            self.post(job_id, *script.pop(0))
+        after = int(request.url.params.get("after", -1))
+        new = [e for e in self.events[job_id] if e["seq"] > after]
+        if not (self.sse and "text/event-stream" in request.headers.get("accept", "")):
+            return httpx.Response(200, json=new)
+        self.streams += 1
+        text = "".join(f"id: {e['seq']}\nevent: {e['type']}\ndata: {json.dumps(e)}\n\n"
+                       for e in new)  # fmt: skip
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+
+@pytest.fixture
+def stub() -> ContractStub:
+    return ContractStub()
+
+
+@pytest.fixture
+def cli(
+    stub: ContractStub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Any]:
+    """``pipeplan ARGS`` with the service commands talking to the stub."""
+    http = httpx.Client(transport=httpx.MockTransport(stub))
+    monkeypatch.setattr(jobs_cli, "Client", lambda server, token: Client(server, token, http=http))
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", TOKEN)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        return run_cli(monkeypatch, capsys, *args)
+
+    yield run
+    http.close()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    cluster, profile = tmp_path / "cluster.json", tmp_path / "profile.json"
+    cluster.write_text(json.dumps(CLUSTER))
+    profile.write_text(json.dumps(PROFILE))
+    return cluster, profile
+
+
+def plan_request() -> PlanRequest:
+    return PlanRequest(profile=PROFILE, cluster=CLUSTER, planner="brute", batch=8)
+
+
+# --- submit -----------------------------------------------------------------------------------
+
+
+def test_submit_sends_the_request_the_local_flags_build(
+    cli: Any, stub: ContractStub, files: tuple[Path, Path]
+) -> None:
+    cluster, profile = files
+    code, out, err = cli("submit", "plan", "--cluster", str(cluster), "--profile", str(profile),
+                         "--planner", "brute", "--batch", "8", "--name", "first")  # fmt: skip
+    assert (code, err) == (0, "")
+    job = stub.jobs[out.strip()]
+    assert job["kind"] == "plan" and job["name"] == "first"
+    assert job["spec"] == plan_request().model_dump(mode="json", exclude_defaults=True)
+    assert job["spec"]["cluster"] == CLUSTER  # the file's document, not its path
+
+
+def test_submit_takes_the_whole_request_with_spec(
+    cli: Any, stub: ContractStub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    spec = {"cluster": "local-hetero", "model": "alexnet", "planners": ["dp", "greedy"]}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(spec)))
+    code, out, _ = cli("submit", "compare", "--spec", "-", "--json")
+    assert code == 0
+    assert json.loads(out)["spec"] == spec
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    code, out, _ = cli("submit", "compare", "--spec", str(tmp_path / "spec.json"))
+    assert code == 0 and stub.jobs[out.strip()]["spec"] == spec
+
+
+def test_submit_refuses_spec_with_flags_and_missing_flags(cli: Any) -> None:
+    code, _, err = cli("submit", "plan", "--spec", "x.json", "--batch", "8", "--planner", "dp")
+    assert code == 2
+    assert err == "error: --spec: not with --planner, --batch (the spec is the whole request)\n"
+    code, _, err = cli("submit", "plan", "--cluster", "local-hetero", "--model", "alexnet")
+    assert (code, err) == (
+        2,
+        "error: --planner: required (or give the whole request with --spec)\n",
+    )
+
+
+def test_a_refused_request_is_the_services_one_line(cli: Any) -> None:
+    code, out, err = cli("submit", "plan", "--cluster", "local-hetero", "--model", "alexnet",
+                         "--planner", "nope")  # fmt: skip
+    assert (code, out, err) == (2, "", "error: planner: unknown planner 'nope'\n")
+
+
+def plan_events() -> tuple[list[tuple[EventType, Doc]], Any]:
+    """What a job running :func:`plan_request` posts, and the use-case's answer."""
+    done = plan(plan_request())
+    return [
+        (EventType.PROGRESS, {"evaluations": 1, "best_value": 0.5, "elapsed_s": 0.1}),
+        (
+            EventType.EVALUATION,
+            {"plan": {}, "value": 0.4, "batch_time_s": 0.4, "source": "simulated"},
+        ),
+        (EventType.PROGRESS, {"evaluations": 2, "best_value": None, "elapsed_s": 0.2}),
+        (EventType.RESULT, json.loads(json.dumps(done.to_dict()))),
+    ], done
+
+
+@pytest.mark.parametrize("sse", [False, True])
+def test_wait_follows_the_job_and_ends_with_the_local_table(
+    sse: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = ContractStub(sse=sse)
+    stub.next_script, done = plan_events()
+    job_id = stub.add_job("plan", plan_request().model_dump(mode="json"))["id"]
+    client = Client(SERVER, TOKEN, http=httpx.Client(transport=httpx.MockTransport(stub)))
+    seen: list[Event] = []
+    job = client.wait(job_id, seen.append)
+    assert job.state is JobState.SUCCEEDED
+    assert [e.seq for e in seen] == [0, 1, 2, 3] and seen[-1].type is EventType.RESULT
+    assert stub.streams == (4 if sse else 0)  # one stream per event the stub releases
+    _render_plan(done)
+    local = capsys.readouterr().out
+    render_result(job)
+    assert capsys.readouterr().out == local  # the same table and lines as `pipeplan plan`
+
+
+def test_submit_wait_prints_the_local_table_and_json(
+    cli: Any, stub: ContractStub, files: tuple[Path, Path]
+) -> None:
+    cluster, profile = files
+    args = ("submit", "plan", "--cluster", str(cluster), "--profile", str(profile),
+            "--planner", "brute", "--batch", "8", "--wait")  # fmt: skip
+    stub.next_script, done = plan_events()
+    code, out, err = cli(*args)
+    assert code == 0 and err.startswith("submitted plan job job-0001")
+    assert "batch time" in out and "search          " in out
+    stub.next_script, _ = plan_events()
+    code, out, _ = cli(*args, "--json")
+    assert code == 0 and json.loads(out)["estimate"] == done.to_dict()["estimate"]
+
+
+def test_submit_wait_on_a_failed_job_exits_1(cli: Any, stub: ContractStub) -> None:
+    stub.next_script = [(EventType.ERROR, {"message": "stage 1: node lost"})]
+    code, out, err = cli("submit", "profile", "alexnet", "--wait")
+    assert (code, out) == (1, "")
+    assert err.splitlines()[-1] == "error: job job-0001 failed: stage 1: node lost"
+
+
+def test_compare_table_is_the_local_one(capsys: pytest.CaptureFixture[str]) -> None:
+    request = CompareRequest(
+        profile=PROFILE, cluster=CLUSTER, planners=["brute", "greedy"], batch=8
+    )
+    done = compare(request)
+    doc = json.loads(json.dumps(done.to_dict()))
+    console_local, console_doc = io.StringIO(), io.StringIO()
+    Console(file=console_local, width=200).print(local_comparison_table(done.problem, done.rows))
+    Console(file=console_doc, width=200).print(comparison_table(doc))
+    assert console_doc.getvalue() == console_local.getvalue()
+
+
+# --- the client's plumbing --------------------------------------------------------------------
+
+
+def test_parse_sse_reads_documents_and_id_event_data() -> None:
+    doc = {"seq": 4, "type": "progress", "data": {"evaluations": 3}, "received_at": _now()}
+    lines = [f"data: {json.dumps(doc)}", "", ": keep-alive", "", "id: 5", "event: result",
+             'data: {"plan": 1}', ""]  # fmt: skip
+    events = list(parse_sse(iter(lines)))
+    assert [(e.seq, e.type, e.data) for e in events] == [
+        (4, EventType.PROGRESS, {"evaluations": 3}),
+        (5, EventType.RESULT, {"plan": 1}),
+    ]
+
+
+def test_token_from_flags_env_file_and_the_generated_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", " t1 ")
+    assert token_from_env() == "t1"
+    monkeypatch.delenv("PIPEPLAN_API_TOKEN")
+    (tmp_path / "tok").write_text("t2\n")
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN_FILE", str(tmp_path / "tok"))
+    assert token_from_env() == "t2"
+    monkeypatch.delenv("PIPEPLAN_API_TOKEN_FILE")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert default_token_file() == tmp_path / "pipeplan" / "api_token"
+    with pytest.raises(TokenError, match="api_token"):
+        token_from_env()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_server_is_named(cli: Any) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceUnreachable, match=re.escape(url)):
+        Client(url, TOKEN).get("x")
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def test_jobs_ls_show_logs_cancel(cli: Any, stub: ContractStub) -> None:
+    first = stub.add_job("plan", {"cluster": "local-hetero"}, name="mine")["id"]
+    second = stub.add_job("profile", {"model": "alexnet"})["id"]
+    code, out, _ = cli("jobs", "ls")
+    assert code == 0 and out.index(second) < out.index(first) and "mine" in out
+    code, out, _ = cli("jobs", "ls", "--kind", "plan", "--json")
+    assert [j["id"] for j in json.loads(out)["items"]] == [first]
+    code, out, err = cli("jobs", "ls", "--limit", "1")
+    assert first not in out and err == "more: pipeplan jobs ls --cursor c1\n"
+    code, out, _ = cli("jobs", "show", first)
+    assert code == 0 and f"job             {first} (plan, mine)" in out
+    assert json.loads(cli("jobs", "show", first, "--json")[1])["state"] == "queued"
+    assert cli("jobs", "logs", first)[:2] == (0, f"log of {first}\n")
+    assert cli("jobs", "cancel", first)[:2] == (0, f"{first} cancelled\n")
+    assert cli("jobs", "cancel", first) == (2, "", f"error: job {first}: already cancelled\n")
+    assert cli("jobs", "show", "nope") == (2, "", "error: job: no job 'nope'\n")
+
+
+def test_jobs_events_after_and_follow(cli: Any, stub: ContractStub) -> None:
+    job_id = stub.add_job("plan", {})["id"]
+    stub.post(job_id, EventType.PROGRESS, {"evaluations": 5, "best_value": 0.25})
+    stub.post(job_id, EventType.EVALUATION, {"value": 0.25, "batch_time_s": 0.25,
+                                             "source": "measured"})  # fmt: skip
+    code, out, _ = cli("jobs", "events", job_id, "--after", "0")
+    assert out == "     1  evaluation   value 0.25, batch 0.25 s (measured)\n"
+    stub.script[job_id] = [(EventType.RESULT, {"ok": True})]
+    code, out, _ = cli("jobs", "events", job_id, "--follow", "--json")
+    assert code == 0
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [0, 1, 2]
+
+
+def test_a_wrong_or_missing_token_is_one_line_exit_2(
+    cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert cli("jobs", "ls", "--token", "wrong") == (
+        2, "", "error: token: not valid for this service\n"
+    )  # fmt: skip
+    monkeypatch.delenv("PIPEPLAN_API_TOKEN")
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN_FILE", "missing-token-file")
+    code, out, err = cli("jobs", "ls")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: token: cannot read missing-token-file (PIPEPLAN_API_TOKEN_FILE)")
+
+
+def test_a_service_error_exits_3(cli: Any) -> None:
+    assert cli("jobs", "show", "boom") == (
+        3, "", "error: the service failed (500): Internal Server Error\n"
+    )  # fmt: skip
+
+
+def test_an_unreachable_server_is_one_line_from_the_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("PIPEPLAN_SERVER", url)
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", TOKEN)
+    code, out, err = run_cli(monkeypatch, capsys, "jobs", "ls")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: server: no pipeplan service answers at {url} (ConnectError")
+    assert len(err.splitlines()) == 1
