@@ -29,6 +29,8 @@ from service.api.schemas import Event, EventType, Job, JobKind, JobPage, JobStat
 DEFAULT_SERVER = "http://127.0.0.1:8321"
 TIMEOUT_S = 30.0
 """Of one request (connect, read); a live event stream waits without a read limit."""
+END = "end"
+"""The event that closes a live stream once its job has ended (no seq, not stored)."""
 POLL_S = 0.5
 """Between two polls when the service does not stream events."""
 
@@ -105,7 +107,8 @@ def error_detail(response: httpx.Response) -> str:
 
 def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
     """Server-sent events into :class:`Event` s: each ``data:`` is a stored event's
-    document, or its ``data`` alone with the seq in ``id:`` and the type in ``event:``."""
+    document, or its ``data`` alone with the seq in ``id:`` and the type in ``event:``;
+    comments (``: waiting``) are skipped, and ``event: end`` (the job is over) ends them."""
     fields: dict[str, str] = {}
     data: list[str] = []
     for line in lines:
@@ -117,10 +120,12 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
             elif name in ("id", "event"):
                 fields[name] = value
             continue
+        if fields.get("event") == END:
+            return
         if data:
             yield _sse_event(fields, "\n".join(data))
         fields, data = {}, []
-    if data:
+    if data and fields.get("event") != END:
         yield _sse_event(fields, "\n".join(data))
 
 

@@ -9,13 +9,13 @@ service refused (4xx) or a service that cannot be reached, 3 for a service error
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from service.api.schemas import JobKind, JobState
+from service.api.schemas import Event, JobKind, JobState
 from service.cli.console import clean_errors, echo_json, out, say
 from service.cli.job_view import event_line, job_lines, jobs_table, render_result
 from service.client import Client, ClientError, ServiceError, server_from_env, token_from_env
@@ -129,6 +129,13 @@ def jobs_cancel(job_id: JobIdArg, server: ServerOpt = None, token: TokenOpt = No
     typer.echo(f"{job.id} {job.state.value}")
 
 
+def stored_events(client: Client, job_id: str, after: int | None) -> Iterator[Event]:
+    """Every stored event after ``after``, a page at a time (the service bounds a page)."""
+    while page := client.events(job_id, after):
+        yield from page
+        after = page[-1].seq
+
+
 @jobs_app.command("events")
 @served
 def jobs_events(
@@ -141,7 +148,7 @@ def jobs_events(
 ) -> None:
     """A job's events, oldest first (``--follow``: as they come, until the job ends)."""
     with connect(server, token) as client:
-        events = client.follow(job_id, after) if follow else iter(client.events(job_id, after))
+        events = client.follow(job_id, after) if follow else stored_events(client, job_id, after)
         for event in events:
             typer.echo(event.model_dump_json() if as_json else event_line(event))
 

@@ -296,7 +296,8 @@ def test_compare_table_is_the_local_one(capsys: pytest.CaptureFixture[str]) -> N
 def test_parse_sse_reads_documents_and_id_event_data() -> None:
     doc = {"seq": 4, "type": "progress", "data": {"evaluations": 3}, "received_at": _now()}
     lines = [f"data: {json.dumps(doc)}", "", ": keep-alive", "", "id: 5", "event: result",
-             'data: {"plan": 1}', ""]  # fmt: skip
+             'data: {"plan": 1}', "", "event: end", 'data: {"state": "succeeded"}', "",
+             "id: 6", "event: result", "data: {}", ""]  # fmt: skip
     events = list(parse_sse(iter(lines)))
     assert [(e.seq, e.type, e.data) for e in events] == [
         (4, EventType.PROGRESS, {"evaluations": 3}),
