@@ -120,3 +120,55 @@ class EventAck(BaseModel):
 
     seq: int
     stored: bool
+
+
+# --- added with the routes (additive) ---------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers: one line naming the field and the value."""
+
+    detail: str
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route answers (``{"detail": ...}``)."""
+    return {code: {"model": ErrorBody} for code in codes}
+
+
+ERROR_KEY = "message"
+"""An ``error`` event's data holds the reason under this key (``{"message": TEXT}``); a
+``result`` event's data is the result document itself."""
+
+
+class PlannerInfo(BaseModel):
+    """``GET /v1/planners``: a planner, its options with their defaults, and whether it
+    can be loaded here."""
+
+    name: str
+    options: dict[str, Any]
+    needs_ray: bool = False
+    available: bool = True
+    reason: str | None = None
+    summary: str = ""
+
+
+class ModelInfo(BaseModel):
+    """``GET /v1/models``: a zoo model a spec's ``model`` may name."""
+
+    name: str
+
+
+class ClusterInfo(BaseModel):
+    """``GET /v1/clusters``: a preset a spec's ``cluster`` may name, and its document."""
+
+    name: str
+    cluster: dict[str, Any]
+
+
+class Health(BaseModel):
+    """``GET /healthz`` and ``GET /readyz``: ``status`` and, for readiness, each part."""
+
+    status: str
+    database: str | None = None
+    backend: str | None = None

@@ -1,0 +1,176 @@
+"""The FastAPI app: :func:`create_app` wires settings, the store, the jobs backend, the
+routes, the limits, the metrics and the error handlers.
+
+On start (lifespan) the tables are created and every unfinished job is reconciled with the
+backend (API.md, "Delivery and restarts"): still running -> keep waiting; finished without a
+``result`` event -> ``failed`` with the backend's message and the log tail. The same
+reconcile runs every ``reconcile_every_s`` while the service is up, so a job whose driver
+dies ends ``failed`` without a restart. Every error is JSON ``{"detail": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from core.errors import PipeplanError
+from service.api.backend import BackendState, JobsBackend
+from service.api.deps import AppContext
+from service.api.metrics import Metrics, MetricsMiddleware
+from service.api.ray_jobs import RayJobsBackend
+from service.api.routes import catalog, events, health, jobs, metrics, simulate
+from service.api.schemas import Job, JobState
+from service.api.settings import Settings, get_settings, resolve_token
+from service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
+from service.api.validation import BodyLimit, one_line
+
+log = logging.getLogger("pipeplan.service")
+
+UNKNOWN_GRACE = timedelta(seconds=60)
+"""A job the backend does not know is lost only when it is older than this (a submission
+may take a moment to show)."""
+
+
+def _failure(job: Job, state: BackendState, message: str, tail: str) -> str:
+    reason = f"the job's work ended ({state.value}) without a result"
+    reason += f": {message.strip()}" if message.strip() else ""
+    return f"{reason}\n--- log tail ---\n{tail}" if tail else reason
+
+
+def reconcile_job(job: Job, store: Store, backend: JobsBackend, tail_chars: int) -> bool:
+    """End ``job`` ``failed`` when the backend says its work is over (or it never began)
+    and no result came; True when it did."""
+    status = backend.status(job.id)
+    lost = status.state is BackendState.UNKNOWN and now() - job.created_at > UNKNOWN_GRACE
+    if not (status.state.finished or lost) or store.has_result(job.id):
+        return False
+    try:
+        text = backend.logs(job.id) if status.state.finished else ""
+    except Exception as e:  # a log we cannot read is named, not fatal
+        text = f"(no log: {e})"
+    tail = text[-tail_chars:] if tail_chars else ""
+    message = status.message or ("the backend has no such job" if lost else "")
+    try:
+        store.finish(job.id, JobState.FAILED, error=_failure(job, status.state, message, tail))
+    except JobFinished:  # it ended meanwhile
+        return False
+    return True
+
+
+def reconcile(store: Store, backend: JobsBackend, tail_chars: int = 2000) -> list[str]:
+    """Reconcile every unfinished job with the backend; the ids of the jobs it failed."""
+    failed = []
+    for job in store.unfinished_jobs():
+        try:
+            if reconcile_job(job, store, backend, tail_chars):
+                failed.append(job.id)
+        except Exception:  # one job's backend trouble does not stop the others
+            log.exception("reconcile: job %s", job.id)
+    return failed
+
+
+async def _keep_reconciling(context: AppContext) -> None:
+    every = context.settings.reconcile_every_s
+    while True:
+        await asyncio.sleep(every)
+        s = context.settings
+        await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    context: AppContext = app.state.context
+    await run_in_threadpool(context.store.create_tables)
+    s = context.settings
+    await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
+    task = asyncio.create_task(_keep_reconciling(context)) if s.reconcile_every_s > 0 else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+async def _request_invalid(_: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, RequestValidationError | ValidationError)
+    return _error(422, one_line(list(e.errors())))
+
+
+async def _domain_error(_: Request, e: Exception) -> JSONResponse:
+    return _error(422, str(e))
+
+
+async def _not_found(_: Request, e: Exception) -> JSONResponse:
+    return _error(404, str(e))
+
+
+async def _finished(_: Request, e: Exception) -> JSONResponse:
+    return _error(409, str(e))
+
+
+async def _internal(_: Request, e: Exception) -> JSONResponse:
+    log.exception("internal error", exc_info=e)
+    return _error(500, f"internal error: {type(e).__name__}")
+
+
+def _add_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _request_invalid)
+    app.add_exception_handler(ValidationError, _request_invalid)
+    app.add_exception_handler(PipeplanError, _domain_error)
+    app.add_exception_handler(BadCursor, _domain_error)
+    app.add_exception_handler(ValueError, _domain_error)
+    app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(JobFinished, _finished)
+    app.add_exception_handler(Exception, _internal)
+
+
+def default_backend(settings: Settings) -> JobsBackend:
+    """Without a backend given, jobs go to the Ray cluster at ``ray_address``."""
+    if settings.ray_address is None:
+        raise ValueError("backend: none given and no ray_address (PIPEPLAN_RAY_ADDRESS) set")
+    return RayJobsBackend(settings.ray_address)
+
+
+def create_app(
+    settings: Settings | None = None,
+    store: Store | None = None,
+    backend: JobsBackend | None = None,
+) -> FastAPI:
+    """The service's app (tests pass their own store and a fake backend)."""
+    settings = settings or get_settings()
+    store = store or Store(settings.database_url)
+    context = AppContext(
+        settings=settings,
+        token=resolve_token(settings),
+        store=store,
+        backend=backend or default_backend(settings),
+        metrics=Metrics(store.counts),
+    )
+    app = FastAPI(
+        title="pipeplan",
+        summary="Plan and run pipeline-parallel training on heterogeneous clusters",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.context = context
+    for module in (jobs, events, simulate, catalog, health, metrics):
+        app.include_router(module.router)
+    _add_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=lambda: context.metrics)
+    return app

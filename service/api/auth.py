@@ -1,0 +1,79 @@
+"""Who may call what (API.md, "Auth").
+
+Every route but ``/healthz`` needs ``Authorization: Bearer <token>``: no header is 401, a
+wrong token 403 (compared with :func:`secrets.compare_digest`). The API token may do
+everything. A **job token** is issued for one job when it is submitted (only its hash is
+stored): it may post that job's events and read that job, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.api.deps import ContextDep, StoreDep
+
+bearer = HTTPBearer(auto_error=False, description="The API token (or a job's own token)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the API token's holder, or one job (``job_id``)."""
+
+    job_id: str | None = None
+
+    @property
+    def is_api(self) -> bool:
+        return self.job_id is None
+
+
+def new_job_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None or not credentials.credentials:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "Authorization: missing; send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return credentials.credentials
+
+
+def _is_api_token(token: str, context: ContextDep) -> bool:
+    return secrets.compare_digest(token.encode(), context.token.value.encode())
+
+
+def require_api(credentials: Credentials, context: ContextDep) -> Principal:
+    """The API token, or 401/403."""
+    if not _is_api_token(_token(credentials), context):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "Authorization: wrong token")
+    return Principal()
+
+
+def require_job_access(
+    job_id: str, credentials: Credentials, context: ContextDep, store: StoreDep
+) -> Principal:
+    """The API token, or the token of job ``job_id`` (the path's job), or 401/403."""
+    token = _token(credentials)
+    if _is_api_token(token, context):
+        return Principal()
+    stored = store.token_hash(job_id)
+    if stored is None or not secrets.compare_digest(hash_token(token), stored):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "Authorization: wrong token")
+    return Principal(job_id)
+
+
+ApiAuth = Annotated[Principal, Depends(require_api)]
+JobAuth = Annotated[Principal, Depends(require_job_access)]

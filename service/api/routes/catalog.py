@@ -1,0 +1,73 @@
+"""What a spec can name: ``/v1/planners`` (with their options and defaults), ``/v1/models``
+(the zoo) and ``/v1/clusters`` (the presets and their documents)."""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from fastapi import APIRouter
+
+from agents.problem import ProblemError
+from agents.registry import PLANNERS, planner_class
+from core.cluster import ClusterSpec
+from models import zoo
+from service.api.auth import ApiAuth
+from service.api.schemas import ClusterInfo, ModelInfo, PlannerInfo, error_responses
+from service.tasks.common import PRESETS_DIR, presets
+
+router = APIRouter(prefix="/v1", tags=["catalog"], responses=error_responses(401, 403))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return _jsonable(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _jsonable(f.default_factory())
+    return None
+
+
+def planner_info(name: str) -> PlannerInfo:
+    """A planner's options and their defaults; its reason when it cannot be loaded."""
+    try:
+        cls = planner_class(name)
+    except ProblemError as e:
+        return PlannerInfo(name=name, options={}, available=False, reason=str(e))
+    fields = dataclasses.fields(cls.Config) if dataclasses.is_dataclass(cls.Config) else ()
+    doc = (cls.__doc__ or "").strip().splitlines()
+    return PlannerInfo(
+        name=name,
+        options={f.name: _default(f) for f in fields},
+        needs_ray=cls.needs_ray,
+        summary=doc[0] if doc else "",
+    )
+
+
+@router.get("/planners")
+def list_planners(_: ApiAuth) -> list[PlannerInfo]:
+    """Every planner a ``plan`` or ``compare`` job may name, with its options."""
+    return [planner_info(name) for name in PLANNERS]
+
+
+@router.get("/models")
+def list_models(_: ApiAuth) -> list[ModelInfo]:
+    """The zoo models a spec's ``model`` may name."""
+    return [ModelInfo(name=name) for name in zoo.MODELS]
+
+
+@router.get("/clusters")
+def list_clusters(_: ApiAuth) -> list[ClusterInfo]:
+    """The cluster presets a spec's ``cluster`` may name, with their documents."""
+    return [
+        ClusterInfo(name=name, cluster=ClusterSpec.load(PRESETS_DIR / f"{name}.yaml").to_dict())
+        for name in presets()
+    ]

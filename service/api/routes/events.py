@@ -1,0 +1,90 @@
+"""``/v1/jobs/{id}/events``: a job's events, as a list or a live stream, and the control
+endpoint the job posts them to (with its own token)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from service.api.auth import ApiAuth, JobAuth
+from service.api.deps import MetricsDep, SettingsDep, StoreDep
+from service.api.routes.jobs import JobId
+from service.api.schemas import Event, EventAck, EventIn, error_responses
+from service.api.store import Store
+
+MAX_EVENTS = 10_000
+SEQ_MAX = 2**62
+STREAM = "text/event-stream"
+
+router = APIRouter(
+    prefix="/v1/jobs/{job_id}/events",
+    tags=["events"],
+    responses=error_responses(401, 403, 404, 422),
+)
+
+
+def sse(event: Event) -> str:
+    """One server-sent event: ``id`` the seq, ``event`` the type, ``data`` the event."""
+    return f"id: {event.seq}\nevent: {event.type.value}\ndata: {event.model_dump_json()}\n\n"
+
+
+async def stream(
+    request: Request, store: Store, job_id: str, after: int, poll_s: float
+) -> AsyncIterator[str]:
+    """The job's events after ``after`` as they arrive; ends (``event: end``) once the job
+    is terminal and every event has been sent."""
+    while not await request.is_disconnected():
+        job = await run_in_threadpool(store.get_job, job_id)
+        events = await run_in_threadpool(store.events_after, job_id, after, 1000)
+        for event in events:
+            yield sse(event)
+            after = event.seq
+        if not events and job.state.terminal:
+            yield f"event: end\ndata: {json.dumps({'state': job.state.value})}\n\n"
+            return
+        if not events:
+            yield ": waiting\n\n"
+            await asyncio.sleep(poll_s)
+
+
+@router.get(
+    "",
+    response_model=list[Event],
+    responses={200: {"content": {STREAM: {"schema": {"type": "string"}}}}},
+)
+def list_events(
+    job_id: JobId,
+    request: Request,
+    _: ApiAuth,
+    store: StoreDep,
+    settings: SettingsDep,
+    after: Annotated[int, Query(ge=-1, le=SEQ_MAX)] = -1,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = MAX_EVENTS,
+    last_event_id: Annotated[int | None, Header(ge=-1, le=SEQ_MAX)] = None,
+) -> list[Event] | StreamingResponse:
+    """The events after seq ``after``, oldest first; with ``Accept: text/event-stream`` a
+    live stream (resumed after ``Last-Event-ID``) that ends when the job does."""
+    store.get_job(job_id)
+    if STREAM in request.headers.get("accept", ""):
+        start = after if last_event_id is None else max(after, last_event_id)
+        body = stream(request, store, job_id, start, settings.sse_poll_s)
+        return StreamingResponse(body, media_type=STREAM, headers={"Cache-Control": "no-cache"})
+    return store.events_after(job_id, after, limit)
+
+
+@router.post("", responses=error_responses(409, 413))
+def post_event(
+    job_id: JobId, event: EventIn, _: JobAuth, store: StoreDep, metrics: MetricsDep
+) -> EventAck:
+    """The control endpoint: store the event once (a repeated seq is acknowledged with
+    ``stored: false``); ``result`` and ``error`` end the job; 409 once it has ended."""
+    stored = store.add_event(job_id, event)
+    if stored:
+        metrics.events.labels(event.type.value).inc()
+    return EventAck(seq=event.seq, stored=stored)

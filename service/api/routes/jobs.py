@@ -1,0 +1,97 @@
+"""``/v1/jobs``: submit a job, list jobs, read one, cancel it, read its log."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi.responses import PlainTextResponse
+
+from service.api.auth import ApiAuth, JobAuth, hash_token, new_job_token
+from service.api.backend import JobsBackend, Submission
+from service.api.deps import BackendDep, SettingsDep, StoreDep
+from service.api.schemas import Job, JobCreate, JobKind, JobPage, JobState, error_responses
+from service.api.store import Store
+from service.api.validation import validate_job
+
+MAX_PAGE = 1000
+JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403, 422))
+
+
+def submit(create: JobCreate, store: Store, backend: JobsBackend, server_url: str) -> Job:
+    """Store the job (queued, with a token of its own), then hand it to the backend; a
+    backend that refuses it ends it ``failed`` with the reason."""
+    token = new_job_token()
+    job = store.create_job(create.kind, create.spec, create.name, hash_token(token))
+    try:
+        ray_job_id = backend.submit(Submission(job.id, server_url, token))
+    except Exception as e:  # whatever the backend raises, the job fails with its reason
+        return store.finish(job.id, JobState.FAILED, error=f"submit: {type(e).__name__}: {e}")
+    store.set_ray_job_id(job.id, ray_job_id)
+    return store.get_job(job.id)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(413))
+def create_job(
+    create: JobCreate, _: ApiAuth, store: StoreDep, backend: BackendDep, settings: SettingsDep
+) -> Job:
+    """Validate the spec completely, store the job and submit it (API.md, "Jobs")."""
+    validate_job(create)
+    return submit(create, store, backend, settings.public_url)
+
+
+@router.get("")
+def list_jobs(
+    _: ApiAuth,
+    store: StoreDep,
+    state: JobState | None = None,
+    kind: JobKind | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> JobPage:
+    """Newest first; ``next`` is the cursor of the following page (null: the last)."""
+    page = store.list_jobs(state, kind, limit, cursor)
+    return JobPage(items=page.jobs, next=page.next)
+
+
+@router.get("/{job_id}", responses=error_responses(404))
+def get_job(job_id: JobId, _: JobAuth, store: StoreDep) -> Job:
+    """The job (its own token may read it too)."""
+    return store.get_job(job_id)
+
+
+@router.post("/{job_id}/cancel", responses=error_responses(404, 409, 502))
+def cancel_job(job_id: JobId, _: ApiAuth, store: StoreDep, backend: BackendDep) -> Job:
+    """Stop the job's work and end it ``cancelled``; 409 when it had ended."""
+    job = store.get_job(job_id)
+    if job.state.terminal:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id!r} is {job.state.value}")
+    try:
+        backend.stop(job_id)
+    except Exception as e:  # the backend's failure, named; the job is left as it was
+        raise HTTPException(
+            status.HTTP_502_BAD_GATEWAY, f"backend: cannot stop job {job_id!r}: {e}"
+        ) from None
+    return store.finish(job_id, JobState.CANCELLED)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **error_responses(404, 502),
+    },
+)
+def job_logs(job_id: JobId, _: ApiAuth, store: StoreDep, backend: BackendDep) -> str:
+    """The log text of the job's work ("" before it has any)."""
+    store.get_job(job_id)
+    try:
+        return backend.logs(job_id)
+    except Exception as e:  # the backend's failure, named
+        raise HTTPException(
+            status.HTTP_502_BAD_GATEWAY, f"backend: no log for job {job_id!r}: {e}"
+        ) from None

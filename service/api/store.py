@@ -1,0 +1,426 @@
+"""The job store: jobs and their events in a SQL database (SQLAlchemy 2 Core).
+
+SQLite (WAL) is the embedded default; PostgreSQL is supported. Two tables: ``jobs`` and
+``events`` (primary key ``(job_id, seq)``, so a repeated seq is never stored twice, even
+when two copies race). Every write transaction begins with its write, so SQLite takes its
+lock at once and concurrent writers wait (``busy_timeout``) instead of failing. Terminal
+states never change again: every state change is one conditional ``UPDATE``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import secrets
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Row,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+
+from service.api.schemas import (
+    ERROR_KEY,
+    TERMINAL,
+    Event,
+    EventIn,
+    EventType,
+    Job,
+    JobKind,
+    JobState,
+)
+
+OPEN_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
+
+
+class StoreError(Exception):
+    """Base of the store's refusals (the routes turn them into HTTP errors)."""
+
+
+class JobNotFound(StoreError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r}: no such job")
+
+
+class JobFinished(StoreError):
+    """The job is terminal: it changes no more."""
+
+    def __init__(self, job_id: str, state: JobState) -> None:
+        super().__init__(f"job {job_id!r} is {state.value}: it changes no more")
+        self.state = state
+
+
+class BadCursor(StoreError):
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"cursor: not a cursor this service issued, got {cursor!r}")
+
+
+def finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float as ``None`` (JSON has no inf or NaN)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
+
+def new_job_id() -> str:
+    return f"pp-{secrets.token_hex(8)}"
+
+
+def _tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
+    jobs = Table(
+        f"{prefix}jobs",
+        metadata,
+        Column("num", Integer, primary_key=True, autoincrement=True),
+        Column("id", String(64), unique=True, nullable=False),
+        Column("kind", String(16), nullable=False, index=True),
+        Column("state", String(16), nullable=False, index=True),
+        Column("name", Text),
+        Column("spec", JSON, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("started_at", DateTime(timezone=True)),
+        Column("finished_at", DateTime(timezone=True)),
+        Column("progress", JSON),
+        Column("progress_seq", BigInteger),
+        Column("result", JSON),
+        Column("error", Text),
+        Column("ray_job_id", String(128)),
+        Column("token_hash", String(64), nullable=False),
+    )
+    events = Table(
+        f"{prefix}events",
+        metadata,
+        Column("job_id", String(64), ForeignKey(jobs.c.id), primary_key=True),
+        Column("seq", BigInteger, primary_key=True, autoincrement=False),
+        Column("type", String(16), nullable=False),
+        Column("data", JSON, nullable=False),
+        Column("received_at", DateTime(timezone=True), nullable=False),
+    )
+    return jobs, events
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite: WAL, a busy timeout, foreign keys, its folder made."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if (
+        parsed.database
+        and parsed.database != ":memory:"
+        and not parsed.database.startswith("file:")
+    ):
+        _make_parent(parsed.database)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _make_parent(path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next: str | None
+
+
+class Store:
+    """Jobs and events in the database at ``url`` (tables named ``{prefix}jobs`` and
+    ``{prefix}events``; tests use a prefix of their own)."""
+
+    def __init__(self, url: str, prefix: str = "") -> None:
+        self.engine = make_engine(url)
+        self.metadata = MetaData()
+        self.jobs, self.events = _tables(self.metadata, prefix)
+
+    def create_tables(self) -> None:
+        self.metadata.create_all(self.engine)
+
+    def drop_tables(self) -> None:
+        self.metadata.drop_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> str | None:
+        """None when the database answers, else why not."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as e:  # any driver error means "not ready"
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    def _job(self, row: Row[Any]) -> Job:
+        m = row._mapping
+        return Job(
+            id=m["id"],
+            kind=JobKind(m["kind"]),
+            state=JobState(m["state"]),
+            name=m["name"],
+            spec=m["spec"],
+            created_at=_utc(m["created_at"]) or now(),
+            started_at=_utc(m["started_at"]),
+            finished_at=_utc(m["finished_at"]),
+            progress=m["progress"],
+            result=m["result"],
+            error=m["error"],
+            ray_job_id=m["ray_job_id"],
+        )
+
+    def create_job(
+        self, kind: JobKind, spec: dict[str, Any], name: str | None, token_hash: str
+    ) -> Job:
+        """A new ``queued`` job."""
+        job_id = new_job_id()
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(self.jobs).values(
+                    id=job_id,
+                    kind=kind.value,
+                    state=JobState.QUEUED.value,
+                    name=name,
+                    spec=finite(spec),
+                    created_at=now(),
+                    token_hash=token_hash,
+                )
+            )
+        return self.get_job(job_id)
+
+    def get_job(self, job_id: str) -> Job:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(self.jobs).where(self.jobs.c.id == job_id)).first()
+        if row is None:
+            raise JobNotFound(job_id)
+        return self._job(row)
+
+    def token_hash(self, job_id: str) -> str | None:
+        """The hash of the job's token (None: no such job)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(self.jobs.c.token_hash).where(self.jobs.c.id == job_id)
+            ).scalar()
+        return None if value is None else str(value)
+
+    def list_jobs(
+        self,
+        state: JobState | None = None,
+        kind: JobKind | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Newest first; ``cursor`` (opaque) continues after the last job of a page."""
+        query = select(self.jobs).order_by(self.jobs.c.num.desc()).limit(limit + 1)
+        if state is not None:
+            query = query.where(self.jobs.c.state == state.value)
+        if kind is not None:
+            query = query.where(self.jobs.c.kind == kind.value)
+        if cursor is not None:
+            query = query.where(self.jobs.c.num < _decode_cursor(cursor))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = _encode_cursor(rows[-1]._mapping["num"]) if more and rows else None
+        return Page([self._job(r) for r in rows], nxt)
+
+    def unfinished_jobs(self) -> list[Job]:
+        """Every job that is not terminal (to reconcile with the backend), oldest first."""
+        query = (
+            select(self.jobs).where(self.jobs.c.state.in_(OPEN_STATES)).order_by(self.jobs.c.num)
+        )
+        with self.engine.connect() as conn:
+            return [self._job(r) for r in conn.execute(query).all()]
+
+    def counts(self) -> Counter[tuple[str, str]]:
+        """How many jobs of each (state, kind)."""
+        j = self.jobs
+        query = select(j.c.state, j.c.kind, func.count()).group_by(j.c.state, j.c.kind)
+        with self.engine.connect() as conn:
+            return Counter({(s, k): int(n) for s, k, n in conn.execute(query).all()})
+
+    def set_ray_job_id(self, job_id: str, ray_job_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(self.jobs).where(self.jobs.c.id == job_id).values(ray_job_id=ray_job_id)
+            )
+
+    def mark_running(self, job_id: str) -> bool:
+        """``queued -> running`` (started now); False when it was not queued."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(self.jobs)
+                .where(self.jobs.c.id == job_id, self.jobs.c.state == JobState.QUEUED.value)
+                .values(state=JobState.RUNNING.value, started_at=now())
+            )
+        return done.rowcount > 0
+
+    def finish(
+        self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
+    ) -> Job:
+        """End the job in terminal ``state``; :class:`JobFinished` when it had ended."""
+        if state not in TERMINAL:
+            raise ValueError(f"state: {state.value!r} is not terminal")
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(self.jobs)
+                .where(self.jobs.c.id == job_id, self.jobs.c.state.in_(OPEN_STATES))
+                .values(state=state.value, finished_at=now(), result=finite(result), error=error)
+            )
+        if done.rowcount == 0:
+            job = self.get_job(job_id)  # JobNotFound, else it had ended
+            raise JobFinished(job_id, job.state)
+        return self.get_job(job_id)
+
+    # --- events -------------------------------------------------------------------------------
+
+    def add_event(self, job_id: str, posted: EventIn) -> bool:
+        """Store the event and apply it to its job; False when its seq was stored before.
+
+        A first event makes a queued job ``running``; ``progress`` updates the job's progress
+        (a later seq wins), ``result`` ends it ``succeeded``, ``error`` ends it ``failed``.
+        :class:`JobFinished` for a new event of a terminal job (nothing stored)."""
+        data = finite(posted.data)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(self.events).values(
+                        job_id=job_id,
+                        seq=posted.seq,
+                        type=posted.type.value,
+                        data=data,
+                        received_at=now(),
+                    )
+                )
+                state = conn.execute(
+                    select(self.jobs.c.state).where(self.jobs.c.id == job_id)
+                ).scalar()
+                if state is None:
+                    raise JobNotFound(job_id)
+                if JobState(state) in TERMINAL:
+                    raise JobFinished(job_id, JobState(state))
+                self._apply(conn, job_id, posted.seq, posted.type, data)
+        except IntegrityError:
+            if self._has_event(job_id, posted.seq):
+                return False
+            raise JobNotFound(job_id) from None
+        return True
+
+    def _apply(self, conn: Any, job_id: str, seq: int, kind: EventType, data: Any) -> None:
+        j = self.jobs
+        t = now()
+        conn.execute(
+            update(j)
+            .where(j.c.id == job_id, j.c.state == JobState.QUEUED.value)
+            .values(state=JobState.RUNNING.value, started_at=t)
+        )
+        if kind is EventType.PROGRESS:
+            conn.execute(
+                update(j)
+                .where(j.c.id == job_id, (j.c.progress_seq.is_(None)) | (j.c.progress_seq < seq))
+                .values(progress=data, progress_seq=seq)
+            )
+        elif kind is EventType.RESULT:
+            conn.execute(
+                update(j)
+                .where(j.c.id == job_id)
+                .values(state=JobState.SUCCEEDED.value, finished_at=t, result=data)
+            )
+        elif kind is EventType.ERROR:
+            message = data.get(ERROR_KEY) if isinstance(data, dict) else None
+            conn.execute(
+                update(j)
+                .where(j.c.id == job_id)
+                .values(state=JobState.FAILED.value, finished_at=t, error=str(message or data))
+            )
+
+    def _has_event(self, job_id: str, seq: int) -> bool:
+        e = self.events
+        with self.engine.connect() as conn:
+            found = conn.execute(select(e.c.seq).where(e.c.job_id == job_id, e.c.seq == seq))
+            return found.first() is not None
+
+    def has_result(self, job_id: str) -> bool:
+        e = self.events
+        query = select(e.c.seq).where(e.c.job_id == job_id, e.c.type == EventType.RESULT.value)
+        with self.engine.connect() as conn:
+            return conn.execute(query.limit(1)).first() is not None
+
+    def events_after(self, job_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
+        """The job's events with seq > ``after``, oldest first."""
+        e = self.events
+        query = select(e).where(e.c.job_id == job_id, e.c.seq > after).order_by(e.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            Event(
+                seq=r.seq,
+                type=EventType(r.type),
+                data=r.data,
+                received_at=_utc(r.received_at) or now(),
+            )
+            for r in rows
+        ]
+
+
+def _encode_cursor(num: int) -> str:
+    return base64.urlsafe_b64encode(f"j{num}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith("j") or not raw[1:].isdigit() or len(raw) > 20:
+            raise ValueError(raw)
+        return int(raw[1:])
+    except (ValueError, UnicodeDecodeError):
+        raise BadCursor(cursor) from None

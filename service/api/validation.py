@@ -1,0 +1,328 @@
+"""A request is validated completely before anything is queued (API.md, "Jobs").
+
+- the job's ``spec`` as its kind's request model (:data:`~service.api.schemas.SPEC_MODELS`);
+- the limits of DESIGN.md on every count and size, read off the documents before the core
+  builds anything from them (so a cluster of 10^8 devices or a plan of 10^18 microbatches is
+  refused at once instead of tying up a worker), and no ``inf`` or ``nan`` anywhere;
+- the use-case's own checks that need no cluster: documents, preset names, planner names
+  and options, the objective, the model name.
+
+Every refusal is a :class:`~service.tasks.common.RequestError` (422) whose one-line message
+names the field and the value, as the CLI prints it. :class:`BodyLimit` answers 413 to a
+body over ``max_body_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agents.problem import Budget, Problem
+from agents.registry import make_planner
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.pipeline import RunConfig
+from models import zoo
+from service.api.schemas import SPEC_MODELS, JobCreate, JobKind
+from service.tasks.common import ProblemRequest, RequestError, check_problem_fields, cluster_spec
+from service.tasks.compare import CompareRequest, planner_names
+from service.tasks.live import model_source
+from service.tasks.plan import PlanRequest, Reward, check_plan_fields, planner_options
+from service.tasks.profile import ProfileRequest
+from service.tasks.run import RunRequest
+from service.tasks.search import measured_budget
+from service.tasks.simulate import SimulateRequest
+
+# DESIGN.md, "Limits"
+MAX_DEVICES_PER_NODE = 4096
+MAX_NODES = 4096
+MAX_LAYERS = 100_000
+MAX_GLOBAL_BATCH = 2**24
+MAX_MICROBATCHES = 65_536
+# the service's own bounds on work a request may ask of it or of a job's first step
+MAX_INPUT_SIZE = 2048
+"""A zoo model's input size (its example input is built and traced when profiled)."""
+MAX_SIMULATED_OPS = 2**21
+"""Forward microbatches over all stages of one plan ``POST /v1/simulate`` costs."""
+MAX_SEED = 2**63 - 1
+
+
+def one_line(errors: Sequence[Any]) -> str:
+    """Pydantic's first error as the CLI prints it: ``field: why, got VALUE``."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    where = ".".join(loc) or "request"
+    return f"{where}: {first.get('msg', 'invalid')}, got {_short(first.get('input'))}"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _limit(where: str, value: Any, limit: int, what: str = "") -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+        raise RequestError(f"{where}: {value}{what} is over the limit of {limit}")
+
+
+def _at(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def check_finite(doc: Any, where: str = "") -> None:
+    """No ``inf`` or ``nan`` anywhere in ``doc`` (JSON has neither; the core refuses them)."""
+    stack = [(doc, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{at or 'request'}: must be a finite number, got {value!r}")
+        if isinstance(value, Mapping):
+            stack.extend((v, _at(at, str(k))) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+
+
+def check_cluster_limits(doc: Any, where: str = "cluster") -> None:
+    """Nodes (a catalogue's ``count`` included) and devices per node within the limits."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("nodes"), list):
+        return
+    nodes = 0
+    for i, node in enumerate(doc["nodes"]):
+        count = node.get("count", 1) if isinstance(node, Mapping) else 1
+        nodes += count if isinstance(count, int) and not isinstance(count, bool) else 1
+        devices = node.get("devices") if isinstance(node, Mapping) else None
+        if isinstance(devices, Mapping):
+            total = sum(n for n in devices.values() if isinstance(n, int))
+            _limit(f"{where}.nodes[{i}].devices", total, MAX_DEVICES_PER_NODE, " devices")
+    _limit(f"{where}.nodes", nodes, MAX_NODES, " nodes")
+
+
+def check_profile_limits(doc: Any, where: str = "profile") -> None:
+    if isinstance(doc, Mapping) and isinstance(doc.get("layers"), list):
+        _limit(f"{where}.layers", len(doc["layers"]), MAX_LAYERS, " layers")
+
+
+def check_plan_limits(doc: Any, where: str = "plan") -> None:
+    """``global_batch`` and every stage's microbatch count within the limits."""
+    if not isinstance(doc, Mapping):
+        return
+    batch = doc.get("global_batch")
+    _limit(f"{where}.global_batch", batch, MAX_GLOBAL_BATCH)
+    stages = doc.get("stages")
+    if not isinstance(batch, int) or not isinstance(stages, list):
+        return
+    _limit(f"{where}.stages", len(stages), MAX_LAYERS, " stages")
+    for i, stage in enumerate(stages):
+        mb = stage.get("microbatch") if isinstance(stage, Mapping) else None
+        if isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1:
+            _limit(f"{where}.stages[{i}].microbatch", batch // mb, MAX_MICROBATCHES,
+                   f" microbatches (global_batch {batch} / microbatch {mb})")  # fmt: skip
+
+
+def check_limits(request: BaseModel, where: str = "") -> None:
+    """Every count and size of a request within its limit, before the core reads it."""
+    check_finite(request.model_dump(mode="python"), where)
+    fields = request.__dict__
+    check_cluster_limits(fields.get("cluster"), _at(where, "cluster"))
+    check_profile_limits(fields.get("profile"), _at(where, "profile"))
+    check_plan_limits(fields.get("plan"), _at(where, "plan"))
+    _limit(_at(where, "batch"), fields.get("batch"), MAX_GLOBAL_BATCH)
+    _limit(_at(where, "microbatches"), fields.get("microbatches"), MAX_MICROBATCHES)
+    _limit(_at(where, "input_size"), fields.get("input_size"), MAX_INPUT_SIZE)
+    seed = fields.get("seed")
+    if isinstance(seed, int) and not 0 <= seed <= MAX_SEED:
+        raise RequestError(f"{_at(where, 'seed')}: must be in [0, {MAX_SEED}], got {seed}")
+
+
+def check_model(model: str | None, input_size: int | None) -> None:
+    """A zoo model's name, and its input size (building the model checks it)."""
+    if model is None:
+        return
+    if model not in zoo.MODELS:
+        raise RequestError(f"model: unknown model {model!r} (one of {', '.join(zoo.MODELS)})")
+    if input_size is not None:
+        zoo.build(model, input_size)
+
+
+def _stand_in(name: str) -> ModelProfile:
+    """A one-layer profile: :class:`Problem` checks only the batch, objective and budget
+    against it, so a zoo model is not profiled just to validate a request."""
+    layer = {"name": "x", "op": "other", "params_bytes": 0, "flops": 0, "activation_bytes": 0}
+    return ModelProfile.from_dict({"name": name, "layers": [layer]})
+
+
+def check_problem(request: ProblemRequest, default_budget: Budget | None = None) -> None:
+    """What :func:`~service.tasks.common.build_problem` checks, without profiling."""
+    check_problem_fields(request)
+    spec = cluster_spec(request.cluster)
+    check_model(request.model, request.input_size)
+    if request.profile is not None:
+        prof = ModelProfile.from_dict(request.profile)
+    else:
+        prof = _stand_in(request.model or "model")
+    Problem(
+        profile=prof,
+        cluster=spec,
+        objective=request.objective,
+        global_batch=request.batch,
+        schedule=request.schedule,
+        microbatches=request.microbatches,
+        min_throughput=request.min_throughput,
+        seed=request.seed,
+        budget=request.budget.resolve(default_budget or Budget()),
+    )
+
+
+def _check_plan(request: PlanRequest) -> None:
+    check_plan_fields(request)
+    measured = request.reward is Reward.MEASURED
+    check_problem(request, measured_budget() if measured else None)
+    make_planner(request.planner, **planner_options(request.options))
+
+
+def _check_compare(request: CompareRequest) -> None:
+    planner_names(request.planners)
+    check_problem(request)
+
+
+def _check_profile(request: ProfileRequest) -> None:
+    check_model(request.model, request.input_size)
+    if request.address is not None and not request.measure:
+        raise RequestError("address: only applies with measure")
+    if request.measure and request.device_type is not None:
+        raise RequestError("device_type: not with measure (every type of the cluster is timed)")
+    if request.measure and request.cluster is None and request.address is None:
+        raise RequestError("measure: needs cluster (the cluster to start and time on)")
+    if request.cluster is not None:
+        cluster_spec(request.cluster)
+
+
+def _check_run(request: RunRequest) -> None:
+    plan = Plan.from_dict(request.plan)
+    prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
+    model_source(request.model, request.input_size, prof, request.seed)
+    check_model(request.model, request.input_size)
+    RunConfig(
+        steps=request.steps,
+        warmup=request.warmup,
+        data=request.data.value,
+        seed=request.seed,
+        timeout_s=request.timeout_s,
+    )
+    if request.cluster is None and request.address is None:
+        raise RequestError("cluster: required unless address joins a running cluster")
+    spec = cluster_spec(request.cluster) if request.cluster is not None else None
+    if spec is not None or prof is not None:
+        plan.validate(prof, spec)
+
+
+CHECKS: dict[JobKind, Callable[[Any], None]] = {
+    JobKind.PROFILE: _check_profile,
+    JobKind.PLAN: _check_plan,
+    JobKind.COMPARE: _check_compare,
+    JobKind.RUN: _check_run,
+}
+
+
+def validate_job(create: JobCreate) -> BaseModel:
+    """The job's spec as its request model, checked completely; :class:`RequestError`
+    (the field and the value) otherwise."""
+    if create.name is not None and "\x00" in create.name:
+        raise RequestError(f"name: must not hold a NUL character, got {create.name!r}")
+    try:
+        request = SPEC_MODELS[create.kind].model_validate(create.spec)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("spec", *err["loc"])} for err in e.errors()]
+        raise RequestError(one_line(errors)) from None
+    check_limits(request, "spec")
+    CHECKS[create.kind](request)
+    return request
+
+
+def validate_simulate(request: SimulateRequest) -> None:
+    """The limits of a simulation, and a bound on its work, before the core reads it."""
+    check_limits(request)
+    if request.uniform is not None:
+        u = request.uniform
+        _limit("uniform.batch", u.batch, MAX_GLOBAL_BATCH)
+        _limit("uniform.microbatches", u.microbatches, MAX_MICROBATCHES)
+        _limit("uniform.devices", u.devices, MAX_NODES * MAX_DEVICES_PER_NODE)
+    plan = request.plan
+    if isinstance(plan, Mapping) and isinstance(plan.get("stages"), list):
+        batch = plan.get("global_batch")
+        ops = sum(
+            batch // s["microbatch"]
+            for s in plan["stages"]
+            if isinstance(s, Mapping)
+            and isinstance(batch, int)
+            and isinstance(s.get("microbatch"), int)
+            and s["microbatch"] >= 1
+        )
+        _limit("plan.stages", ops, MAX_SIMULATED_OPS, " microbatches over all stages")
+
+
+class BodyLimit:
+    """413 for a request body over ``max_bytes``: by its ``Content-Length`` before it is
+    read, and by what arrives while it streams."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _message(self, size: int | str) -> bytes:
+        detail = f"request body: {size} bytes is over the limit of {self.max_bytes} bytes"
+        return json.dumps({"detail": detail}).encode()
+
+    async def _refuse(self, send: Send, size: int | str) -> None:
+        body = self._message(size)
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(send, int(length))
+            return
+        received, started = 0, False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _TooLarge(received, self.max_bytes)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge as e:
+            if started:
+                raise
+            await self._refuse(send, f"more than {e.size}")
+
+
+class _TooLarge(HTTPException):
+    """Raised while a body streams in; the app's handler answers it (413)."""
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        detail = f"request body: more than {size} bytes is over the limit of {max_bytes} bytes"
+        super().__init__(413, detail)
+        self.size = size
