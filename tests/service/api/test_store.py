@@ -1,0 +1,130 @@
+"""The job store on SQLite and on PostgreSQL (127.0.0.1:5432, database ``test``; skipped
+with the reason where no server answers). PostgreSQL tests use tables of their own prefix
+and drop them."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from service.api.schemas import EventIn, EventType, JobKind, JobState
+from service.api.store import BadCursor, JobFinished, JobNotFound, Store
+
+PG_USERS = ("postgres", "root")
+
+
+def _postgres_url() -> str:
+    """The URL of the test database, or skip saying why there is none."""
+    reasons = []
+    for user in PG_USERS:
+        try:
+            with psycopg.connect(
+                host="127.0.0.1", port=5432, dbname="test", user=user, connect_timeout=3
+            ):
+                return f"postgresql+psycopg://{user}@127.0.0.1:5432/test"
+        except psycopg.Error as e:
+            reasons.append(f"{user}: {str(e).strip().splitlines()[0]}")
+    pytest.skip(
+        "PostgreSQL at 127.0.0.1:5432 (database test) does not answer: " + "; ".join(reasons)
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    else:
+        store = Store(_postgres_url(), prefix=f"t{secrets.token_hex(4)}_")
+    store.create_tables()
+    yield store
+    if request.param == "postgresql":
+        store.drop_tables()
+    store.close()
+
+
+def _job(db: Store, kind: JobKind = JobKind.PLAN) -> str:
+    return db.create_job(kind, {"planner": "dp"}, "a job", "hash").id
+
+
+def test_a_new_job_is_queued_and_read_back(db: Store) -> None:
+    job = db.create_job(JobKind.PLAN, {"planner": "dp", "x": [1, 2]}, "mine", "h")
+    got = db.get_job(job.id)
+    assert got.state is JobState.QUEUED
+    assert got.spec == {"planner": "dp", "x": [1, 2]}
+    assert got.name == "mine" and got.created_at.tzinfo is not None
+    assert db.token_hash(job.id) == "h" and db.token_hash("nope") is None
+    with pytest.raises(JobNotFound, match="nope"):
+        db.get_job("nope")
+
+
+def test_jobs_are_listed_newest_first_page_by_page(db: Store) -> None:
+    ids = [_job(db, JobKind.PLAN if i % 2 else JobKind.RUN) for i in range(5)]
+    first = db.list_jobs(limit=2)
+    assert [j.id for j in first.jobs] == ids[::-1][:2] and first.next
+    second = db.list_jobs(limit=2, cursor=first.next)
+    assert [j.id for j in second.jobs] == ids[::-1][2:4]
+    last = db.list_jobs(limit=2, cursor=second.next)
+    assert [j.id for j in last.jobs] == ids[:1] and last.next is None
+    assert [j.id for j in db.list_jobs(kind=JobKind.RUN).jobs] == [ids[4], ids[2], ids[0]]
+    db.finish(ids[1], JobState.CANCELLED)
+    assert [j.id for j in db.list_jobs(state=JobState.CANCELLED).jobs] == [ids[1]]
+    with pytest.raises(BadCursor, match="cursor: .* got 'bogus'"):
+        db.list_jobs(cursor="bogus")
+
+
+def test_events_move_the_job_and_a_repeated_seq_is_stored_once(db: Store) -> None:
+    job_id = _job(db)
+    progress = EventIn(seq=0, type=EventType.PROGRESS, data={"evaluations": 3, "best_value": 1.5})
+    assert db.add_event(job_id, progress)
+    job = db.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.started_at is not None
+    assert job.progress == {"evaluations": 3, "best_value": 1.5}
+    assert not db.add_event(job_id, progress)
+    late = EventIn(seq=1, type=EventType.EVALUATION, data={"value": float("inf")})
+    assert db.add_event(job_id, late)
+    assert db.add_event(job_id, EventIn(seq=2, type=EventType.RESULT, data={"plan": {"a": 1}}))
+    job = db.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED and job.result == {"plan": {"a": 1}}
+    assert [e.seq for e in db.events_after(job_id)] == [0, 1, 2]
+    assert db.events_after(job_id, 0)[0].data == {"value": None}  # inf is not JSON
+    with pytest.raises(JobFinished, match="succeeded"):
+        db.add_event(job_id, EventIn(seq=3, type=EventType.PROGRESS, data={}))
+    assert not db.add_event(job_id, progress)  # a repeat is still acknowledged
+    assert db.has_result(job_id)
+
+
+def test_an_error_event_fails_the_job_and_terminal_states_never_change(db: Store) -> None:
+    job_id = _job(db)
+    db.add_event(job_id, EventIn(seq=0, type=EventType.ERROR, data={"message": "boom"}))
+    job = db.get_job(job_id)
+    assert job.state is JobState.FAILED and job.error == "boom"
+    with pytest.raises(JobFinished):
+        db.finish(job_id, JobState.CANCELLED)
+    assert db.get_job(job_id).state is JobState.FAILED
+    with pytest.raises(JobNotFound):
+        db.add_event("nope", EventIn(seq=0, type=EventType.PROGRESS, data={}))
+
+
+def test_concurrent_copies_of_one_seq_are_stored_once(db: Store) -> None:
+    job_id = _job(db)
+    events = [EventIn(seq=i % 10, type=EventType.EVALUATION, data={"i": i}) for i in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        stored = list(pool.map(lambda e: db.add_event(job_id, e), events))
+    assert sum(stored) == 10
+    assert [e.seq for e in db.events_after(job_id)] == list(range(10))
+
+
+def test_unfinished_jobs_and_counts(db: Store) -> None:
+    a, b, c = _job(db), _job(db), _job(db, JobKind.RUN)
+    db.mark_running(b)
+    db.finish(c, JobState.FAILED, error="x")
+    assert [j.id for j in db.unfinished_jobs()] == [a, b]
+    counts = db.counts()
+    assert counts[("queued", "plan")] == 1 and counts[("running", "plan")] == 1
+    assert counts[("failed", "run")] == 1
+    assert db.ping() is None
