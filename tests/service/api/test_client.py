@@ -1,7 +1,7 @@
-"""The client (service.client) and the CLI's submit / jobs commands against a stub of the
-HTTP contract (an httpx MockTransport): requests built from the local command's flags, the
-job id printed, --wait ending with the local command's table, events streamed or polled,
-and every refusal one line with exit code 2."""
+"""The client (service.client) and the CLI's submit / jobs commands, against a stub of the
+HTTP contract (an httpx MockTransport) and against the app on a fake jobs backend: requests
+built from the local command's flags, the job id printed, --wait ending with the local
+command's table, events streamed or polled, and every refusal one line with exit code 2."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import io
 import json
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from rich.console import Console
 
 from service.api.schemas import Event, EventType, JobState
@@ -24,7 +27,7 @@ from service.cli.job_view import comparison_table, render_result
 from service.cli.plan import _render_plan
 from service.client import (
     Client,
-    ServiceUnreachable,
+    ServiceError,
     TokenError,
     default_token_file,
     parse_sse,
@@ -34,6 +37,7 @@ from service.render import comparison_table as local_comparison_table
 from service.tasks.compare import CompareRequest, compare
 from service.tasks.plan import PlanRequest, plan
 from tests.core.test_formats import CLUSTER, PROFILE
+from tests.service.api.conftest import API_TOKEN, FakeBackend
 from tests.service.runner import run_cli
 
 TOKEN = "api-token"
@@ -47,7 +51,8 @@ def _now() -> str:
 
 
 class ContractStub:
-    """The routes of API.md the client uses, in memory. ``script[id]`` are events a job
+    """The routes of API.md the client needs to follow a job, in memory (the app on a fake
+    backend is tested below). ``script[id]`` are events a job
     posts one per poll of its events (a job that runs while the client follows it);
     ``sse`` answers ``Accept: text/event-stream`` with a stream."""
 
@@ -82,10 +87,7 @@ class ContractStub:
             job["state"], job["error"] = "failed", data["message"]
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        auth = request.headers.get("authorization")
-        if auth is None:
-            return httpx.Response(401, json={"detail": "not authenticated: send a bearer token"})
-        if auth != f"Bearer {TOKEN}":
+        if request.headers.get("authorization") != f"Bearer {TOKEN}":
             return httpx.Response(403, json={"detail": "token: not valid for this service"})
         if request.url.path == "/v1/jobs":
             return self._jobs(request)
@@ -96,7 +98,9 @@ class ContractStub:
             return httpx.Response(500, text="Internal Server Error")
         if m["id"] not in self.jobs:
             return httpx.Response(404, json={"detail": f"job: no job {m['id']!r}"})
-        return self._job(request, m["id"], m["rest"] or "")
+        if m["rest"] == "/events":
+            return self._events(request, m["id"])
+        return httpx.Response(200, json=self.jobs[m["id"]])
 
     def _jobs(self, request: httpx.Request) -> httpx.Response:
         if request.method == "POST":
@@ -105,9 +109,8 @@ class ContractStub:
                 return httpx.Response(422, json={"detail": [
                     {"loc": ["body", "kind"], "msg": "Input should be 'profile', 'plan', "
                      "'compare' or 'run'", "input": body["kind"]}]})  # fmt: skip
-            if body["spec"].get("planner") == "nope":
-                return httpx.Response(422, json={"detail": "planner: unknown planner 'nope'"})
-            return httpx.Response(201, json=self.add_job(body["kind"], body["spec"], body["name"]))
+            job = self.add_job(body["kind"], body["spec"], body["name"])
+            return httpx.Response(201, json=job)
         q = request.url.params
         items = [
             j
@@ -117,18 +120,6 @@ class ContractStub:
         limit = int(q.get("limit", 100))
         more = items[limit:]
         return httpx.Response(200, json={"items": items[:limit], "next": "c1" if more else None})
-
-    def _job(self, request: httpx.Request, job_id: str, rest: str) -> httpx.Response:
-        job = self.jobs[job_id]
-        if rest == "/cancel":
-            if job["state"] in ("succeeded", "failed", "cancelled"):
-                return httpx.Response(409, json={"detail": f"job {job_id}: already {job['state']}"})
-            job["state"] = "cancelled"
-        elif rest == "/logs":
-            return httpx.Response(200, text=f"log of {job_id}\n")
-        elif rest == "/events":
-            return self._events(request, job_id)
-        return httpx.Response(200, json=job)
 
     def _events(self, request: httpx.Request, job_id: str) -> httpx.Response:
         script = self.script.get(job_id)
@@ -149,20 +140,26 @@ def stub() -> ContractStub:
     return ContractStub()
 
 
-@pytest.fixture
-def cli(
-    stub: ContractStub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Iterator[Any]:
-    """``pipeplan ARGS`` with the service commands talking to the stub."""
-    http = httpx.Client(transport=httpx.MockTransport(stub))
+def cli_on(
+    http: httpx.Client, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """``pipeplan ARGS`` with the service commands sending through ``http``."""
     monkeypatch.setattr(jobs_cli, "Client", lambda server, token: Client(server, token, http=http))
-    monkeypatch.setenv("PIPEPLAN_API_TOKEN", TOKEN)
 
     def run(*args: str) -> tuple[int, str, str]:
         return run_cli(monkeypatch, capsys, *args)
 
-    yield run
-    http.close()
+    return run
+
+
+@pytest.fixture
+def cli(
+    stub: ContractStub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Any]:
+    """``pipeplan ARGS`` talking to the stub."""
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", TOKEN)
+    with httpx.Client(transport=httpx.MockTransport(stub)) as http:
+        yield cli_on(http, monkeypatch, capsys)
 
 
 @pytest.fixture
@@ -171,6 +168,13 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     cluster.write_text(json.dumps(CLUSTER))
     profile.write_text(json.dumps(PROFILE))
     return cluster, profile
+
+
+def plan_args(files: tuple[Path, Path]) -> tuple[str, ...]:
+    """``submit plan`` with the flags that build :func:`plan_request`."""
+    cluster, profile = files
+    return ("submit", "plan", "--cluster", str(cluster), "--profile", str(profile),
+            "--planner", "brute", "--batch", "8")  # fmt: skip
 
 
 def plan_request() -> PlanRequest:
@@ -183,9 +187,7 @@ def plan_request() -> PlanRequest:
 def test_submit_sends_the_request_the_local_flags_build(
     cli: Any, stub: ContractStub, files: tuple[Path, Path]
 ) -> None:
-    cluster, profile = files
-    code, out, err = cli("submit", "plan", "--cluster", str(cluster), "--profile", str(profile),
-                         "--planner", "brute", "--batch", "8", "--name", "first")  # fmt: skip
+    code, out, err = cli(*plan_args(files), "--name", "first")
     assert (code, err) == (0, "")
     job = stub.jobs[out.strip()]
     assert job["kind"] == "plan" and job["name"] == "first"
@@ -215,12 +217,6 @@ def test_submit_refuses_spec_with_flags_and_missing_flags(cli: Any) -> None:
         2,
         "error: --planner: required (or give the whole request with --spec)\n",
     )
-
-
-def test_a_refused_request_is_the_services_one_line(cli: Any) -> None:
-    code, out, err = cli("submit", "plan", "--cluster", "local-hetero", "--model", "alexnet",
-                         "--planner", "nope")  # fmt: skip
-    assert (code, out, err) == (2, "", "error: planner: unknown planner 'nope'\n")
 
 
 def plan_events() -> tuple[list[tuple[EventType, Doc]], Any]:
@@ -256,19 +252,13 @@ def test_wait_follows_the_job_and_ends_with_the_local_table(
     assert capsys.readouterr().out == local  # the same table and lines as `pipeplan plan`
 
 
-def test_submit_wait_prints_the_local_table_and_json(
+def test_submit_wait_json_prints_the_result_document(
     cli: Any, stub: ContractStub, files: tuple[Path, Path]
 ) -> None:
-    cluster, profile = files
-    args = ("submit", "plan", "--cluster", str(cluster), "--profile", str(profile),
-            "--planner", "brute", "--batch", "8", "--wait")  # fmt: skip
     stub.next_script, done = plan_events()
-    code, out, err = cli(*args)
+    code, out, err = cli(*plan_args(files), "--wait", "--json")
     assert code == 0 and err.startswith("submitted plan job job-0001")
-    assert "batch time" in out and "search          " in out
-    stub.next_script, _ = plan_events()
-    code, out, _ = cli(*args, "--json")
-    assert code == 0 and json.loads(out)["estimate"] == done.to_dict()["estimate"]
+    assert json.loads(out)["estimate"] == done.to_dict()["estimate"]
 
 
 def test_submit_wait_on_a_failed_job_exits_1(cli: Any, stub: ContractStub) -> None:
@@ -327,16 +317,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_unreachable_server_is_named(cli: Any) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(ServiceUnreachable, match=re.escape(url)):
-        Client(url, TOKEN).get("x")
-
-
 # --- jobs ---------------------------------------------------------------------------------------
 
 
-def test_jobs_ls_show_logs_cancel(cli: Any, stub: ContractStub) -> None:
+def test_jobs_ls_filters_and_pages(cli: Any, stub: ContractStub) -> None:
     first = stub.add_job("plan", {"cluster": "local-hetero"}, name="mine")["id"]
     second = stub.add_job("profile", {"model": "alexnet"})["id"]
     code, out, _ = cli("jobs", "ls")
@@ -345,39 +329,26 @@ def test_jobs_ls_show_logs_cancel(cli: Any, stub: ContractStub) -> None:
     assert [j["id"] for j in json.loads(out)["items"]] == [first]
     code, out, err = cli("jobs", "ls", "--limit", "1")
     assert first not in out and err == "more: pipeplan jobs ls --cursor c1\n"
-    code, out, _ = cli("jobs", "show", first)
-    assert code == 0 and f"job             {first} (plan, mine)" in out
-    assert json.loads(cli("jobs", "show", first, "--json")[1])["state"] == "queued"
-    assert cli("jobs", "logs", first)[:2] == (0, f"log of {first}\n")
-    assert cli("jobs", "cancel", first)[:2] == (0, f"{first} cancelled\n")
-    assert cli("jobs", "cancel", first) == (2, "", f"error: job {first}: already cancelled\n")
-    assert cli("jobs", "show", "nope") == (2, "", "error: job: no job 'nope'\n")
 
 
-def test_jobs_events_after_and_follow(cli: Any, stub: ContractStub) -> None:
-    job_id = stub.add_job("plan", {})["id"]
-    stub.post(job_id, EventType.PROGRESS, {"evaluations": 5, "best_value": 0.25})
-    stub.post(job_id, EventType.EVALUATION, {"value": 0.25, "batch_time_s": 0.25,
-                                             "source": "measured"})  # fmt: skip
-    code, out, _ = cli("jobs", "events", job_id, "--after", "0")
-    assert out == "     1  evaluation   value 0.25, batch 0.25 s (measured)\n"
-    stub.script[job_id] = [(EventType.RESULT, {"ok": True})]
-    code, out, _ = cli("jobs", "events", job_id, "--follow", "--json")
-    assert code == 0
-    assert [json.loads(line)["seq"] for line in out.splitlines()] == [0, 1, 2]
-
-
-def test_a_wrong_or_missing_token_is_one_line_exit_2(
+def test_a_token_file_that_cannot_be_read_is_one_line(
     cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert cli("jobs", "ls", "--token", "wrong") == (
-        2, "", "error: token: not valid for this service\n"
-    )  # fmt: skip
     monkeypatch.delenv("PIPEPLAN_API_TOKEN")
     monkeypatch.setenv("PIPEPLAN_API_TOKEN_FILE", "missing-token-file")
     code, out, err = cli("jobs", "ls")
     assert (code, out) == (2, "")
     assert err.startswith("error: token: cannot read missing-token-file (PIPEPLAN_API_TOKEN_FILE)")
+
+
+def test_a_validation_error_list_is_one_line(stub: ContractStub) -> None:
+    client = Client(SERVER, TOKEN, http=httpx.Client(transport=httpx.MockTransport(stub)))
+    with pytest.raises(ServiceError) as e:
+        client.submit("bogus", {})
+    assert e.value.status == 422
+    assert e.value.detail == (
+        "body.kind: Input should be 'profile', 'plan', 'compare' or 'run', got 'bogus'"
+    )
 
 
 def test_a_service_error_exits_3(cli: Any) -> None:
@@ -396,3 +367,84 @@ def test_an_unreachable_server_is_one_line_from_the_cli(
     assert (code, out) == (2, "")
     assert err.startswith(f"error: server: no pipeplan service answers at {url} (ConnectError")
     assert len(err.splitlines()) == 1
+
+
+# --- against the service (the app on a fake jobs backend) ---------------------------------------
+
+
+@pytest.fixture
+def served_cli(
+    app_client: TestClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """``pipeplan ARGS`` talking to the app."""
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", API_TOKEN)
+    return cli_on(app_client, monkeypatch, capsys)
+
+
+def run_job(
+    app_client: TestClient, backend: FakeBackend, events: list[tuple[EventType, Doc]]
+) -> None:
+    """The job side: wait for the submission, then post ``events`` with the job's token."""
+    deadline = time.monotonic() + 10
+    while not backend.submitted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job_id = backend.submitted[0].job_id
+    auth = {"Authorization": f"Bearer {backend.token_of(job_id)}"}
+    for seq, (kind, data) in enumerate(events):
+        time.sleep(0.05)
+        body = {"seq": seq, "type": kind.value, "data": data}
+        app_client.post(f"/v1/jobs/{job_id}/events", json=body, headers=auth).raise_for_status()
+
+
+def test_the_service_takes_a_submitted_plan_and_lists_it(
+    served_cli: Any, fake_backend: FakeBackend, files: tuple[Path, Path]
+) -> None:
+    code, out, err = served_cli(*plan_args(files))
+    assert (code, err) == (0, "")
+    job_id = out.strip()
+    assert [s.job_id for s in fake_backend.submitted] == [job_id]
+    code, out, _ = served_cli("jobs", "ls", "--json")
+    assert [j["id"] for j in json.loads(out)["items"]] == [job_id]
+    code, out, _ = served_cli("jobs", "show", job_id)
+    assert code == 0 and "state           queued" in out
+    fake_backend.log_text[job_id] = "hello from ray\n"
+    assert served_cli("jobs", "logs", job_id)[:2] == (0, "hello from ray\n")
+    assert served_cli("jobs", "cancel", job_id)[:2] == (0, f"{job_id} cancelled\n")
+    code, _, err = served_cli("jobs", "cancel", job_id)
+    assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1
+
+
+def test_the_service_refuses_bad_input_and_a_wrong_token_in_one_line(served_cli: Any) -> None:
+    code, out, err = served_cli("submit", "plan", "--cluster", "local-hetero", "--model",
+                                "alexnet", "--planner", "nope")  # fmt: skip
+    assert (code, out) == (2, "")
+    assert err.startswith("error: planner: unknown planner 'nope'") and err.count("\n") == 1
+    code, out, err = served_cli("submit", "plan", "--spec", "-", "--token", "wrong")
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
+    code, out, err = served_cli("jobs", "ls", "--token", "wrong")
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
+    code, _, err = served_cli("jobs", "show", "no-such-job")
+    assert code == 2 and "no-such-job" in err and err.count("\n") == 1
+
+
+def test_submit_wait_follows_a_running_job_to_the_local_table(
+    served_cli: Any,
+    app_client: TestClient,
+    fake_backend: FakeBackend,
+    files: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    events, done = plan_events()
+    job_side = threading.Thread(target=run_job, args=(app_client, fake_backend, events))
+    job_side.start()
+    code, out, err = served_cli(*plan_args(files), "--wait")
+    job_side.join()
+    assert code == 0, err
+    _render_plan(done)
+    assert out == capsys.readouterr().out  # the same table and lines as `pipeplan plan`
+    job_id = fake_backend.submitted[0].job_id
+    code, out, _ = served_cli("jobs", "events", job_id, "--follow")
+    assert [line.split()[:2] for line in out.splitlines()] == [
+        ["0", "progress"], ["1", "evaluation"], ["2", "progress"], ["3", "result"]
+    ]  # fmt: skip
+    assert served_cli("jobs", "events", job_id, "--after", "2")[1].split()[:2] == ["3", "result"]
