@@ -131,9 +131,23 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"detail": {"type": "string"}},
+    "required": ["detail"],
+}
+
+
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the error statuses a route answers (``{"detail": ...}``)."""
-    return {code: {"model": ErrorBody} for code in codes}
+    """OpenAPI entries for the error statuses a route answers: JSON ``{"detail": ...}``,
+    whatever the route's own media type."""
+    return {
+        code: {
+            "description": "An error: one line naming the field and the value",
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+        }
+        for code in codes
+    }
 
 
 ERROR_KEY = "message"

@@ -78,7 +78,7 @@ def list_events(
     return store.events_after(job_id, after, limit)
 
 
-@router.post("", responses=error_responses(409, 413))
+@router.post("", responses=error_responses(400, 409, 413))
 def post_event(
     job_id: JobId, event: EventIn, _: JobAuth, store: StoreDep, metrics: MetricsDep
 ) -> EventAck:

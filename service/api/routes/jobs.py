@@ -34,7 +34,7 @@ def submit(create: JobCreate, store: Store, backend: JobsBackend, server_url: st
     return store.get_job(job.id)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(413))
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
 def create_job(
     create: JobCreate, _: ApiAuth, store: StoreDep, backend: BackendDep, settings: SettingsDep
 ) -> Job:

@@ -11,7 +11,9 @@ from service.api.schemas import error_responses
 from service.api.validation import validate_simulate
 from service.tasks.simulate import SimulateRequest, simulate
 
-router = APIRouter(prefix="/v1", tags=["simulate"], responses=error_responses(401, 403, 413, 422))
+router = APIRouter(
+    prefix="/v1", tags=["simulate"], responses=error_responses(400, 401, 403, 413, 422)
+)
 
 
 @router.post("/simulate")
