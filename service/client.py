@@ -24,11 +24,15 @@ from typing import Any
 
 import httpx
 
-from service.api.schemas import Event, EventType, Job, JobKind, JobPage, JobState
+from service.api.schemas import ENDING_EVENTS, Event, Job, JobKind, JobPage, JobState
 
 DEFAULT_SERVER = "http://127.0.0.1:8321"
 TIMEOUT_S = 30.0
-"""Of one request (connect, read); a live event stream waits without a read limit."""
+"""Of one request (connect, read)."""
+STREAM_READ_S = 120.0
+"""Longest silence on a live event stream (the service sends a comment while it waits)."""
+RECONNECT_S = 60.0
+"""How long :meth:`Client.follow` waits for a service that went away (a restart)."""
 END = "end"
 """The event that closes a live stream once its job has ended (no seq, not stored)."""
 POLL_S = 0.5
@@ -37,6 +41,8 @@ POLL_S = 0.5
 EventCallback = Callable[[Event], None]
 Events = list[Event]
 Streamed = tuple[Events, bool]
+Step = tuple[bool, int | None, bool]
+"""Whether the job has ended, the last seq seen, whether the service streams."""
 """A stream's events, and whether the service streams (else: poll)."""
 
 
@@ -233,26 +239,43 @@ class Client:
 
     # --- following a job ----------------------------------------------------------------
 
-    def follow(self, job_id: str, after: int | None = None) -> Iterator[Event]:
+    def follow(
+        self, job_id: str, after: int | None = None, reconnect_s: float = RECONNECT_S
+    ) -> Iterator[Event]:
         """The job's events after ``after`` as they come, until the job has ended: a live
-        stream (``text/event-stream``) while the service gives one, else polling."""
-        last = after
-        streaming = True
+        stream (``text/event-stream``) while the service gives one, else polling. A service
+        that goes away (a restart) is waited for up to ``reconnect_s`` seconds."""
+        last, streaming, lost = after, True, None
         while True:
-            if streaming:
-                got, streaming = yield from self._stream(job_id, last)
-            else:
-                got = self.events(job_id, last)
-                yield from got
-            if got:
-                last = got[-1].seq
-                if got[-1].type in (EventType.RESULT, EventType.ERROR):
-                    return
-            elif self.get(job_id).state.terminal:
-                yield from self.events(job_id, last)  # any posted before the state changed
-                return
-            elif not streaming:
+            try:
+                ended, last, streaming = yield from self._step(job_id, last, streaming)
+            except ServiceUnreachable:
+                lost = lost if lost is not None else time.monotonic()
+                if time.monotonic() - lost > reconnect_s:
+                    raise
                 time.sleep(POLL_S)
+                continue
+            lost = None
+            if ended:
+                return
+
+    def _step(self, job_id: str, last: int | None, streaming: bool) -> Generator[Event, None, Step]:
+        """The events one stream (or one poll) brings; returns whether the job has ended,
+        the last seq seen, and whether to stream again."""
+        if streaming:
+            got, streaming = yield from self._stream(job_id, last)
+        else:
+            got = self.events(job_id, last)
+            yield from got
+        if got:
+            return got[-1].type in ENDING_EVENTS, got[-1].seq, streaming
+        if self.get(job_id).state.terminal:
+            rest = self.events(job_id, last)  # any posted before the state changed
+            yield from rest
+            return True, rest[-1].seq if rest else last, streaming
+        if not streaming:
+            time.sleep(POLL_S)
+        return False, last, streaming
 
     def _stream(self, job_id: str, after: int | None) -> Generator[Event, None, Streamed]:
         """One live stream's events (or the JSON answer of a service that does not
@@ -260,7 +283,7 @@ class Client:
         params = {} if after is None else {"after": str(after)}
         headers = {**self._auth, "Accept": "text/event-stream"}
         url = self._url(f"/v1/jobs/{job_id}/events")
-        timeout = httpx.Timeout(TIMEOUT_S, read=None)
+        timeout = httpx.Timeout(TIMEOUT_S, read=STREAM_READ_S)
         got: Events = []
         try:
             with self.http.stream(

@@ -18,9 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from rich.console import Console
 
+from service import client as client_module
 from service.api.schemas import Event, EventType, JobState
 from service.cli import jobs as jobs_cli
 from service.cli.job_view import comparison_table, render_result
@@ -28,6 +31,7 @@ from service.cli.plan import _render_plan
 from service.client import (
     Client,
     ServiceError,
+    ServiceUnreachable,
     TokenError,
     default_token_file,
     parse_sse,
@@ -381,9 +385,7 @@ def served_cli(
     return cli_on(app_client, monkeypatch, capsys)
 
 
-def run_job(
-    app_client: TestClient, backend: FakeBackend, events: list[tuple[EventType, Doc]]
-) -> None:
+def run_job(http: httpx.Client, backend: FakeBackend, events: list[tuple[EventType, Doc]]) -> None:
     """The job side: wait for the submission, then post ``events`` with the job's token."""
     deadline = time.monotonic() + 10
     while not backend.submitted and time.monotonic() < deadline:
@@ -393,7 +395,7 @@ def run_job(
     for seq, (kind, data) in enumerate(events):
         time.sleep(0.05)
         body = {"seq": seq, "type": kind.value, "data": data}
-        app_client.post(f"/v1/jobs/{job_id}/events", json=body, headers=auth).raise_for_status()
+        http.post(f"/v1/jobs/{job_id}/events", json=body, headers=auth).raise_for_status()
 
 
 def test_the_service_takes_a_submitted_plan_and_lists_it(
@@ -448,3 +450,47 @@ def test_submit_wait_follows_a_running_job_to_the_local_table(
         ["0", "progress"], ["1", "evaluation"], ["2", "progress"], ["3", "result"]
     ]  # fmt: skip
     assert served_cli("jobs", "events", job_id, "--after", "2")[1].split()[:2] == ["3", "result"]
+
+
+def test_follow_waits_for_a_service_that_restarts(
+    stub: ContractStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "POLL_S", 0.01)
+    stub.next_script, _ = plan_events()
+    job_id = stub.add_job("plan", {})["id"]
+    down = iter([False, True, True, True])  # the second to fourth requests find no service
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if next(down, False):
+            raise httpx.ConnectError("connection refused", request=request)
+        return stub(request)
+
+    client = Client(SERVER, TOKEN, http=httpx.Client(transport=httpx.MockTransport(flaky)))
+    assert [e.seq for e in client.follow(job_id)] == [0, 1, 2, 3]
+    down = iter([True])
+    with pytest.raises(ServiceUnreachable, match="no pipeplan service answers"):
+        list(client.follow(job_id, after=-1, reconnect_s=0))
+
+
+@pytest.mark.timeout(60)
+def test_follow_streams_from_a_real_server(app: FastAPI, fake_backend: FakeBackend) -> None:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    serving = threading.Thread(target=server.run)
+    serving.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        with Client(f"http://127.0.0.1:{port}", API_TOKEN) as client:
+            job = client.submit("plan", plan_request().model_dump(mode="json"))
+            events, _ = plan_events()
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+                job_side = threading.Thread(target=run_job, args=(http, fake_backend, events))
+                job_side.start()
+                seen: list[Event] = []
+                done = client.wait(job.id, seen.append)
+                job_side.join()
+        assert done.state is JobState.SUCCEEDED and [e.seq for e in seen] == [0, 1, 2, 3]
+    finally:
+        server.should_exit = True
+        serving.join()
