@@ -48,8 +48,12 @@ MAX_MICROBATCHES = 65_536
 # the service's own bounds on work a request may ask of it or of a job's first step
 MAX_INPUT_SIZE = 2048
 """A zoo model's input size (its example input is built and traced when profiled)."""
-MAX_SIMULATED_OPS = 2**21
-"""Forward microbatches over all stages of one plan ``POST /v1/simulate`` costs."""
+MAX_SIMULATED_OPS = 2**16
+"""Forward microbatches over all stages of one plan ``POST /v1/simulate`` costs (2^21 took
+22 s here: the estimate runs in the request's worker, so it stays under a second)."""
+MAX_DEVICES = 65_536
+"""Devices in one cluster: within the per-node and node limits a cluster could still hold
+2^24 devices, which the core takes half a minute to read (2^16: half a second)."""
 MAX_SEED = 2**63 - 1
 
 
@@ -94,15 +98,18 @@ def check_cluster_limits(doc: Any, where: str = "cluster") -> None:
     """Nodes (a catalogue's ``count`` included) and devices per node within the limits."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("nodes"), list):
         return
-    nodes = 0
+    nodes = devices_in_all = 0
     for i, node in enumerate(doc["nodes"]):
         count = node.get("count", 1) if isinstance(node, Mapping) else 1
-        nodes += count if isinstance(count, int) and not isinstance(count, bool) else 1
+        count = count if isinstance(count, int) and not isinstance(count, bool) else 1
+        nodes += count
         devices = node.get("devices") if isinstance(node, Mapping) else None
         if isinstance(devices, Mapping):
             total = sum(n for n in devices.values() if isinstance(n, int))
             _limit(f"{where}.nodes[{i}].devices", total, MAX_DEVICES_PER_NODE, " devices")
+            devices_in_all += total * count
     _limit(f"{where}.nodes", nodes, MAX_NODES, " nodes")
+    _limit(f"{where}.nodes", devices_in_all, MAX_DEVICES, " devices in all")
 
 
 def check_profile_limits(doc: Any, where: str = "profile") -> None:
@@ -254,7 +261,9 @@ def validate_simulate(request: SimulateRequest) -> None:
         u = request.uniform
         _limit("uniform.batch", u.batch, MAX_GLOBAL_BATCH)
         _limit("uniform.microbatches", u.microbatches, MAX_MICROBATCHES)
-        _limit("uniform.devices", u.devices, MAX_NODES * MAX_DEVICES_PER_NODE)
+        _limit("uniform.devices", u.devices, MAX_DEVICES)
+        ops = u.devices * u.microbatches
+        _limit("uniform", ops, MAX_SIMULATED_OPS, " microbatches over all stages")
     plan = request.plan
     if isinstance(plan, Mapping) and isinstance(plan.get("stages"), list):
         batch = plan.get("global_batch")

@@ -186,6 +186,20 @@ def test_limits_are_422_within_a_second(app_client: TestClient) -> None:
         "/v1/simulate", json={"profile": PROFILE, "cluster": BIG_NODE, "plan": plan}
     )
     assert r.status_code == 422 and "over the limit of 4096" in r.json()["detail"]
+    wide = {**BIG_NODE, "nodes": [{"name": f"n{i}", "devices": {"cpu": 4096}} for i in range(20)]}
+    r = app_client.post("/v1/simulate", json={"profile": PROFILE, "cluster": wide, "plan": plan})
+    assert r.json()["detail"] == "cluster.nodes: 81920 devices in all is over the limit of 65536"
+    long = {
+        "global_batch": 65536,
+        "stages": [
+            {"layers": [i, i + 1], "devices": [f"n0/t4:{i}"], "microbatch": 1} for i in range(32)
+        ],
+    }
+    r = app_client.post("/v1/simulate", json={"profile": PROFILE, "cluster": CLUSTER, "plan": long})
+    assert r.status_code == 422
+    assert r.json()["detail"] == (
+        "plan.stages: 2097152 microbatches over all stages is over the limit of 65536"
+    )
     assert time.perf_counter() - start < 1.0
 
 
