@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from service.api.schemas import ENDING_EVENTS, Event, Job, JobKind, JobPage, JobState
+from service.api.settings import config_dir
 
 DEFAULT_SERVER = "http://127.0.0.1:8321"
 TIMEOUT_S = 30.0
@@ -69,8 +70,7 @@ class TokenError(ClientError):
 
 def default_token_file() -> Path:
     """Where ``pipeplan serve`` writes the token it generates (``$XDG_CONFIG_HOME``)."""
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "pipeplan" / "api_token"
+    return config_dir() / "api_token"
 
 
 def server_from_env() -> str:
