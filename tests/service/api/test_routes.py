@@ -282,3 +282,18 @@ def test_reconcile_fails_a_job_whose_work_ended_without_a_result(
         assert client.get(f"/v1/jobs/{alive}").json()["state"] == "queued"
         assert client.get(f"/v1/jobs/{done}").json()["state"] == "failed"
     assert reconcile(store, fake_backend) == []
+
+
+def test_a_job_whose_work_dies_while_the_service_runs_ends_failed(
+    tmp_path: Path, fake_backend: FakeBackend
+) -> None:
+    settings = make_settings(tmp_path, reconcile_every_s=0.05)
+    with TestClient(create_app(settings, backend=fake_backend), headers=AUTH) as client:
+        jid = _submit(client)["id"]
+        _event(client, jid, 0, "progress", {"evaluations": 1})
+        fake_backend.statuses[jid] = BackendStatus(BackendState.FAILED, "driver died")
+        deadline = time.monotonic() + 10
+        while client.get(f"/v1/jobs/{jid}").json()["state"] != "failed":
+            assert time.monotonic() < deadline, "the job was not reconciled"
+            time.sleep(0.05)
+        assert "driver died" in client.get(f"/v1/jobs/{jid}").json()["error"]
