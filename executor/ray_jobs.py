@@ -57,6 +57,12 @@ class JobInfo:
         return self.status is not None and JobStatus(self.status).is_terminal()
 
 
+def _line(e: BaseException) -> str:
+    """An error's first line (Ray's authentication errors run to a paragraph)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def _not_found(e: Exception) -> bool:
     return "status code 404" in str(e) or "does not exist" in str(e)
 
@@ -82,7 +88,7 @@ class RayJobs:
                     self._client = JobSubmissionClient(self.address, headers=self._headers())
                 except Exception as e:  # Ray raises ConnectionError, RuntimeError, auth errors
                     raise RayJobsError(
-                        f"Ray Jobs API at {self.address}: {type(e).__name__}: {e}"
+                        f"Ray Jobs API at {self.address}: {type(e).__name__}: {_line(e)}"
                     ) from None
             return self._client
 
@@ -107,7 +113,7 @@ class RayJobs:
             if "already exists" in str(e):
                 return submission_id
             self._forget()
-            raise RayJobsError(f"submitting job {submission_id!r}: {e}") from None
+            raise RayJobsError(f"submitting job {submission_id!r}: {_line(e)}") from None
 
     def stop(self, job_id: str) -> None:
         """Ask Ray to stop the job; no error when it has finished or is unknown."""
@@ -119,7 +125,7 @@ class RayJobs:
             if _not_found(e):
                 return
             self._forget()
-            raise RayJobsError(f"stopping job {job_id!r}: {e}") from None
+            raise RayJobsError(f"stopping job {job_id!r}: {_line(e)}") from None
 
     def info(self, job_id: str) -> JobInfo:
         """The job's status and message (``JobInfo(None)`` when Ray has no such job)."""
@@ -131,7 +137,7 @@ class RayJobs:
             if _not_found(e):
                 return JobInfo(None, f"Ray has no job {job_id!r}")
             self._forget()
-            raise RayJobsError(f"status of job {job_id!r}: {e}") from None
+            raise RayJobsError(f"status of job {job_id!r}: {_line(e)}") from None
         return JobInfo(str(details.status.value), details.message or "")
 
     def logs(self, job_id: str) -> str:
@@ -144,7 +150,7 @@ class RayJobs:
             if _not_found(e):
                 return ""
             self._forget()
-            raise RayJobsError(f"logs of job {job_id!r}: {e}") from None
+            raise RayJobsError(f"logs of job {job_id!r}: {_line(e)}") from None
 
     def ping(self) -> str | None:
         """None when the Jobs API answers, else why not."""
@@ -152,5 +158,9 @@ class RayJobs:
             self.client().get_version()
         except Exception as e:
             self._forget()
-            return f"Ray Jobs API at {self.address}: {e}"
+            return (
+                str(e)
+                if isinstance(e, RayJobsError)
+                else f"Ray Jobs API at {self.address}: {_line(e)}"
+            )
         return None

@@ -116,13 +116,16 @@ def _node_command(
     return cmd
 
 
-def _env() -> dict[str, str]:
+def _env(head: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["RAY_AUTH_MODE"] = "token"
     # The in-process switch to loopback (executor.runtime.use_loopback) makes `ray start`
     # refuse worker nodes; here --node-ip-address=127.0.0.1, kept as given by
-    # executor.local.loopback_ray_start, holds every node on loopback instead.
-    env[runtime.LOOPBACK_ENV] = "1"
+    # executor.local.loopback_ray_start, holds every node on loopback instead. The head
+    # keeps the switch on: its processes (the dashboard agent's job manager, Ray Jobs'
+    # drivers) join the cluster with ray.init, which would otherwise turn 127.0.0.1 into the
+    # machine's external address, where nothing listens.
+    env[runtime.LOOPBACK_ENV] = "0" if head else "1"
     return env
 
 
@@ -191,11 +194,11 @@ def _tree(pid: int) -> list[ProcessRecord]:
     return found
 
 
-def _launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _launch(cmd: list[str], log: Path, head: bool = False) -> subprocess.Popen[bytes]:
     """Start one ``ray start --block`` in its own session, its output going to ``log``."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            cmd, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, env=_env(head), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
@@ -226,7 +229,7 @@ def start_persistent(
             if i == 0:
                 cmd.append(f"--dashboard-port={dash}")
             log = state_dir / f"{node.name}.log"
-            procs.append(_launch(cmd, log))
+            procs.append(_launch(cmd, log, head=i == 0))
             _wait_started(procs[-1], log, timeout_s)
         _wait_nodes(address, len(spec.nodes), procs, timeout_s)
     except BaseException:

@@ -7,6 +7,7 @@ request, calling one use-case (:mod:`service.tasks`) and rendering the result.
 - :mod:`~service.cli.run`: ``run``;
 - :mod:`~service.cli.cluster`: ``cluster up|down|status``;
 - :mod:`~service.cli.demo`: ``demo``;
+- :mod:`~service.cli.serve`: ``serve`` (the service: REST API, jobs as Ray Jobs);
 - :mod:`~service.cli.job`: ``job run`` (the entrypoint of a service job's Ray Job);
 - :mod:`~service.cli.submit`: ``submit KIND`` (a job for the service);
 - :mod:`~service.cli.jobs`: ``jobs ls|show|logs|cancel|events`` (the service's jobs).
@@ -21,7 +22,7 @@ import sys
 import typer
 from typer._click import exceptions as click_errors
 
-from service.cli import cluster, demo, job, jobs, plan, profile, run, simulate, submit
+from service.cli import cluster, demo, job, jobs, plan, profile, run, serve, simulate, submit
 from service.cli.console import debug, say
 
 app = typer.Typer(
@@ -31,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for _group in (profile, simulate, plan, run, cluster, demo, job, submit, jobs):
+for _group in (profile, simulate, plan, run, cluster, demo, serve, job, submit, jobs):
     _group.register(app)
 
 

@@ -29,7 +29,7 @@ from core.errors import PipeplanError
 from executor import runtime
 from executor.errors import ExecutorError
 from service.api.ray_jobs import JOB_TOKEN_ENV
-from service.api.schemas import SPEC_MODELS, EventType, JobKind
+from service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind
 from service.cli.console import say, validation_message
 from service.tasks.common import ProblemRequest, cluster_spec
 from service.tasks.compare import CompareRequest, compare, planner_names
@@ -163,7 +163,7 @@ def execute(job: dict[str, Any], channel: EventChannel) -> int:
         raise
     except Exception as e:  # the job's failure, whatever it is, ends the job as an event
         say(f"error: {one_line(e)}")
-        channel.emit(EventType.ERROR.value, {"message": one_line(e)})
+        channel.emit(EventType.ERROR.value, {ERROR_KEY: one_line(e)})
         return 1
 
 

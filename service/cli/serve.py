@@ -1,0 +1,158 @@
+"""``pipeplan serve``: the control plane (FastAPI under uvicorn), its jobs run as Ray Jobs.
+
+Settings come from ``PIPEPLAN_*`` variables, overridden by the flags
+(:class:`~service.api.settings.Settings`). Without ``--ray-address`` the service runs its
+jobs on an **embedded** cluster (``--cluster``, default the ``local-hetero`` preset): a
+``ray start`` cluster with its dashboard (where Ray's Jobs API lives) on free loopback
+ports, recorded under ``--state-dir``
+(:mod:`executor.local.persistent_cluster`). It is a cluster of its own processes, so it
+outlives a crash of the service; a service started again with the same state directory
+reattaches to it, and a clean shutdown (Ctrl-C, SIGTERM) stops it, leaving no Ray process.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+
+from executor.local.persistent_cluster import (
+    STATE_FILE,
+    PersistentCluster,
+    default_state_dir,
+    is_running,
+    read_state,
+    start_persistent,
+    stop_persistent,
+)
+from service.api.app import create_app
+from service.api.ray_jobs import RayJobsBackend
+from service.api.settings import Settings, SettingsError, check_bind, resolve_token
+from service.cli.console import clean_errors, cluster_ref, say
+from service.tasks.common import cluster_spec
+from service.tasks.live import quiet_ray_logs
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+OBJECT_STORE_MB = 500
+"""Object store per node of the embedded cluster (as ``pipeplan cluster up``)."""
+
+
+def serve_state_dir() -> Path:
+    """Where the embedded cluster is recorded: beside ``pipeplan cluster up``'s record, not
+    in it (``cluster down`` never stops the service's cluster)."""
+    return default_state_dir().parent / "serve-cluster"
+
+
+class Shutdown(Exception):
+    """SIGTERM or SIGINT, after uvicorn has shut the server down gracefully."""
+
+
+def _shutdown(signum: int, frame: FrameType | None) -> None:
+    """Raise :class:`Shutdown` once; later signals are ignored, so that the embedded
+    cluster's stop runs to its end (``kill -9`` still ends everything)."""
+    for sig in HANDLED:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Shutdown(signal.Signals(signum).name)
+
+
+def catch_shutdown() -> None:
+    """From now on SIGINT and SIGTERM raise :class:`Shutdown` (uvicorn, which takes them
+    while it serves, shuts down gracefully and then raises the signal again)."""
+    for sig in HANDLED:
+        signal.signal(sig, _shutdown)
+
+
+@contextmanager
+def embedded_cluster(ref: str, state_dir: Path) -> Iterator[PersistentCluster]:
+    """The embedded cluster for the ``with`` body: the one recorded in ``state_dir`` if it
+    still runs (reattached), else a new one for ``ref`` (a preset or a cluster file).
+    Stopped when the body ends, however it ends, short of the process being killed."""
+    state: PersistentCluster | None = None
+    if (state_dir / STATE_FILE).exists():
+        recorded = read_state(state_dir)
+        if is_running(recorded):
+            state = recorded
+            say(f"reattached to the embedded Ray cluster at {state.address}")
+        else:
+            stop_persistent(state_dir)  # clears the record of a cluster that died
+    if state is None:
+        spec = cluster_spec(cluster_ref(ref))
+        say(f"starting the embedded Ray cluster {spec.name!r} ({len(spec.nodes)} nodes) ...")
+        quiet_ray_logs()
+        state = start_persistent(spec, state_dir, object_store_mb=OBJECT_STORE_MB)
+    try:
+        yield state
+    finally:
+        say(f"stopping the embedded Ray cluster at {state.address}")
+        stop_persistent(state_dir)
+
+
+def run_server(settings: Settings, jobs_address: str) -> None:
+    """The app on uvicorn until SIGINT or SIGTERM (then :class:`Shutdown`)."""
+    app = create_app(settings, backend=RayJobsBackend(jobs_address))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    say(f"pipeplan service at {settings.public_url} (jobs on Ray at {jobs_address})")
+    uvicorn.Server(config).run()
+
+
+def settings_from(flags: dict[str, Any]) -> Settings:
+    """The environment's settings with the flags that were given on top."""
+    return Settings(**{k: v for k, v in flags.items() if v is not None})
+
+
+def announce_token(settings: Settings) -> None:
+    token = resolve_token(settings)
+    if token.path is None:
+        say("API token: from PIPEPLAN_API_TOKEN")
+    else:
+        made = " (generated now)" if token.generated else ""
+        say(f"API token file: {token.path}{made}")
+
+
+@clean_errors
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="address to bind [127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on [8321]")] = None,
+    db: Annotated[str | None, typer.Option(help="SQLAlchemy database URL")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="join this Ray cluster's dashboard (Jobs API) address")
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="embedded cluster: preset or file [local-hetero]")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="where the embedded cluster is recorded")
+    ] = None,
+) -> None:
+    """Run the service: the REST API, jobs as Ray Jobs (see API.md)."""
+    if ray_address is not None and cluster is not None:
+        say("error: --ray-address and --cluster: give one (join a cluster, or embed one)")
+        raise typer.Exit(2)
+    flags = {"host": host, "port": port, "db": db, "ray_address": ray_address, "cluster": cluster}
+    try:
+        settings = settings_from(flags)
+        check_bind(settings)
+        announce_token(settings)
+    except SettingsError as e:
+        say(f"error: {e}")
+        raise typer.Exit(2) from None
+    catch_shutdown()
+    try:
+        if settings.ray_address is not None:
+            run_server(settings, settings.ray_address)
+            return
+        with embedded_cluster(settings.cluster, state_dir or serve_state_dir()) as state:
+            say(f"Ray dashboard (Jobs API) at {state.dashboard_url}")
+            run_server(settings, state.dashboard_url)
+    except Shutdown as e:
+        say(f"stopped ({e})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
