@@ -10,6 +10,7 @@ import numpy as np
 from core.cluster import ClusterSpec
 from core.costmodel import Estimate
 from core.errors import PipeplanError
+from core.limits import MAX_GLOBAL_BATCH, check_limit
 from core.objective import Objective, score
 from core.plan import Plan, Schedule
 from core.profile import ModelProfile
@@ -60,6 +61,7 @@ class Problem:
             or self.global_batch < 1
         ):
             raise ProblemError(f"global_batch: must be an integer >= 1, got {self.global_batch!r}")
+        check_limit("global_batch", self.global_batch, MAX_GLOBAL_BATCH, "samples", ProblemError)
         if self.microbatches is not None and (
             self.microbatches < 1 or self.global_batch % self.microbatches
         ):

@@ -10,6 +10,7 @@ from typing import Any
 
 from core import _io, rules
 from core.errors import FormatError
+from core.limits import MAX_DEVICES_PER_NODE, MAX_NODES, check_limit
 
 DeviceId = str
 _ID = re.compile(r"^(?P<node>[^/\s]+)/(?P<type>[^:/\s]+):(?P<index>\d+)$")
@@ -135,27 +136,14 @@ class ClusterSpec:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
             raise FormatError(f"cluster {self.name!r}.nodes: empty; a cluster needs >= 1 node")
+        check_limit(
+            f"cluster {self.name!r}.nodes", len(self.nodes), MAX_NODES, "nodes", FormatError
+        )
         seen: set[str] = set()
         devices: dict[DeviceId, Device] = {}
         for i, node in enumerate(self.nodes):
-            if not _NAME.match(node.name):
-                raise FormatError(
-                    f"nodes[{i}].name: {node.name!r} may hold only letters, digits, '_', '.', '-'"
-                )
-            if node.name in seen:
-                raise FormatError(f"nodes[{i}].name: {node.name!r} appears twice")
-            seen.add(node.name)
+            _check_node(i, node, self.device_types, seen)
             for t, count in node.devices.items():
-                if t not in self.device_types:
-                    raise FormatError(
-                        f"nodes[{i}] ({node.name}).devices: unknown device type {t!r} "
-                        f"(known: {', '.join(sorted(self.device_types)) or 'none'})"
-                    )
-                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                    raise FormatError(
-                        f"nodes[{i}] ({node.name}).devices.{t}: expected a count >= 0, "
-                        f"got {count!r}"
-                    )
                 for k in range(count):
                     d = Device(device_id(node.name, t, k), node.name, t, k)
                     devices[d.id] = d
@@ -243,6 +231,7 @@ class ClusterSpec:
         nodes_doc = _io.field(doc, "nodes", "cluster")
         if not isinstance(nodes_doc, list):
             raise FormatError(f"cluster.nodes: expected a list, got {nodes_doc!r}")
+        check_limit("cluster.nodes", len(nodes_doc), MAX_NODES, "nodes", FormatError)
         nodes = []
         for i, n in enumerate(nodes_doc):
             devs = _io.field(n, "devices", f"nodes[{i}]")
@@ -283,3 +272,25 @@ def _link(net_doc: Any, key: str, default: Link) -> Link:
         bandwidth_gbps=_io.number(d, "bandwidth_gbps", where, default.bandwidth_gbps),
         latency_us=_io.number(d, "latency_us", where, default.latency_us),
     )
+
+
+def _check_node(i: int, node: Node, types: Mapping[str, DeviceType], seen: set[str]) -> None:
+    """A node's name (unique, safe) and device counts (known types, >= 0, within the limit),
+    checked before any of its devices is made."""
+    if not _NAME.match(node.name):
+        raise FormatError(
+            f"nodes[{i}].name: {node.name!r} may hold only letters, digits, '_', '.', '-'"
+        )
+    if node.name in seen:
+        raise FormatError(f"nodes[{i}].name: {node.name!r} appears twice")
+    seen.add(node.name)
+    where = f"nodes[{i}] ({node.name}).devices"
+    for t, count in node.devices.items():
+        if t not in types:
+            raise FormatError(
+                f"{where}: unknown device type {t!r} (known: {', '.join(sorted(types)) or 'none'})"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise FormatError(f"{where}.{t}: expected a count >= 0, got {count!r}")
+    total = sum(node.devices.values())
+    check_limit(where, total, MAX_DEVICES_PER_NODE, "devices on one node", FormatError)

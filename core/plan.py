@@ -9,6 +9,7 @@ from typing import Any
 from core import _io
 from core.cluster import ClusterSpec, DeviceId, parse_device_id
 from core.errors import FormatError, PlanError
+from core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, check_limit
 from core.profile import ModelProfile
 from core.schedules import Schedule
 
@@ -151,6 +152,7 @@ def _check_plan(plan: Plan) -> None:
         or plan.global_batch < 1
     ):
         raise PlanError(f"plan.global_batch: must be an integer >= 1, got {plan.global_batch!r}")
+    check_limit("plan.global_batch", plan.global_batch, MAX_GLOBAL_BATCH, "samples", PlanError)
     if not plan.stages:
         raise PlanError("plan.stages: empty; a plan needs >= 1 stage")
     seen: dict[str, int] = {}
@@ -182,13 +184,7 @@ def _check_plan(plan: Plan) -> None:
                     else f"stages[{i}].devices: device {d!r} listed twice"
                 )
             seen[d] = i
-        mb = stage.microbatch
-        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise PlanError(f"stages[{i}].microbatch: must be an integer >= 1, got {mb!r}")
-        if plan.global_batch % mb:
-            raise PlanError(
-                f"stages[{i}].microbatch: {mb} does not divide global_batch {plan.global_batch}"
-            )
+        _check_microbatch(i, stage.microbatch, plan.global_batch)
     if plan.schedule is Schedule.ONE_F_ONE_B:
         sizes = {s.microbatch for s in plan.stages}
         if len(sizes) > 1:
@@ -196,6 +192,15 @@ def _check_plan(plan: Plan) -> None:
                 f"plan.schedule: 1f1b needs equal microbatches, got {sorted(sizes)} "
                 "(use gpipe for unequal microbatches)"
             )
+
+
+def _check_microbatch(i: int, mb: Any, global_batch: int) -> None:
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise PlanError(f"stages[{i}].microbatch: must be an integer >= 1, got {mb!r}")
+    if global_batch % mb:
+        raise PlanError(f"stages[{i}].microbatch: {mb} does not divide global_batch {global_batch}")
+    where = f"stages[{i}].microbatch"
+    check_limit(where, global_batch // mb, MAX_MICROBATCHES, "microbatches per step", PlanError)
 
 
 def uniform_stages(n_layers: int, n_stages: int) -> list[tuple[int, int]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from core import _io
 from core.errors import FormatError
+from core.limits import MAX_LAYERS, check_limit
 
 OPS: tuple[str, ...] = (
     "conv",
@@ -140,6 +141,8 @@ class ModelProfile:
         object.__setattr__(self, "layers", tuple(self.layers))
         if not self.layers:
             raise FormatError(f"profile {self.name!r}.layers: empty; a model needs >= 1 layer")
+        where = f"profile {self.name!r}.layers"
+        check_limit(where, len(self.layers), MAX_LAYERS, "layers", FormatError)
         if any(d <= 0 for d in self.input_shape):
             raise FormatError(
                 f"profile {self.name!r}.input_shape: sizes must be > 0, "
@@ -215,6 +218,7 @@ class ModelProfile:
         layers = _io.field(doc, "layers", "profile")
         if not isinstance(layers, list):
             raise FormatError(f"profile.layers: expected a list, got {type(layers).__name__}")
+        check_limit("profile.layers", len(layers), MAX_LAYERS, "layers", FormatError)
         return cls(
             name=name,
             input_shape=tuple(shape),
