@@ -1,7 +1,9 @@
 # pipeplan: `make demo` runs the main job end to end (start the local emulated cluster, measure a
 # profile, plan with exact/learned planners and baselines, run them for real, print the table,
 # draw the Gantt chart, stop the cluster: ~1-2 minutes); `make test` runs the tests.
-# Both create .venv when it is missing and install the project into it.
+# Both create .venv when it is missing and install the project into it. `make serve` runs the
+# service (pipeplan serve: REST API on 127.0.0.1:8321, jobs as Ray Jobs on an embedded
+# local-hetero cluster, stopped with it; SERVE_ARGS adds flags, e.g. --port 8400).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,8 +12,9 @@ MODEL ?= alexnet
 INPUT_SIZE ?= 64
 BATCH ?= 32
 CLUSTER ?= examples/clusters/local-hetero.yaml
+SERVE_ARGS ?=
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo serve lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +30,9 @@ test: install
 demo: install
 	$(VENV)/bin/pipeplan demo --model $(MODEL) --input-size $(INPUT_SIZE) --cluster $(CLUSTER) \
 		--batch $(BATCH) --out $(OUT)
+
+serve: install
+	$(VENV)/bin/pipeplan serve $(SERVE_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

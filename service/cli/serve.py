@@ -83,7 +83,8 @@ def embedded_cluster(ref: str, state_dir: Path) -> Iterator[PersistentCluster]:
             stop_persistent(state_dir)  # clears the record of a cluster that died
     if state is None:
         spec = cluster_spec(cluster_ref(ref))
-        say(f"starting the embedded Ray cluster {spec.name!r} ({len(spec.nodes)} nodes) ...")
+        nodes = f"{len(spec.nodes)} node{'s' if len(spec.nodes) != 1 else ''}"
+        say(f"starting the embedded Ray cluster {spec.name!r} ({nodes}) ...")
         quiet_ray_logs()
         state = start_persistent(spec, state_dir, object_store_mb=OBJECT_STORE_MB)
     try:
