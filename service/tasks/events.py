@@ -197,6 +197,11 @@ def _plans(population: Population, context: PlanContext | None) -> list[Plan | N
     ]
 
 
+def echo_line(text: str) -> None:
+    """One line on stdout, flushed: a Ray job's log shows it at once."""
+    print(text, flush=True)
+
+
 class EventReporter(Reporter):
     """A use-case's reports as the job's events (module docstring). ``source`` says where
     values come from (``simulated`` or ``measured``); ``context`` decodes populations."""
@@ -206,7 +211,7 @@ class EventReporter(Reporter):
         channel: EventChannel,
         context: PlanContext | None = None,
         source: str = "simulated",
-        echo: Callable[[str], None] = print,
+        echo: Callable[[str], None] = echo_line,
     ) -> None:
         self.channel, self.context, self.source, self.echo = channel, context, source, echo
         self._search = ""
