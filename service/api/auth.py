@@ -15,6 +15,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ContextDep, StoreDep
 
@@ -55,21 +56,28 @@ def _is_api_token(token: str, context: ContextDep) -> bool:
     return secrets.compare_digest(token.encode(), context.token.value.encode())
 
 
-def require_api(credentials: Credentials, context: ContextDep) -> Principal:
-    """The API token, or 401/403."""
+async def require_api(credentials: Credentials, context: ContextDep) -> Principal:
+    """The API token, or 401/403 (``async``: no I/O, so no thread pool hop)."""
     if not _is_api_token(_token(credentials), context):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Authorization: wrong token")
     return Principal()
 
 
-def require_job_access(
+async def require_job_access(
     job_id: str, credentials: Credentials, context: ContextDep, store: StoreDep
 ) -> Principal:
-    """The API token, or the token of job ``job_id`` (the path's job), or 401/403."""
+    """The API token, or the token of job ``job_id`` (the path's job), or 401/403. A job's
+    token hash never changes, so it is read from the store once per process
+    (:attr:`~service.api.deps.AppContext.token_hashes`): the control endpoint takes every
+    event of a running job through here."""
     token = _token(credentials)
     if _is_api_token(token, context):
         return Principal()
-    stored = store.token_hash(job_id)
+    stored = context.token_hashes.get(job_id)
+    if stored is None:
+        stored = await run_in_threadpool(store.token_hash, job_id)
+        if stored is not None:
+            context.remember_token_hash(job_id, stored)
     if stored is None or not secrets.compare_digest(hash_token(token), stored):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Authorization: wrong token")
     return Principal(job_id)

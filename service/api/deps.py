@@ -2,11 +2,13 @@
 
 :func:`~service.api.app.create_app` puts one :class:`AppContext` on ``app.state``; each
 dependency reads its part, so tests swap any of them with ``app.dependency_overrides``.
+They are ``async``, though they await nothing: FastAPI runs a plain ``def`` dependency in its
+thread pool, and a thread hop per accessor made every request several hops slower.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, cast
 
 from fastapi import Depends, Request
@@ -15,6 +17,8 @@ from service.api.backend import JobsBackend
 from service.api.metrics import Metrics
 from service.api.settings import ApiToken, Settings
 from service.api.store import Store
+
+MAX_TOKEN_HASHES = 10_000
 
 
 @dataclass
@@ -26,28 +30,35 @@ class AppContext:
     store: Store
     backend: JobsBackend
     metrics: Metrics
+    token_hashes: dict[str, str] = field(default_factory=dict)
+    """Job id -> its token's hash, as read from the store (they never change)."""
+
+    def remember_token_hash(self, job_id: str, token_hash: str) -> None:
+        if len(self.token_hashes) >= MAX_TOKEN_HASHES:
+            self.token_hashes.clear()  # a bound, not an LRU: misses only cost a read
+        self.token_hashes[job_id] = token_hash
 
 
-def get_context(request: Request) -> AppContext:
+async def get_context(request: Request) -> AppContext:
     return cast(AppContext, request.app.state.context)
 
 
 ContextDep = Annotated[AppContext, Depends(get_context)]
 
 
-def get_store(context: ContextDep) -> Store:
+async def get_store(context: ContextDep) -> Store:
     return context.store
 
 
-def get_backend(context: ContextDep) -> JobsBackend:
+async def get_backend(context: ContextDep) -> JobsBackend:
     return context.backend
 
 
-def get_app_settings(context: ContextDep) -> Settings:
+async def get_app_settings(context: ContextDep) -> Settings:
     return context.settings
 
 
-def get_metrics(context: ContextDep) -> Metrics:
+async def get_metrics(context: ContextDep) -> Metrics:
     return context.metrics
 
 
