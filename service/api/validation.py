@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agents.problem import Budget, Problem
+from agents.problem import Budget
 from agents.registry import make_planner
 from core.limits import (
     MAX_DEVICES_PER_NODE,
@@ -37,7 +37,13 @@ from core.profile import ModelProfile
 from executor.pipeline import RunConfig
 from models import zoo
 from service.api.schemas import SPEC_MODELS, JobCreate, JobKind
-from service.tasks.common import ProblemRequest, RequestError, check_problem_fields, cluster_spec
+from service.tasks.common import (
+    ProblemRequest,
+    RequestError,
+    check_problem_fields,
+    cluster_spec,
+    problem_of,
+)
 from service.tasks.compare import CompareRequest, planner_names
 from service.tasks.live import model_source
 from service.tasks.plan import PlanRequest, Reward, check_plan_fields, planner_options
@@ -178,17 +184,7 @@ def check_problem(request: ProblemRequest, default_budget: Budget | None = None)
         prof = ModelProfile.from_dict(request.profile)
     else:
         prof = _stand_in(request.model or "model")
-    Problem(
-        profile=prof,
-        cluster=spec,
-        objective=request.objective,
-        global_batch=request.batch,
-        schedule=request.schedule,
-        microbatches=request.microbatches,
-        min_throughput=request.min_throughput,
-        seed=request.seed,
-        budget=request.budget.resolve(default_budget or Budget()),
-    )
+    problem_of(request, prof, spec, request.budget.resolve(default_budget or Budget()))
 
 
 def _check_plan(request: PlanRequest) -> None:

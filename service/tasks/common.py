@@ -119,9 +119,16 @@ def build_problem(
         prof = zoo_profile(request.model, request.input_size, reporter)
     else:
         prof = ModelProfile.from_dict(request.profile)
+    return problem_of(request, prof, spec, budget)
+
+
+def problem_of(
+    request: ProblemRequest, profile: ModelProfile, cluster: ClusterSpec, budget: Budget
+) -> Problem:
+    """The request's problem on ``profile`` and ``cluster`` (checked by :class:`Problem`)."""
     return Problem(
-        profile=prof,
-        cluster=spec,
+        profile=profile,
+        cluster=cluster,
         objective=request.objective,
         global_batch=request.batch,
         schedule=request.schedule,
