@@ -21,8 +21,9 @@ its pipeline.
 
 A plan that fails (refused by the live cluster, a stage that raised, a timeout) is worth
 ``inf`` and its reason is kept in :attr:`outcomes` and handed to the search (which quotes it
-when nothing ran); plans the cost model says do not fit in memory (on the problem's profile)
-are ``inf`` without a run. ``max_failures`` plans failing in a row end the search with an
+when nothing ran); plans the cost model says do not fit in memory (on the problem's profile),
+and plans with fewer samples in a microbatch than replicas to share it, are ``inf`` without a
+run. ``max_failures`` plans failing in a row end the search with an
 :class:`~executor.errors.ExecutorError` instead: a broken cluster should not read as a search
 space without feasible plans.
 """
@@ -50,6 +51,7 @@ from executor import runtime
 from executor.errors import ExecutorError
 from executor.measure import Measurement
 from executor.model import Batch, ModelSource
+from executor.pinning import check_shares
 from executor.pipeline import Pipeline, RunConfig, make_batches
 
 
@@ -177,6 +179,10 @@ class MeasuredReward:
 
     def _evaluate(self, plan: Plan, problem: Problem | None) -> Outcome:
         t0 = time.perf_counter()
+        try:  # a property of the plan, not a failure of the cluster: not counted as one
+            check_shares(plan)
+        except PipeplanError as e:
+            return Outcome(plan, math.inf, error=str(e))
         if problem is not None:
             est = simulate(plan, problem.profile, self.cluster)
             if not est.fits:

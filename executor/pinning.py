@@ -37,21 +37,28 @@ is never reached keep an actor's activations and gradients in memory it already 
 an operation then costs what the profiler measured. Other C libraries ignore them."""
 
 
-def check_feasible(plan: Plan, nodes: Sequence[LiveNode]) -> None:
-    """Refuse a plan the live cluster cannot run, with the reason; before any actor starts.
-
-    Every device id must name a live node, a device type that node has, and (per node and
-    type) no more devices than it has; every stage needs at least one sample per replica.
-    """
-    by_name = {n.name: n for n in nodes}
-    types = sorted({t for n in nodes for t, c in n.devices.items() if c > 0})
-    wanted: dict[tuple[str, str], list[str]] = {}
+def check_shares(plan: Plan) -> None:
+    """Refuse a plan with a stage whose microbatch has fewer samples than the stage has
+    replicas (the cost model takes fractional shares; a run needs >= 1 sample each)."""
     for i, stage in enumerate(plan.stages):
         if stage.microbatch < stage.replicas:
             raise PlanError(
                 f"stages[{i}].microbatch: {stage.microbatch} samples cannot be shared by "
                 f"{stage.replicas} replicas (need >= 1 sample each)"
             )
+
+
+def check_feasible(plan: Plan, nodes: Sequence[LiveNode]) -> None:
+    """Refuse a plan the live cluster cannot run, with the reason; before any actor starts.
+
+    Every device id must name a live node, a device type that node has, and (per node and
+    type) no more devices than it has; every stage needs at least one sample per replica.
+    """
+    check_shares(plan)
+    by_name = {n.name: n for n in nodes}
+    types = sorted({t for n in nodes for t, c in n.devices.items() if c > 0})
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for i, stage in enumerate(plan.stages):
         for d in stage.devices:
             node, dtype, _ = parse_device_id(d)
             if dtype not in types:

@@ -49,7 +49,7 @@ from executor.measure import Measurement, Placement, StepResult, summarise
 from executor.microbatch import Layout
 from executor.model import Batch, ModelSource, OptimizerConfig
 from executor.partition import partition
-from executor.pinning import actor_options, busy_devices, check_feasible
+from executor.pinning import actor_options, busy_devices, check_feasible, check_shares
 from executor.stage import StageWorker, WorkerSpec
 from executor.submit import Ref, WorkerHandle, submit_step
 from executor.waiting import wait_all
@@ -110,6 +110,7 @@ class Pipeline:
     ) -> None:
         self.plan, self.model, self.cluster = plan, model, cluster
         self.config = config or RunConfig()
+        check_shares(plan)  # before the layout, which cannot share a microbatch otherwise
         self.layout = _layout(plan)
         self.workers: list[list[WorkerHandle]] = []
         self._step = 0
