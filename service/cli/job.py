@@ -147,7 +147,10 @@ def one_line(e: BaseException) -> str:
 
 
 def execute(job: dict[str, Any], channel: EventChannel) -> int:
-    """Run the job's use-case, its reports and its end as events; the exit code."""
+    """Run the job's use-case, its reports and its end as events; the exit code. The first
+    event, sent before any work, is a ``progress`` of nothing done yet: it marks the job
+    ``running`` even for kinds that report nothing until they end (``run``, ``profile``)."""
+    channel.emit(EventType.PROGRESS.value, {"evaluations": 0, "best_value": None, "elapsed_s": 0.0})
     try:
         kind = JobKind(job["kind"])
         request = in_job_cluster(SPEC_MODELS[kind].model_validate(job["spec"]))

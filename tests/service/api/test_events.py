@@ -206,8 +206,8 @@ def test_a_job_that_fails_posts_one_line_error_and_exits_1() -> None:
     stub = JobStub("plan", spec)
     code = run_job(JOB, "http://service", TOKEN, transport=httpx.MockTransport(stub))
     assert code == 1
-    assert [e["type"] for e in stub.stored] == ["error"]
-    message = stub.stored[0]["data"]["message"]  # type: ignore[index]
+    assert [e["type"] for e in stub.stored] == ["progress", "error"]  # running, then its end
+    message = stub.stored[1]["data"]["message"]  # type: ignore[index]
     assert message.startswith("cluster: unknown preset 'no-such-preset'")
     assert "\n" not in message
 
@@ -215,5 +215,5 @@ def test_a_job_that_fails_posts_one_line_error_and_exits_1() -> None:
 def test_a_malformed_spec_names_the_field_and_the_value() -> None:
     stub = JobStub("plan", {"profile": PROFILE, "cluster": CLUSTER, "planner": "dp", "batch": "x"})
     assert run_job(JOB, "http://service", TOKEN, transport=httpx.MockTransport(stub)) == 1
-    assert stub.stored[0]["data"]["message"].startswith("batch: ")  # type: ignore[index]
-    assert "'x'" in stub.stored[0]["data"]["message"]  # type: ignore[index]
+    assert stub.stored[-1]["data"]["message"].startswith("batch: ")  # type: ignore[index]
+    assert "'x'" in stub.stored[-1]["data"]["message"]  # type: ignore[index]
