@@ -111,6 +111,9 @@ def test_backoff_is_capped_and_bounded_by_the_deadline() -> None:
     while len(waits) < 6:  # the sender keeps trying; its waits double up to the cap
         threading.Event().wait(0.01)
     assert waits[:6] == [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    stub2.down = 0  # the service is back: the sender delivers and its thread ends (with a
+    ch2.close()  # fake sleep and no deadline it would otherwise spin for the whole session)
+    assert [e["seq"] for e in stub2.stored] == [0]
 
 
 def test_a_refused_event_is_a_bug_raised_with_its_seq_and_status() -> None:
