@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from service.tasks.compare import CompareRequest
 from service.tasks.plan import PlanRequest
@@ -107,6 +107,25 @@ class EventIn(BaseModel):
     seq: int = Field(ge=0, le=2**62)
     type: EventType
     data: dict[str, Any] = {}
+
+
+MAX_BATCH = 1000
+"""The most events one ``POST /v1/jobs/{id}/events`` may carry."""
+
+EventBatch = Annotated[list[EventIn], Field(min_length=1, max_length=MAX_BATCH)]
+"""A batch of events for the control endpoint (a JSON array), stored in one go."""
+
+
+def _one_or_batch(value: Any) -> str:
+    return "batch" if isinstance(value, list) else "one"
+
+
+EventPost = Annotated[
+    Annotated[EventIn, Tag("one")] | Annotated[EventBatch, Tag("batch")],
+    Discriminator(_one_or_batch),
+]
+"""The control endpoint's body: one event or a batch. The JSON's shape picks the model, so
+an error names the fields of that shape only."""
 
 
 class Event(EventIn):

@@ -13,6 +13,7 @@ import base64
 import math
 import secrets
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +55,8 @@ from service.api.schemas import (
 )
 
 OPEN_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
+ENDS = frozenset({EventType.RESULT, EventType.ERROR})
+"""The events that end a job."""
 
 
 class StoreError(Exception):
@@ -161,6 +164,25 @@ def make_engine(url: str) -> Engine:
 
 def _make_parent(path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_batch(posted: Sequence[EventIn]) -> None:
+    """A batch of events is one job's, each seq once, and a ``result`` or ``error`` (which
+    ends the job) has the highest seq of its batch; else ``ValueError`` naming the seq."""
+    if not posted:
+        raise ValueError("events: an empty batch")
+    seen: set[int] = set()
+    for i, p in enumerate(posted):
+        if p.seq in seen:
+            raise ValueError(f"events[{i}].seq: {p.seq} appears twice in the batch")
+        seen.add(p.seq)
+    top = max(seen)
+    for i, p in enumerate(posted):
+        if p.type in ENDS and p.seq != top:
+            raise ValueError(
+                f"events[{i}].type: {p.type.value!r} at seq {p.seq} ends the job, but the "
+                f"batch goes on to seq {top}"
+            )
 
 
 @dataclass(frozen=True)
@@ -322,63 +344,95 @@ class Store:
     # --- events -------------------------------------------------------------------------------
 
     def add_event(self, job_id: str, posted: EventIn) -> bool:
-        """Store the event and apply it to its job; False when its seq was stored before.
+        """Store one event (:meth:`add_events`); False when its seq was stored before."""
+        return self.add_events(job_id, [posted])[0]
+
+    def add_events(self, job_id: str, posted: Sequence[EventIn]) -> list[bool]:
+        """Store the events that are new and apply them to their job, in one transaction;
+        for each event, whether it was new (False: its seq was stored before, nothing done).
 
         A first event makes a queued job ``running``; ``progress`` updates the job's progress
-        (a later seq wins), ``result`` ends it ``succeeded``, ``error`` ends it ``failed``.
-        :class:`JobFinished` for a new event of a terminal job (nothing stored)."""
-        data = finite(posted.data)
+        (the highest seq wins), ``result`` ends it ``succeeded``, ``error`` ends it
+        ``failed``. :class:`JobFinished` when there is a new event for a terminal job
+        (nothing stored). The first statement is a write, so that on SQLite the transaction
+        holds the write lock before it reads the job's state (no stale read, no busy
+        upgrade); on PostgreSQL it locks the job's row."""
+        check_batch(posted)
+        seqs = [p.seq for p in posted]
+        j, e = self.jobs, self.events
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    insert(self.events).values(
-                        job_id=job_id,
-                        seq=posted.seq,
-                        type=posted.type.value,
-                        data=data,
-                        received_at=now(),
-                    )
+                    update(j)
+                    .where(j.c.id == job_id, j.c.state == JobState.QUEUED.value)
+                    .values(state=JobState.RUNNING.value, started_at=now())
                 )
-                state = conn.execute(
-                    select(self.jobs.c.state).where(self.jobs.c.id == job_id)
-                ).scalar()
+                state = conn.execute(select(j.c.state).where(j.c.id == job_id)).scalar()
                 if state is None:
                     raise JobNotFound(job_id)
+                old = set(
+                    conn.execute(
+                        select(e.c.seq).where(e.c.job_id == job_id, e.c.seq.in_(seqs))
+                    ).scalars()
+                )
+                new = sorted((p for p in posted if p.seq not in old), key=lambda p: p.seq)
+                if not new:
+                    conn.rollback()  # a repeat changes nothing (not even queued -> running)
+                    return [False] * len(posted)
                 if JobState(state) in TERMINAL:
                     raise JobFinished(job_id, JobState(state))
-                self._apply(conn, job_id, posted.seq, posted.type, data)
-        except IntegrityError:
-            if self._has_event(job_id, posted.seq):
-                return False
+                received = now()
+                rows = [
+                    {
+                        "job_id": job_id,
+                        "seq": p.seq,
+                        "type": p.type.value,
+                        "data": finite(p.data),
+                        "received_at": received,
+                    }
+                    for p in new
+                ]
+                conn.execute(insert(e), rows)
+                self._apply(conn, job_id, new, rows)
+        except IntegrityError:  # a concurrent post stored one of these seqs meanwhile
+            if len(posted) > 1:
+                return [self.add_event(job_id, p) for p in posted]
+            if self._has_event(job_id, posted[0].seq):
+                return [False]
             raise JobNotFound(job_id) from None
-        return True
+        return [p.seq not in old for p in posted]
 
-    def _apply(self, conn: Any, job_id: str, seq: int, kind: EventType, data: Any) -> None:
+    def _apply(
+        self, conn: Any, job_id: str, new: list[EventIn], rows: list[dict[str, Any]]
+    ) -> None:
+        """The job's progress from the last new ``progress``; its end from a new ``result``
+        or ``error`` (:func:`check_batch`: the last of the batch, if any)."""
         j = self.jobs
-        t = now()
-        conn.execute(
-            update(j)
-            .where(j.c.id == job_id, j.c.state == JobState.QUEUED.value)
-            .values(state=JobState.RUNNING.value, started_at=t)
-        )
-        if kind is EventType.PROGRESS:
+        progress = [
+            (p.seq, r["data"])
+            for p, r in zip(new, rows, strict=True)
+            if p.type is EventType.PROGRESS
+        ]
+        if progress:
+            seq, data = progress[-1]
             conn.execute(
                 update(j)
                 .where(j.c.id == job_id, (j.c.progress_seq.is_(None)) | (j.c.progress_seq < seq))
                 .values(progress=data, progress_seq=seq)
             )
-        elif kind is EventType.RESULT:
+        last, data = new[-1], rows[-1]["data"]
+        if last.type is EventType.RESULT:
             conn.execute(
                 update(j)
                 .where(j.c.id == job_id)
-                .values(state=JobState.SUCCEEDED.value, finished_at=t, result=data)
+                .values(state=JobState.SUCCEEDED.value, finished_at=now(), result=data)
             )
-        elif kind is EventType.ERROR:
+        elif last.type is EventType.ERROR:
             message = data.get(ERROR_KEY) if isinstance(data, dict) else None
             conn.execute(
                 update(j)
                 .where(j.c.id == job_id)
-                .values(state=JobState.FAILED.value, finished_at=t, error=str(message or data))
+                .values(state=JobState.FAILED.value, finished_at=now(), error=str(message or data))
             )
 
     def _has_event(self, job_id: str, seq: int) -> bool:

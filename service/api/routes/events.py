@@ -8,14 +8,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiAuth, JobAuth
 from service.api.deps import MetricsDep, SettingsDep, StoreDep
 from service.api.routes.jobs import JobId
-from service.api.schemas import Event, EventAck, EventIn, error_responses
+from service.api.schemas import Event, EventAck, EventPost, error_responses
 from service.api.store import Store
 
 MAX_EVENTS = 10_000
@@ -80,11 +80,23 @@ def list_events(
 
 @router.post("", responses=error_responses(400, 409, 413))
 def post_event(
-    job_id: JobId, event: EventIn, _: JobAuth, store: StoreDep, metrics: MetricsDep
-) -> EventAck:
-    """The control endpoint: store the event once (a repeated seq is acknowledged with
-    ``stored: false``); ``result`` and ``error`` end the job; 409 once it has ended."""
-    stored = store.add_event(job_id, event)
-    if stored:
-        metrics.events.labels(event.type.value).inc()
-    return EventAck(seq=event.seq, stored=stored)
+    job_id: JobId,
+    posted: Annotated[EventPost, Body()],
+    _: JobAuth,
+    store: StoreDep,
+    metrics: MetricsDep,
+) -> EventAck | list[EventAck]:
+    """The control endpoint: store each event once (a repeated seq is acknowledged with
+    ``stored: false``); ``result`` and ``error`` end the job; 409 once it has ended.
+
+    The body is one event, or a batch of up to ``MAX_BATCH`` events (a JSON array; each seq
+    once, an ending event last), stored in one transaction and answered with one
+    acknowledgement per event, in order: a job whose search outruns the network sends what
+    has queued in one request."""
+    batch = posted if isinstance(posted, list) else [posted]
+    stored = store.add_events(job_id, batch)
+    for event, new in zip(batch, stored, strict=True):
+        if new:
+            metrics.events.labels(event.type.value).inc()
+    acks = [EventAck(seq=e.seq, stored=new) for e, new in zip(batch, stored, strict=True)]
+    return acks if isinstance(posted, list) else acks[0]

@@ -66,6 +66,38 @@ def test_a_job_lives_through_its_events(app_client: TestClient, fake_backend: Fa
     assert r.status_code == 409 and "succeeded" in r.json()["detail"]
 
 
+def test_a_batch_of_events_is_stored_at_once_with_one_ack_each(app_client: TestClient) -> None:
+    jid = _submit(app_client)["id"]
+    url = f"/v1/jobs/{jid}/events"
+    batch = [{"seq": s, "type": "evaluation", "data": {"value": s}} for s in range(3)]
+    r = app_client.post(url, json=batch)
+    assert r.status_code == 200 and [a["stored"] for a in r.json()] == [True] * 3
+    batch += [{"seq": 3, "type": "progress", "data": {"evaluations": 4}}]
+    batch += [{"seq": 4, "type": "result", "data": {"best": 1}}]
+    acks = app_client.post(url, json=batch).json()
+    assert acks == [{"seq": s, "stored": s >= 3} for s in range(5)]
+    got = app_client.get(f"/v1/jobs/{jid}").json()
+    assert got["state"] == "succeeded" and got["progress"] == {"evaluations": 4}
+    assert [e["seq"] for e in app_client.get(url).json()] == list(range(5))
+
+
+def test_a_malformed_batch_is_refused_naming_the_event(app_client: TestClient) -> None:
+    jid = _submit(app_client)["id"]
+    url = f"/v1/jobs/{jid}/events"
+    twice = [{"seq": 0, "type": "progress", "data": {}}] * 2
+    r = app_client.post(url, json=twice)
+    assert r.status_code == 422 and "events[1].seq: 0 appears twice" in r.json()["detail"]
+    early = [{"seq": 0, "type": "error", "data": {}}, {"seq": 1, "type": "progress", "data": {}}]
+    r = app_client.post(url, json=early)
+    assert r.status_code == 422 and "'error' at seq 0 ends the job" in r.json()["detail"]
+    assert app_client.post(url, json=[]).status_code == 422
+    too_many = [{"seq": s, "type": "progress", "data": {}} for s in range(1001)]
+    r = app_client.post(url, json=too_many)
+    assert r.status_code == 422 and "1000" in r.json()["detail"]
+    assert app_client.get(url).json() == []
+    assert app_client.get(f"/v1/jobs/{jid}").json()["state"] == "queued"
+
+
 def test_cancel_stops_the_work_and_an_error_event_fails_a_job(
     app_client: TestClient, fake_backend: FakeBackend
 ) -> None:

@@ -128,3 +128,58 @@ def test_unfinished_jobs_and_counts(db: Store) -> None:
     assert counts[("queued", "plan")] == 1 and counts[("running", "plan")] == 1
     assert counts[("failed", "run")] == 1
     assert db.ping() is None
+
+
+def _ev(seq: int, kind: EventType = EventType.EVALUATION, **data: object) -> EventIn:
+    return EventIn(seq=seq, type=kind, data=dict(data))
+
+
+def test_a_batch_is_stored_in_one_go_and_its_repeats_are_acknowledged(db: Store) -> None:
+    job_id = _job(db)
+    assert db.add_events(job_id, [_ev(1), _ev(0, EventType.PROGRESS, evaluations=1)]) == [
+        True,
+        True,
+    ]
+    job = db.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.progress == {"evaluations": 1}
+    batch = [_ev(1), _ev(2), _ev(3, EventType.PROGRESS, evaluations=3), _ev(4, EventType.PROGRESS)]
+    assert db.add_events(job_id, batch) == [False, True, True, True]
+    assert db.get_job(job_id).progress == {}  # the highest seq's progress wins
+    assert db.add_events(job_id, [_ev(2), _ev(4)]) == [False, False]
+    assert [e.seq for e in db.events_after(job_id)] == [0, 1, 2, 3, 4]
+
+
+def test_a_batch_that_ends_the_job_and_one_after_its_end(db: Store) -> None:
+    job_id = _job(db)
+    db.add_events(job_id, [_ev(0), _ev(1, EventType.RESULT, best=2.0)])
+    job = db.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED and job.result == {"best": 2.0}
+    with pytest.raises(JobFinished, match="succeeded"):
+        db.add_events(job_id, [_ev(1), _ev(2)])  # one new event: refused, nothing stored
+    assert [e.seq for e in db.events_after(job_id)] == [0, 1]
+    assert db.add_events(job_id, [_ev(0), _ev(1)]) == [False, False]
+    other = _job(db)
+    db.add_events(other, [_ev(5, EventType.ERROR, message="boom"), _ev(4)])
+    assert db.get_job(other).state is JobState.FAILED and db.get_job(other).error == "boom"
+
+
+def test_a_malformed_batch_is_refused_naming_the_seq(db: Store) -> None:
+    job_id = _job(db)
+    with pytest.raises(ValueError, match=r"events\[2\]\.seq: 1 appears twice"):
+        db.add_events(job_id, [_ev(0), _ev(1), _ev(1)])
+    with pytest.raises(ValueError, match=r"events\[0\]\.type: 'result' at seq 0 ends the job"):
+        db.add_events(job_id, [_ev(0, EventType.RESULT), _ev(1)])
+    with pytest.raises(ValueError, match="empty batch"):
+        db.add_events(job_id, [])
+    assert db.events_after(job_id) == [] and db.get_job(job_id).state is JobState.QUEUED
+    with pytest.raises(JobNotFound):
+        db.add_events("nope", [_ev(0), _ev(1)])
+
+
+def test_concurrent_overlapping_batches_store_each_seq_once(db: Store) -> None:
+    job_id = _job(db)
+    batches = [[_ev(s) for s in range(i, i + 5)] for i in range(0, 20, 2)]
+    with ThreadPoolExecutor(6) as pool:
+        acks = list(pool.map(lambda b: db.add_events(job_id, b), batches))
+    assert sum(sum(a) for a in acks) == 23  # seqs 0..22, each acknowledged new once
+    assert [e.seq for e in db.events_after(job_id)] == list(range(23))
