@@ -6,13 +6,16 @@ Inside a Ray Job (``pipeplan job run``), a use-case reports through an
 
 - ``progress`` ``{evaluations, best_value, elapsed_s, search}`` from a search's callback, at
   most every :data:`PROGRESS_EVERY_S` (and always the last one of a search);
-- ``evaluation`` ``{plan, value, source, batch_time_s?, search}`` for every plan a search
-  valued (:meth:`~service.tasks.progress.Reporter.evaluated`);
+- ``evaluation`` ``{plan, value, source, batch_time_s?, predicted_batch_time_s?, search}``
+  for every plan a search valued (:meth:`~service.tasks.progress.Reporter.evaluated`; a
+  measured plan carries the cost model's prediction beside its measured time);
 - ``measurement``, ``result`` and ``error``, posted by the entrypoint.
 
 Delivery (:class:`EventChannel`): every event gets the next ``seq`` (0, 1, 2 ...) and goes
-out in that order from one sender thread, so the search never waits on the network. While
-the service is unreachable (a connection error, a 5xx, a 429) an event is retried with
+out in that order from one sender thread, so the search never waits on the network; the
+events that queue while a post is on its way go out together in the next post (a batch, a
+JSON array: a fast search is not held to one round trip per event). While the service is
+unreachable (a connection error, a 5xx, a 429) a post is retried with
 exponential backoff, up to a total deadline; the service stores each seq once, so a retry
 after a lost answer doubles nothing. Any other 4xx is a bug (a wrong token, a malformed
 event): delivery stops and :meth:`EventChannel.flush` raises it. ``inf`` and ``nan`` are not
@@ -23,11 +26,12 @@ Notes and steps are for people: they go to stdout, the Ray job's log.
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +52,10 @@ PROGRESS_EVERY_S = 0.1
 """Least time between two ``progress`` events of one search (at most ~10 a second)."""
 QUEUE_SIZE = 10_000
 """Events waiting to be sent; a search that outruns delivery waits for room."""
+BATCH_SIZE = 500
+"""The most events one post carries (the service takes up to 1,000)."""
+BATCH_BYTES = 4 * 2**20
+"""The largest body a post of several events may have; a bigger batch goes in halves."""
 
 
 class EventDeliveryError(RuntimeError):
@@ -159,20 +167,52 @@ class EventChannel:
             self._thread.join()
 
     def _run(self) -> None:
-        while (event := self._queue.get()) is not None:
+        while (batch := self._next_batch()) is not None:
             try:
                 if self.error is None:
-                    self._deliver(event)
+                    self._deliver(batch)
             except EventDeliveryError as e:
                 self.error = e
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
         self._queue.task_done()
 
-    def _deliver(self, event: dict[str, Any]) -> None:
-        """Post ``event`` until the service acknowledges it (module docstring)."""
-        what = f"event {event['seq']} ({event['type']}) of job {self.job_id}"
-        send = partial(self.client.post, self.path, json=event, headers=self.headers)
+    def _next_batch(self) -> list[dict[str, Any]] | None:
+        """The next event and every one queued behind it, up to :data:`BATCH_SIZE` (None:
+        closed). Events that queued while the last post was on its way go out together."""
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        while len(batch) < BATCH_SIZE:
+            try:
+                event = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if event is None:  # closing: this batch goes out, then the sentinel again
+                self._queue.task_done()
+                self._queue.put(None)
+                break
+            batch.append(event)
+        return batch
+
+    def _deliver(self, batch: list[dict[str, Any]]) -> None:
+        """Post ``batch`` until the service acknowledges it (module docstring): one event as
+        an object, several as an array; a body over :data:`BATCH_BYTES` goes in halves."""
+        body = json.dumps(batch[0] if len(batch) == 1 else batch, allow_nan=False).encode()
+        if len(body) > BATCH_BYTES and len(batch) > 1:
+            half = len(batch) // 2
+            self._deliver(batch[:half])
+            self._deliver(batch[half:])
+            return
+        first, last = batch[0], batch[-1]
+        seqs = f"{first['seq']}" if len(batch) == 1 else f"{first['seq']}..{last['seq']}"
+        what = f"event {seqs} ({first['type']}) of job {self.job_id}"
+        if len(batch) > 1:
+            what = f"events {seqs} ({len(batch)}) of job {self.job_id}"
+        headers = self.headers | {"Content-Type": "application/json"}
+        send = partial(self.client.post, self.path, content=body, headers=headers)
         with_retries(send, what, self.delivery, self.sleep)
 
 
@@ -249,9 +289,16 @@ class EventReporter(Reporter):
         if latest is not None:  # the last report of the search, whatever the throttle
             self.channel.emit("progress", latest)
 
-    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+    def evaluated(
+        self,
+        plans: Population,
+        values: np.ndarray,
+        details: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
         time_is_value = self.context is not None and self.context.objective is Objective.TIME
-        for plan, value in zip(_plans(plans, self.context), values, strict=True):
+        listed = _plans(plans, self.context)
+        extra = details if details is not None else [{}] * len(listed)
+        for plan, value, more in zip(listed, values, extra, strict=True):
             data: dict[str, Any] = {
                 "plan": None if plan is None else plan.to_dict(),
                 "value": finite(float(value)),
@@ -260,7 +307,7 @@ class EventReporter(Reporter):
             }
             if time_is_value:
                 data["batch_time_s"] = data["value"]
-            self.channel.emit("evaluation", data)
+            self.channel.emit("evaluation", data | dict(more))
 
     def measurement(self, data: dict[str, Any]) -> None:
         """A run measured on the cluster (the entrypoint posts them)."""

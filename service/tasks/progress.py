@@ -10,8 +10,9 @@ The base class ignores everything, so a caller overrides only what it shows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +41,17 @@ class Reporter:
         (evaluations so far, best objective value so far); ``total`` is its budget."""
         yield _ignore
 
-    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+    def evaluated(
+        self,
+        plans: Population,
+        values: np.ndarray,
+        details: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
         """A search valued ``plans`` (a ``PlanBatch`` or a list of plans; turn a batch into
         plans with :func:`agents.rewards.plans_of`): ``values`` by the problem's objective,
-        lower is better, ``inf`` for an infeasible plan."""
+        lower is better, ``inf`` for an infeasible plan. ``details``, one per plan where
+        the search has them: what else it knows of each (a measured plan's
+        ``batch_time_s`` and the cost model's ``predicted_batch_time_s``)."""
 
 
 QUIET = Reporter()

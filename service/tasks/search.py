@@ -17,8 +17,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from agents.problem import Budget, PlanResult, Problem
 from agents.registry import make_planner
+from agents.rewards import Population, plans_of
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.errors import PipeplanError
+from core.plan import Plan
 from executor.measured_reward import MeasuredReward
 from service.tasks.live import live_cluster, model_source
 from service.tasks.progress import Reporter
@@ -53,6 +60,7 @@ class MeasuredSearch:
 
     result: PlanResult
     reward: MeasuredReward
+    problem: Problem
 
     def to_dict(self) -> dict[str, Any]:
         """Every run of the search (``measured`` in ``pipeplan plan --json``)."""
@@ -66,6 +74,9 @@ class MeasuredSearch:
                     "plan": o.plan.to_dict(),
                     "value": o.value if math.isfinite(o.value) else None,
                     "batch_time_s": None if o.measurement is None else o.measurement.batch_time_s,
+                    "predicted_batch_time_s": predicted_batch_time(
+                        o.plan, self.problem, self.reward.cluster
+                    ),
                     "emulated": None if o.measurement is None else o.measurement.emulated,
                     "error": o.error or None,
                     "seconds": o.seconds,
@@ -94,5 +105,30 @@ def search(
         reporter.search(f"{planner} (measured)", problem.budget.evaluations) as progress,
     ):
         searcher = make_planner(planner, reward=reward, **options)
-        result = searcher.plan(problem, progress=progress, on_record=reporter.evaluated)
-    return MeasuredSearch(result, reward)
+
+        def record(plans: Population, values: np.ndarray) -> None:
+            listed = plans_of(problem, plans)
+            details = [measured_detail(p, problem, reward) for p in listed]
+            reporter.evaluated(listed, values, details)
+
+        result = searcher.plan(problem, progress=progress, on_record=record)
+    return MeasuredSearch(result, reward, problem)
+
+
+def predicted_batch_time(plan: Plan, problem: Problem, cluster: ClusterSpec) -> float | None:
+    """The cost model's batch time of ``plan`` on ``problem``'s profile (None: not a
+    plan it can cost)."""
+    try:
+        return simulate(plan, problem.profile, cluster).batch_time_s
+    except PipeplanError:
+        return None
+
+
+def measured_detail(plan: Plan, problem: Problem, reward: MeasuredReward) -> dict[str, Any]:
+    """What an evaluation event of a measured plan carries beside its value: the measured
+    mean batch time and the cost model's prediction of it."""
+    m = reward.measurement(plan)
+    return {
+        "batch_time_s": None if m is None else m.batch_time_s,
+        "predicted_batch_time_s": predicted_batch_time(plan, problem, reward.cluster),
+    }

@@ -166,6 +166,7 @@ def test_tapp_with_a_measured_reward_runs_plans_on_the_cluster(  # type: ignore[
     assert 1 <= len(runs) <= 3 and doc["evaluations"] == len(runs)
     ran = [r for r in runs if r["batch_time_s"] is not None]
     assert ran and all(r["value"] == r["batch_time_s"] > 0 for r in ran)
+    assert all(r["predicted_batch_time_s"] > 0 for r in ran)  # the cost model's, beside it
     on_mid = [r for r in ran if any("mid" in d for s in r["plan"]["stages"] for d in s["devices"])]
     assert all(r["emulated"] for r in on_mid)  # mid is emulated at 2x, fast is not
     best = min(r["value"] for r in ran)

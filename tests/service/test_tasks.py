@@ -3,9 +3,10 @@ no console; bad requests name the field and the value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,8 +62,14 @@ class Recorder(Reporter):
         self.searches.append((label, total))
         yield lambda evaluations, best: self.progress.append((evaluations, best))
 
-    def evaluated(self, plans: Population, values: np.ndarray) -> None:
+    def evaluated(
+        self,
+        plans: Population,
+        values: np.ndarray,
+        details: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
         assert len(plans_of_any(plans)) == len(values)
+        assert details is None or len(details) == len(values)
         self.evaluations.extend(values.tolist())
 
 

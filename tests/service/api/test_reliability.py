@@ -247,6 +247,8 @@ def test_a_crash_in_the_middle_of_a_measured_search_loses_no_event(service: Serv
     evaluated = [e for e in stored if e["type"] == "evaluation"]
     assert len(evaluated) == result["evaluations"]
     assert all(e["data"]["source"] == "measured" for e in evaluated)
+    ran = [e["data"] for e in evaluated if e["data"]["batch_time_s"] is not None]
+    assert ran and all(d["predicted_batch_time_s"] > 0 for d in ran)  # prediction beside it
     measured = [e["data"] for e in stored if e["type"] == "measurement"]
     assert measured == result["measured"]["evaluated"]
 
