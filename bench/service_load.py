@@ -5,9 +5,15 @@
    with its own httpx client), against the real app under uvicorn in a process of its own
    with a bench backend that accepts submissions and runs nothing
    (:mod:`bench.service_load_server`).
-2. Events ingested per second on one job: ``--events`` events posted to the control
-   endpoint with the job's own token by ``--posters`` concurrent posters (distinct seqs),
-   and whether the stored events are exactly those (target: >= 1,000 events/s on SQLite).
+2. Events ingested per second on one job (target: >= 1,000 events/s on SQLite), and whether
+   the stored events are exactly those posted:
+   a. one event a request: ``--events`` events posted to the control endpoint with the
+      job's own token by ``--posters`` concurrent posters (distinct seqs): what the
+      request path costs;
+   b. as a job sends them: ``--events`` evaluation events emitted by one job's own
+      EventChannel as fast as a search reports them (in order, from one sender thread;
+      what queues behind a post goes out in the next post, as a batch). The target is
+      judged on this one: it is how a job's events reach the service.
 3. Submit to running on the real Ray Jobs backend: ``pipeplan serve`` with its embedded
    one-node cluster, ``--ray-jobs`` small plan jobs one after the other, median and max
    (:mod:`bench.service_load_ray`; ``--no-ray`` skips it).
@@ -42,7 +48,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.service_load_fault import DELIVERY, fault_runs
-from bench.service_load_http import ingest, list_load, seed_jobs, stored_check, submit_job
+from bench.service_load_http import (
+    deliver,
+    ingest,
+    list_load,
+    seed_jobs,
+    stored_check,
+    submit_job,
+)
 from bench.service_load_ray import submit_to_running
 from bench.service_load_server import bench_server, job_tokens
 
@@ -99,6 +112,9 @@ def http_parts(a: argparse.Namespace, tmp: Path, token: str) -> dict[str, Any]:
             until = time.perf_counter() + a.time_limit
             t = ingest(server.url, job_id, job_tokens(tmp)[job_id], a.events, a.posters, until)
             out["events"] = t.summary() | stored_check(c, job_id, t.done)
+            sender_job = submit_job(c, "sender")
+            sender_token = job_tokens(tmp)[sender_job]
+            out["sender"] = deliver(c, server.url, sender_job, sender_token, a.events)
     finally:
         server.stop()
     return out
@@ -128,7 +144,7 @@ def print_http(a: argparse.Namespace, r: dict[str, Any]) -> None:
         t.add_row(n, *map(str, row), f"{s['max_ms']:.1f} ms", f"{s['per_s']:,.0f}")
     console.print(t)
     e = r["events"]
-    t = Table(title=f"2. events ingested on one job ({a.posters} posters, distinct seqs)")
+    t = Table(title=f"2a. events ingested on one job, one a request ({a.posters} posters)")
     for col in ("events", "errors", "events/s", "p50", "p99", "stored", "distinct", "exact"):
         t.add_column(col, justify="right")
     t.add_row(
@@ -140,6 +156,21 @@ def print_http(a: argparse.Namespace, r: dict[str, Any]) -> None:
         str(e["stored"]),
         str(e["distinct"]),
         str(e["exact"]),
+    )
+    console.print(t)
+    b = r["sender"]
+    t = Table(title="2b. events ingested on one job, as the job sends them (its EventChannel)")
+    for col in ("events", "posts", "events/post", "events/s", "stored", "distinct", "exact"):
+        t.add_column(col, justify="right")
+    per_post = b["events"] / b["posts"] if b["posts"] else 0.0
+    t.add_row(
+        str(b["events"]),
+        str(b["posts"]),
+        f"{per_post:,.1f}",
+        f"{b['per_s']:,.0f}",
+        str(b["stored"]),
+        str(b["distinct"]),
+        str(b["exact"]),
     )
     console.print(t)
 
@@ -194,8 +225,10 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     for n in lists:
         s |= {f"list_p50_ms_{n}_clients": lists[n]["p50_ms"]}
         s |= {f"list_p99_ms_{n}_clients": lists[n]["p99_ms"]}
-    s |= {"events_per_s": e["per_s"], "events_stored_exact": e["exact"]}
-    s["events_target_met"] = bool(e["per_s"] >= TARGET_EVENTS_PER_S and e["errors"] == 0)
+    b = res["http"]["sender"]
+    s |= {"events_per_s_one_a_request": e["per_s"], "events_per_s_job_sender": b["per_s"]}
+    s["events_stored_exact"] = bool(e["exact"] and b["exact"])
+    s["events_target_met"] = bool(b["per_s"] >= TARGET_EVENTS_PER_S and b["exact"])
     if "ray" in res:
         s["to_running_median_s"] = res["ray"]["to_running_s"]["median"]
         s["to_running_max_s"] = res["ray"]["to_running_s"]["max"]

@@ -1,6 +1,7 @@
 """Parts 1 and 2 of ``bench.service_load``, on the bench service (the real app, a bench
 backend): the latency of ``GET /v1/jobs`` from concurrent clients with many jobs stored, and
-the events one job's control endpoint ingests per second from concurrent posters.
+the events one job's control endpoint ingests per second: one event a request from
+concurrent posters (2a), and as a job sends them, through its EventChannel (2b).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from service.api.auth import hash_token, new_job_token
 from service.api.schemas import JobKind, JobState
 from service.api.store import Store
+from service.tasks.events import EventChannel
 
 PROFILE: dict[str, Any] = {
     "name": "tiny",
@@ -194,3 +196,53 @@ def all_events(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
         if not page:
             return out
         out += page
+
+
+PLAN_DOC: dict[str, Any] = {
+    "global_batch": 32,
+    "schedule": "1f1b",
+    "stages": [
+        {"layers": [0, 2], "devices": ["n0/fast:0"], "microbatch": 8},
+        {"layers": [2, 3], "devices": ["n1/mid:0", "n1/mid:1"], "microbatch": 8},
+    ],
+}
+"""The plan an evaluation event of part 2b carries (the size of a real two-stage plan)."""
+
+
+def sender_doc(seq: int) -> dict[str, Any]:
+    """The data of evaluation ``seq`` as a search reports it."""
+    return {"plan": PLAN_DOC, "value": 0.01 + seq * 1e-6, "source": "simulated", "i": seq}
+
+
+def deliver(
+    api: httpx.Client, url: str, job_id: str, job_token: str, events: int
+) -> dict[str, Any]:
+    """Part 2b: ``events`` evaluation events emitted as fast as a search reports them
+    through the job side's own :class:`~service.tasks.events.EventChannel` (one sender
+    thread, in order; what queues behind a post goes out as one batch), timed from the
+    first emit until every event is acknowledged; then what the service stored (read with
+    ``api``, a client with the API token)."""
+    posts: list[int] = []
+
+    def count(request: httpx.Request) -> None:
+        posts.append(1)
+
+    with httpx.Client(base_url=url, timeout=30.0, event_hooks={"request": [count]}) as c:
+        channel = EventChannel(c, job_id, job_token)
+        t0 = time.perf_counter()
+        for seq in range(events):
+            channel.emit("evaluation", sender_doc(seq))
+        channel.close()
+        wall = time.perf_counter() - t0
+    stored = all_events(api, job_id)
+    seqs = [e["seq"] for e in stored]
+    exact = seqs == list(range(events)) and all(e["data"] == sender_doc(e["seq"]) for e in stored)
+    return {
+        "events": events,
+        "posts": len(posts),
+        "wall_s": wall,
+        "per_s": events / wall if wall > 0 else 0.0,
+        "stored": len(seqs),
+        "distinct": len(set(seqs)),
+        "exact": exact,
+    }
