@@ -9,7 +9,8 @@ transfer / (that + total forward and backward compute), the cost model's definit
 10); updates and the replicas' gradient exchange are not counted.
 
 :class:`Comparison` holds a measured run beside the cost model's prediction for the same plan
-("predicted vs measured"), with :func:`relative_error` as the one definition of the error.
+("predicted vs measured"), with :func:`relative_error` as the one definition of the error;
+:func:`publish_errors` puts those errors in Ray's metrics (:mod:`executor.metrics`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from core.costmodel import Estimate
 from core.plan import Plan
+from executor import metrics
 from executor.emulation import EMULATED_NOTE
 from executor.microbatch import Layout
 from executor.stage import OpRecord
@@ -235,6 +237,22 @@ def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement
 def relative_error(predicted: float, measured: float) -> float:
     """``(predicted - measured) / measured`` (nan when nothing was measured)."""
     return (predicted - measured) / measured if measured else math.nan
+
+
+def publish_errors(estimate: Estimate, measurement: Measurement, source: str) -> None:
+    """The prediction's relative errors -- batch time, each stage's compute and transfer --
+    in Ray's metrics, tagged with ``source`` (who measured: ``run``, ``measured``).
+    A quantity measured as zero has no relative error and is left out."""
+    if not metrics.enabled():
+        return
+    metrics.prediction_error(
+        "batch_time", source, relative_error(estimate.batch_time_s, measurement.batch_time_s)
+    )
+    for p, q in zip(estimate.stages, measurement.stages, strict=True):
+        metrics.prediction_error("stage_compute", source, relative_error(p.compute_s, q.compute_s))
+        metrics.prediction_error(
+            "stage_transfer", source, relative_error(p.transfer_s, q.transfer_s)
+        )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ and plans with fewer samples in a microbatch than replicas to share it, are ``in
 run. ``max_failures`` plans failing in a row end the search with an
 :class:`~executor.errors.ExecutorError` instead: a broken cluster should not read as a search
 space without feasible plans.
+
+Every plan valued goes to Ray's metrics (:mod:`executor.metrics`): its outcome and wall
+time and, for a plan that ran for a problem, the cost model's error on it (with the
+problem's profile) as ``source="measured"``.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.errors import PipeplanError
 from core.plan import Plan
-from executor import runtime
+from executor import metrics, runtime
 from executor.errors import ExecutorError
-from executor.measure import Measurement
+from executor.measure import Measurement, publish_errors
 from executor.model import Batch, ModelSource
 from executor.pinning import check_shares
 from executor.pipeline import Pipeline, RunConfig, make_batches
@@ -182,10 +186,13 @@ class MeasuredReward:
         try:  # a property of the plan, not a failure of the cluster: not counted as one
             check_shares(plan)
         except PipeplanError as e:
+            metrics.measured_evaluation("screened", time.perf_counter() - t0)
             return Outcome(plan, math.inf, error=str(e))
+        est = None
         if problem is not None:
             est = simulate(plan, problem.profile, self.cluster)
             if not est.fits:
+                metrics.measured_evaluation("screened", time.perf_counter() - t0)
                 reason = "does not fit in memory (cost model): " + "; ".join(est.not_fitting)
                 return Outcome(plan, math.inf, error=reason)
         try:
@@ -193,6 +200,7 @@ class MeasuredReward:
         except (PipeplanError, ExecutorError) as e:
             self.close()  # the actors' state is unknown after a failure
             self._failures_in_a_row += 1
+            metrics.measured_evaluation("failed", time.perf_counter() - t0)
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if self._failures_in_a_row >= self.max_failures:
                 raise ExecutorError(
@@ -201,10 +209,13 @@ class MeasuredReward:
                 ) from e
             return Outcome(plan, math.inf, error=reason, seconds=time.perf_counter() - t0)
         self._failures_in_a_row = 0
+        seconds = time.perf_counter() - t0
+        metrics.measured_evaluation("ran", seconds)
         value = measured.batch_time_s
-        if problem is not None:
+        if problem is not None and est is not None:
+            publish_errors(est, measured, self.name)
             value = measured_value(problem, plan, value)
-        return Outcome(plan, value, measured, seconds=time.perf_counter() - t0)
+        return Outcome(plan, value, measured, seconds=seconds)
 
     def _measure(self, plan: Plan) -> Measurement:
         if self._pipe is not None and _same_stages(self._pipe.plan, plan):

@@ -20,6 +20,9 @@ one chunk of its flat gradient to the next one as an object ref, reduce-scatter 
 all-gather, so every replica ends with the same bit-identical sum before its optimizer step
 and the replicas keep identical weights.
 
+Every step's batch time, samples per second and transfer times go to Ray's metrics
+(:mod:`executor.metrics`); they change nothing the step returns.
+
 :func:`run` trains a few warm-up and measured steps and returns a
 :class:`~executor.measure.Measurement`.
 """
@@ -40,12 +43,12 @@ import torch
 from core.cluster import ClusterSpec, parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
-from executor import runtime
+from executor import metrics, runtime
 from executor.data import digits_batches, synthetic_batches
 from executor.emulation import device_slowdowns
 from executor.errors import ExecutorError
 from executor.live_cluster import LiveNode, live_nodes
-from executor.measure import Measurement, Placement, StepResult, summarise
+from executor.measure import Measurement, Placement, StepResult, summarise, transfers
 from executor.microbatch import Layout
 from executor.model import Batch, ModelSource, OptimizerConfig
 from executor.partition import partition
@@ -286,7 +289,7 @@ class Pipeline:
         terms = list(wait_all(losses, self.all_workers(), deadline, f"step {t}").values())
         batch_time = time.perf_counter() - t0
         predictions = sum(m["predictions"] for m in terms)
-        return StepResult(
+        result = StepResult(
             step=t,
             start=start,
             batch_time_s=batch_time,
@@ -294,6 +297,29 @@ class Pipeline:
             accuracy=sum(m["correct"] for m in terms) / predictions,
             records=tuple(records.values()),
         )
+        self._publish(result)
+        return result
+
+    def _publish(self, result: StepResult) -> None:
+        """The step's batch time, samples per second and every transfer time, in Ray's
+        metrics (:mod:`executor.metrics`; the stage actors record their compute)."""
+        if not metrics.enabled():
+            return
+        plan = self.plan
+        metrics.training_step(
+            self.model.name,
+            self.cluster.name,
+            plan.schedule.value,
+            result.batch_time_s,
+            plan.global_batch,
+        )
+        types = {
+            (w.spec.stage, w.spec.replica): parse_device_id(w.spec.device)[1]
+            for w in self.all_workers()
+        }
+        moved = transfers(self.layout, result.records, result.start)
+        for (s, k, kind, _), seconds in moved.items():
+            metrics.stage_transfer(s, types[(s, k)], kind, seconds)
 
     def measure(self, batches: Sequence[Batch], warmup: int) -> Measurement:
         """Train on every batch; the first ``warmup`` are left out of the batch time."""

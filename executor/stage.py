@@ -26,6 +26,9 @@ worker that has failed or seen a failure returns that ``Failure`` from every lat
 (until :meth:`StageWorker.reset`), so the driver sees the original error once and no worker
 steps on a broken batch.
 
+**Metrics.** Each forward, backward and update is recorded in Ray's metrics as it ends
+(:func:`executor.metrics.stage_compute`, tagged with the stage and its device type).
+
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
 after it (:func:`executor.emulation.emulation_sleep`). Only the device compute is slowed:
@@ -54,6 +57,8 @@ import numpy as np
 import ray
 import torch
 
+from core.cluster import parse_device_id
+from executor import metrics
 from executor.emulation import emulation_sleep
 from executor.microbatch import Piece
 from executor.model import (
@@ -163,6 +168,7 @@ class StageWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(1)
         self.spec = spec
+        self.device_type = parse_device_id(spec.device)[1]
         model, example = spec.model.build()
         if spec.deterministic:
             disable_dropout(model)
@@ -375,6 +381,7 @@ class StageWorker:
         if sleep > 0:
             time.sleep(sleep)
         spec = self.spec
+        metrics.stage_compute(spec.stage, self.device_type, kind, wall + sleep)
         return OpRecord(
             spec.stage,
             spec.replica,

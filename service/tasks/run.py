@@ -18,7 +18,7 @@ from core.costmodel import simulate
 from core.plan import Plan
 from core.profile import ModelProfile
 from executor.live_cluster import live_nodes
-from executor.measure import Comparison
+from executor.measure import Comparison, publish_errors
 from executor.model import ModelSource
 from executor.pinning import check_feasible
 from executor.pipeline import RunConfig
@@ -90,4 +90,5 @@ def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
         estimate = simulate(plan, prof, live)
         with reporter.step(f"running the plan: {request.warmup} warm-up + {request.steps} steps"):
             measurement = run_plan(plan, source, live, config)
+        publish_errors(estimate, measurement, "run")  # while connected: Ray's metrics
     return Comparison(source.name, live.name, profile_from, estimate, measurement)

@@ -4,23 +4,26 @@ training; actors sit on their nodes; infeasible plans are refused before any act
 One cluster for the module; one set of 4 stage actors (3 stages, the last one replicated on
 n2's two slow devices) serves every training test through ``Pipeline.reconfigure`` (fresh
 weights; other microbatches, schedule, optimizer or model of 8 layers; same processes).
+Their Ray metrics (executor.metrics) are read back from the nodes' metrics export ports.
 """
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from ray import cloudpickle
 
 from core.cluster import ClusterSpec
 from core.errors import PlanError
 from core.plan import Plan, Schedule, Stage
-from executor import runtime
+from executor import metrics, runtime
 from executor.data import digits_batches, synthetic_batches
 from executor.live_cluster import discover, live_nodes, node_resource
 from executor.local_cluster import LocalCluster
@@ -179,6 +182,65 @@ def test_emulated_measurement(digits_pipe: Pipeline) -> None:
         assert stage.compute_s >= k * stage.cpu_s * (1 - 1e-9)
         assert 0.0 <= stage.emulated_s <= (k - 1) / k * stage.compute_s * (1 + 1e-3)
     assert slow.emulated_s > 0.0 and fast.cpu_s > 0.0
+
+
+def ray_metrics() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of Ray's metrics endpoints (one per live node, ``MetricsExportPort``):
+    ``(name, labels without Ray's per-process ones) -> value`` summed over processes."""
+    own = {"Component", "NodeAddress", "SessionName", "Version", "WorkerId"}
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for node in (n for n in ray.nodes() if n["Alive"]):
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = {k: v for k, v in sample.labels.items() if k not in own}
+                labels = {k: v for k, v in labels.items() if not k.startswith("otel_")}
+                key = (sample.name, tuple(sorted(labels.items())))
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def metric(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, got), v in samples.items() if n == name and want <= set(got))
+
+
+@pytest.mark.timeout(120)
+def test_stage_actors_and_the_driver_publish_ray_metrics(digits_pipe: Pipeline) -> None:
+    """executor.metrics read back from Ray's metrics export port: every stage's compute
+    (recorded by its actors) and transfer, the batch time and samples per second (by the
+    driver). Processes hand their metrics over every 10 s (Ray's default), so this waits."""
+    digits_pipe.reconfigure(digits_plan(16, (4, 4, 4)), CONFIG, model=DIGITS)
+    x, y = batches_for(DIGITS, 16)[0]
+    digits_pipe.step(x, y)  # 4 microbatches: 4 forwards per stage replica at least
+    compute = metrics.STAGE_COMPUTE.exported + "_count"
+    wanted = {("0", "fast"): 4.0, ("1", "mid"): 4.0, ("2", "slow"): 8.0}  # stage 2: 2 replicas
+
+    def published(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> bool:
+        return (
+            all(
+                metric(samples, compute, stage=s, device_type=t, op=op) >= n
+                for (s, t), n in wanted.items()
+                for op in ("forward", "backward")
+            )
+            and metric(samples, metrics.BATCH.exported + "_count", model="digits_cnn") >= 1
+        )
+
+    deadline = time.monotonic() + 45
+    while not published(samples := ray_metrics()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert published(samples), sorted(k for k in samples if "pipeplan" in k[0])
+    assert metric(samples, compute, stage="0", op="update") >= 1
+    transfer = metrics.STAGE_TRANSFER.exported + "_count"
+    assert metric(samples, transfer, stage="1", device_type="mid", op="forward") >= 4
+    assert metric(samples, transfer, stage="2", device_type="slow", op="backward") >= 8
+    assert metric(samples, metrics.THROUGHPUT.exported + "_count", cluster="local-hetero") >= 1
+    assert metric(samples, metrics.STAGE_COMPUTE.exported + "_sum", stage="2") > 0
 
 
 @pytest.mark.timeout(120)
