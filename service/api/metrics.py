@@ -1,20 +1,35 @@
 """The service's Prometheus metrics (``GET /metrics``): HTTP requests by route, method and
-status with their latency, jobs by state and kind (read from the store at each scrape), and
-events ingested by type. Each app has a registry of its own (tests build many apps).
+status with their latency, jobs by state and kind (read from the store at each scrape),
+events ingested by type, and each recent job's best value and evaluation count
+(:class:`JobProgressCollector`, read from the store at each scrape). Each app has a
+registry of its own (tests build many apps).
+
+The executor's own metrics (stage compute and transfer, batch time, samples per second, the
+cost model's error) are Ray's to export: :mod:`executor.metrics`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.schemas import Job, JobState
+from service.api.store import Store
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+RECENT_JOBS = 50
+"""Jobs, newest first, whose progress :func:`progress_window` reports whatever their state."""
+RUNNING_JOBS = 200
+"""Running jobs, newest first, whose progress :func:`progress_window` reports too."""
 
 
 class JobsCollector(Collector):
@@ -30,6 +45,80 @@ class JobsCollector(Collector):
         for (state, kind), n in sorted(self.counts().items()):
             family.add_metric([state, kind], n)
         yield family
+
+
+def progress_window(
+    store: Store, recent: int = RECENT_JOBS, running: int = RUNNING_JOBS
+) -> list[Job]:
+    """The jobs whose progress a scrape reports: the ``recent`` newest jobs, whatever their
+    state, and the ``running`` newest running jobs (at most ``recent + running`` jobs).
+
+    Bounded because every job is a label value, so a time series of its own in Prometheus,
+    and the scrape reads each of these jobs from the store: with every job ever run, both
+    would grow without end. A running job's numbers are the live ones worth watching; a
+    finished job's no longer change, so the most recent finished ones are kept (a search just
+    ended stays on the dashboard) and older ones are left to ``GET /v1/jobs``. Queued jobs
+    have no progress yet (their first event makes them running)."""
+    newest = store.list_jobs(limit=recent).jobs if recent > 0 else []
+    live = store.list_jobs(state=JobState.RUNNING, limit=running).jobs if running > 0 else []
+    seen = {j.id for j in newest}
+    return newest + [j for j in live if j.id not in seen]
+
+
+def _number(value: Any) -> float | None:
+    """A progress field as a finite float, None when it is not one (absent, ``null`` for an
+    infinite best value, or a malformed document: a scrape never fails on one job)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+class JobProgressCollector(Collector):
+    """``pipeplan_job_best_value{job, kind}`` and ``pipeplan_job_evaluations{job, kind}``:
+    each job's latest ``progress`` event (``best_value``: the best objective value its search
+    found so far, lower is better; ``evaluations``: plans valued so far), for the jobs that
+    ``jobs`` returns at scrape time (:func:`progress_window`). A job with no progress yet, or
+    no feasible plan so far, has no sample."""
+
+    def __init__(self, jobs: Callable[[], Iterable[Job]]) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> Iterator[Metric]:
+        best = GaugeMetricFamily(
+            "pipeplan_job_best_value",
+            "Best objective value a job's search found so far (lower is better)",
+            labels=["job", "kind"],
+        )
+        evaluations = GaugeMetricFamily(
+            "pipeplan_job_evaluations",
+            "Plans a job's search valued so far",
+            labels=["job", "kind"],
+        )
+        for job in self.jobs():
+            progress = job.progress if isinstance(job.progress, dict) else {}
+            labels = [job.id, job.kind.value]
+            if (value := _number(progress.get("best_value"))) is not None:
+                best.add_metric(labels, value)
+            if (count := _number(progress.get("evaluations"))) is not None:
+                evaluations.add_metric(labels, count)
+        yield best
+        yield evaluations
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (no store read when the collector is registered)."""
+        return JobProgressCollector(lambda: ()).collect()
+
+
+class _Joined(Collector):
+    """A registry's collectors and some more, collected as one exposition."""
+
+    def __init__(self, registry: CollectorRegistry, extra: Iterable[Collector]) -> None:
+        self.registry, self.extra = registry, tuple(extra)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        for collector in self.extra:
+            yield from collector.collect()
 
 
 class Metrics:
@@ -61,8 +150,11 @@ class Metrics:
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *extra: Collector) -> bytes:
+        """The registry's metrics and those of ``extra``, collectors made for this scrape
+        (the route's :class:`JobProgressCollector` over the request's store), in
+        Prometheus' text format."""
+        return generate_latest(_Joined(self.registry, extra))
 
 
 def _route(scope: Scope) -> str:

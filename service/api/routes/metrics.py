@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Response
 
 from service.api.auth import ApiAuth
-from service.api.deps import MetricsDep
-from service.api.metrics import CONTENT_TYPE
+from service.api.deps import MetricsDep, StoreDep
+from service.api.metrics import CONTENT_TYPE, JobProgressCollector, progress_window
 from service.api.schemas import error_responses
 
 router = APIRouter(tags=["metrics"], responses=error_responses(401, 403))
@@ -17,7 +19,9 @@ router = APIRouter(tags=["metrics"], responses=error_responses(401, 403))
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
 )
-def metrics(_: ApiAuth, registry: MetricsDep) -> Response:
+def metrics(_: ApiAuth, registry: MetricsDep, store: StoreDep) -> Response:
     """HTTP requests by route and status with latency, jobs by state and kind, events
-    ingested by type."""
-    return Response(registry.render(), media_type=CONTENT_TYPE)
+    ingested by type, and the best value and evaluation count of each recent or running
+    job."""
+    progress = JobProgressCollector(partial(progress_window, store))
+    return Response(registry.render(progress), media_type=CONTENT_TYPE)
