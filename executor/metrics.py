@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import ray
 from ray.util.metrics import Histogram
@@ -178,8 +178,11 @@ def enabled() -> bool:
     return _forced or ray.is_initialized()
 
 
+AnyRecorder = TypeVar("AnyRecorder", bound=Recorder)
+
+
 @contextmanager
-def recording_to(recorder: Recorder) -> Iterator[Recorder]:
+def recording_to(recorder: AnyRecorder) -> Iterator[AnyRecorder]:
     """Send this process's records to ``recorder`` (connected or not) while in the block."""
     global _recorder, _forced
     saved = _recorder, _forced
