@@ -205,9 +205,7 @@ def _check_profile(request: ProfileRequest) -> None:
         raise RequestError("address: only applies with measure")
     if request.measure and request.device_type is not None:
         raise RequestError("device_type: not with measure (every type of the cluster is timed)")
-    if request.measure and request.cluster is None and request.address is None:
-        raise RequestError("measure: needs cluster (the cluster to start and time on)")
-    if request.cluster is not None:
+    if request.cluster is not None:  # without one, a job times on the cluster it runs in
         cluster_spec(request.cluster)
 
 
@@ -223,8 +221,6 @@ def _check_run(request: RunRequest) -> None:
         seed=request.seed,
         timeout_s=request.timeout_s,
     )
-    if request.cluster is None and request.address is None:
-        raise RequestError("cluster: required unless address joins a running cluster")
     spec = cluster_spec(request.cluster) if request.cluster is not None else None
     if spec is not None or prof is not None:
         plan.validate(prof, spec)

@@ -197,6 +197,32 @@ def test_a_repeated_submission_starts_nothing(service: Service, done_job: dict[s
     assert backend.logs("no-such-job") == ""
 
 
+def submit_and_wait(service: Service, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    r = service.client.post("/v1/jobs", json={"kind": kind, "spec": spec})
+    assert r.status_code == 201, r.text
+    job = wait_done(service.client, r.json()["id"], timeout_s=180)
+    assert job["state"] == "succeeded", (job, service.client.get(f"/v1/jobs/{job['id']}/logs"))
+    return job
+
+
+def test_a_parallel_reward_job_costs_its_plans_on_the_jobs_cluster(service: Service) -> None:
+    base = SPEC | {"planner": "genetic", "budget": {"evaluations": 200}, "seed": 3}
+    job = submit_and_wait(service, "plan", base | {"reward": "parallel", "workers": 2})
+    local = plan(PlanRequest.model_validate(base)).to_dict()
+    for key in ("plan", "estimate", "evaluations"):
+        assert job["result"][key] == local[key], key
+    logs = service.client.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "joined" in logs or "connected" in logs or "search genetic" in logs
+
+
+def test_a_measured_profile_job_times_the_layers_on_the_jobs_cluster(service: Service) -> None:
+    job = submit_and_wait(service, "profile", {"model": "digits_cnn", "measure": True})
+    doc = job["result"]
+    assert doc["name"] == "digits_cnn" and len(doc["layers"]) > 3
+    events = service.client.get(f"/v1/jobs/{job['id']}/events").json()
+    assert events[-1]["type"] == "result" and events[-1]["data"] == doc
+
+
 def test_a_wrong_ray_token_is_named_by_ready(service: Service) -> None:
     backend = RayJobsBackend(service.cluster.dashboard_url, token="wrong")
     reason = backend.ready()
