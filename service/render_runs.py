@@ -4,14 +4,13 @@ search, the demo. Every number from an emulated cluster is marked EMULATED."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.table import Table
 
-from core.costmodel import Estimate
 from core.plan import Plan
 from executor.measure import Comparison, relative_error
 from service.tasks.demo import REFERENCE, Demo, DemoRow
-from service.tasks.search import MeasuredSearch
 
 
 def pct(predicted: float, measured: float) -> str:
@@ -53,22 +52,25 @@ def run_lines(c: Comparison, data: str) -> list[str]:
     ]
 
 
-def measured_lines(found: MeasuredSearch, estimate: Estimate) -> list[str]:
-    """What a measured search ran, for people."""
-    reward = found.reward
-    m = reward.measurement(found.result.plan)
-    failed = [o for o in reward.outcomes.values() if o.error]
+def measured_lines(measured: dict[str, Any], predicted_s: float) -> list[str]:
+    """What a measured search ran, for people, from its document
+    (:meth:`~service.tasks.search.MeasuredSearch.to_dict`: the local command and a
+    service job's ``--wait`` print the same lines); ``predicted_s`` is the cost model's
+    batch time of the best plan."""
+    best = measured.get("best")
+    failed = [r for r in measured.get("evaluated", []) if r.get("error")]
     lines = []
-    if m is not None:
-        flag = " EMULATED" if m.emulated else ""
+    if isinstance(best, dict):
+        t, std = best["batch_time_s"], best["batch_time_std_s"]
+        flag = " EMULATED" if best.get("emulated") else ""
         lines.append(
-            f"measured        {m.batch_time_s * 1e3:.3f} ms/batch (mean of {m.steps} runs, "
-            f"std {m.batch_time_std_s * 1e3:.2f}){flag}; cost model "
-            f"{estimate.batch_time_s * 1e3:.3f} ms ({pct(estimate.batch_time_s, m.batch_time_s)})"
+            f"measured        {t * 1e3:.3f} ms/batch (mean of {best['steps']} runs, "
+            f"std {std * 1e3:.2f}){flag}; cost model {predicted_s * 1e3:.3f} ms "
+            f"({pct(predicted_s, t)})"
         )
     lines.append(
-        f"runs            {reward.runs} plans run on the cluster, {len(failed)} refused or "
-        f"failed, {reward.pipelines_started} sets of stage actors started"
+        f"runs            {measured.get('runs')} plans run on the cluster, {len(failed)} "
+        f"refused or failed, {measured.get('pipelines_started')} sets of stage actors started"
     )
     return lines
 

@@ -27,7 +27,7 @@ from service.api.schemas import Event, EventType, Job, JobKind, JobPage
 from service.cli.console import err, out
 from service.client import EventCallback
 from service.render import NOTE_WIDTH, estimate_table, format_value, shorten, totals_lines
-from service.render_runs import pct
+from service.render_runs import measured_lines, pct
 
 Document = dict[str, Any]
 
@@ -198,10 +198,8 @@ def _render_plan(spec: Document, doc: Document) -> None:
         typer.echo(line)
     measured = doc.get("measured")
     if isinstance(measured, dict):
-        typer.echo(
-            f"runs            {measured.get('runs')} plans run on the cluster, "
-            f"{measured.get('pipelines_started')} sets of stage actors started"
-        )
+        for line in measured_lines(measured, est.batch_time_s):
+            typer.echo(line)
 
 
 def _ratio(value: Any) -> str:

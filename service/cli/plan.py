@@ -200,7 +200,7 @@ def _render_plan(done: Planned) -> None:
     for line in [*totals_lines(est), search_line(done)]:
         typer.echo(line)
     if done.measured is not None:
-        for line in measured_lines(done.measured, est):
+        for line in measured_lines(done.measured.to_dict(), est.batch_time_s):
             typer.echo(line)
 
 
