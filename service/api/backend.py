@@ -7,9 +7,10 @@ backend's submission id, so a retried submission cannot start a job twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class BackendState(StrEnum):
@@ -61,4 +62,45 @@ class JobsBackend(Protocol):
 
     def ready(self) -> str | None:
         """None when the backend answers, else why not (for ``/readyz``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node of the cluster the jobs run on, as Ray sees it: its pipeplan name (the
+    ``pipeplan_node:NAME`` marker, else ``node-<id prefix>``), Ray's node id, whether it is
+    alive, and its ``device:TYPE`` resources: how many it has and how many are in use
+    (``None``: Ray did not say)."""
+
+    name: str
+    node_id: str
+    alive: bool
+    address: str = ""
+    head: bool = False
+    devices: Mapping[str, float] = field(default_factory=dict)
+    devices_in_use: Mapping[str, float] | None = None
+    cpus: float = 0.0
+    cpus_in_use: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What the backend can tell of its cluster for the dashboard: the nodes (empty when
+    there is no live cluster), and why it could not tell (``error``)."""
+
+    nodes: tuple[NodeState, ...] = ()
+    error: str | None = None
+
+
+@runtime_checkable
+class ClusterSource(Protocol):
+    """A backend that can describe its cluster (the Ray Jobs backend does; a backend that
+    is not one, a test's or a benchmark's, shows no live cluster on the dashboard)."""
+
+    def cluster_state(self) -> ClusterState:
+        """The nodes and their devices now; never raises (a failure is ``error``)."""
+        ...
+
+    def dashboard_url(self) -> str | None:
+        """The Ray dashboard's URL (for links), known without asking the cluster."""
         ...
