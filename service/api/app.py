@@ -1,5 +1,6 @@
 """The FastAPI app: :func:`create_app` wires settings, the store, the jobs backend, the
-routes, the limits, the metrics and the error handlers.
+routes (the dashboard's pages and its static files among them), the limits, the metrics and
+the error handlers.
 
 On start (lifespan) the tables are created and every unfinished job is reconciled with the
 backend (API.md, "Delivery and restarts"): still running -> keep waiting; finished without a
@@ -19,6 +20,7 @@ from datetime import timedelta
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -27,11 +29,12 @@ from service.api.backend import BackendState, JobsBackend
 from service.api.deps import AppContext
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.ray_jobs import RayJobsBackend
-from service.api.routes import catalog, events, health, jobs, metrics, simulate
+from service.api.routes import catalog, dashboard, events, health, jobs, metrics, simulate
 from service.api.schemas import Job, JobState
 from service.api.settings import Settings, get_settings, resolve_token
 from service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
 from service.api.validation import BodyLimit, one_line
+from service.web import STATIC_DIR
 
 log = logging.getLogger("pipeplan.service")
 
@@ -168,8 +171,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.context = context
-    for module in (jobs, events, simulate, catalog, health, metrics):
+    for module in (jobs, events, simulate, catalog, health, metrics, dashboard):
         app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=lambda: context.metrics)

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.api.backend import BackendState, BackendStatus, Submission
+from service.api.backend import BackendState, BackendStatus, ClusterState, Submission
 from service.api.settings import Settings
 from service.api.store import Store
 
@@ -32,6 +32,9 @@ class FakeBackend:
     log_text: dict[str, str] = field(default_factory=dict)
     fail_submit: str | None = None
     not_ready: str | None = None
+    cluster: ClusterState = field(default_factory=ClusterState)
+    """What the dashboard's cluster page is told (default: no live node)."""
+    ray_dashboard: str | None = None
 
     def submit(self, submission: Submission) -> str:
         if self.fail_submit is not None:
@@ -53,6 +56,12 @@ class FakeBackend:
 
     def ready(self) -> str | None:
         return self.not_ready
+
+    def cluster_state(self) -> ClusterState:
+        return self.cluster
+
+    def dashboard_url(self) -> str | None:
+        return self.ray_dashboard
 
     def token_of(self, job_id: str) -> str:
         """The job token the service handed over for ``job_id``."""

@@ -1,0 +1,237 @@
+"""The dashboard's pages (``GET /``, a job's page, the cluster page), their server-drawn
+fragments, and the login that sets the cookie the pages and their scripts use.
+
+Without a valid login the pages answer 401 with the login form and no data. ``POST
+/login`` takes the API token from the form and sets it as an HttpOnly cookie (SameSite=
+Strict, Path=/), which the JSON API accepts in place of the header
+(:mod:`service.api.auth`); ``POST /logout`` clears it. The pages are left out of the
+OpenAPI document: they are HTML for people, not part of the JSON contract.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from service.api.auth import COOKIE, CSRF_HEADER, is_api_token
+from service.api.backend import ClusterSource
+from service.api.deps import AppContext, ContextDep
+from service.api.routes.events import SEQ_MAX
+from service.api.routes.jobs import JobId
+from service.api.schemas import Event, EventType, JobKind, JobState
+from service.api.store import JobNotFound
+from service.web import TEMPLATES_DIR
+from service.web.cluster_view import cluster_view
+from service.web.format import FILTERS
+from service.web.job_plan import plan_panel
+
+MAX_LOGIN_BODY = 4096
+"""A login form is one token and a path; a longer body is refused unread."""
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+}
+"""Every page and fragment: not cached, only this origin's scripts, never in a frame."""
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+templates.env.filters.update(FILTERS)
+
+
+def signed_in(request: Request, context: AppContext) -> bool:
+    """Whether the request holds the API token: the bearer header when sent (as the API
+    reads it), else the login cookie."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    header = value.strip() if scheme.lower() == "bearer" else ""
+    token = header or request.cookies.get(COOKIE, "")
+    return bool(token) and is_api_token(token, context)
+
+
+def _page(request: Request, name: str, values: dict[str, Any], code: int = 200) -> Response:
+    context: AppContext = request.app.state.context
+    backend = context.backend
+    common = {
+        "csrf_header": CSRF_HEADER,
+        "ray_dashboard": backend.dashboard_url() if isinstance(backend, ClusterSource) else None,
+        "signed_in": True,
+    }
+    return templates.TemplateResponse(
+        request, name, common | values, status_code=code, headers=PAGE_HEADERS
+    )
+
+
+def local_path(candidate: str | None) -> str:
+    """``candidate`` when it is a path of this site (``/...``, not ``//host``), else ``/``:
+    the login never redirects elsewhere."""
+    if not candidate or not candidate.startswith("/") or candidate.startswith("//"):
+        return "/"
+    parts = urlsplit(candidate)
+    if parts.scheme or parts.netloc or "\\" in candidate:
+        return "/"
+    return candidate
+
+
+def login_page(
+    request: Request, message: str | None = None, code: int = 401, target: str | None = None
+) -> Response:
+    """The login form (no data), posting to ``/login`` with the page to go to once logged
+    in (``target``; default: the page asked for); a stale cookie is cleared."""
+    if target is None:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    values = {"next": local_path(target), "message": message, "signed_in": False}
+    response = templates.TemplateResponse(
+        request, "login.html", values, status_code=code, headers=PAGE_HEADERS
+    )
+    if request.cookies.get(COOKIE):
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+def _stale_cookie(request: Request) -> str | None:
+    if request.cookies.get(COOKIE):
+        return "The saved login is no longer valid (the token changed?): log in again."
+    return None
+
+
+def _denied_fragment() -> Response:
+    return HTMLResponse(
+        "<p class='note'>Not logged in: reload the page to log in.</p>",
+        status.HTTP_401_UNAUTHORIZED,
+        headers=PAGE_HEADERS,
+    )
+
+
+@router.get("/", response_class=HTMLResponse)
+async def jobs_page(
+    request: Request,
+    context: ContextDep,
+    state: JobState | None = None,
+    kind: JobKind | None = None,
+) -> Response:
+    """The jobs table, filtered by ``state`` and ``kind`` (the script keeps it live)."""
+    if not signed_in(request, context):
+        return login_page(request, _stale_cookie(request))
+    values = {
+        "state": state.value if state else "",
+        "kind": kind.value if kind else "",
+        "states": [s.value for s in JobState],
+        "kinds": [k.value for k in JobKind],
+    }
+    return _page(request, "jobs.html", values)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(request: Request, job_id: JobId, context: ContextDep) -> Response:
+    """One job: its figures, the search chart, the plan, the log tail (kept live)."""
+    if not signed_in(request, context):
+        return login_page(request, _stale_cookie(request))
+    try:
+        job = await run_in_threadpool(context.store.get_job, job_id)
+    except JobNotFound as e:
+        return _page(request, "missing.html", {"message": str(e)}, 404)
+    return _page(request, "job.html", {"job": job})
+
+
+def _event(context: AppContext, job_id: str, seq: int | None) -> Event | None:
+    if seq is None:
+        return None
+    found = context.store.events_after(job_id, seq - 1, 1)
+    if found and found[0].seq == seq and found[0].type is EventType.EVALUATION:
+        return found[0]
+    return None
+
+
+@router.get("/jobs/{job_id}/plan", response_class=HTMLResponse)
+def plan_fragment(
+    request: Request,
+    job_id: JobId,
+    context: ContextDep,
+    seq: Annotated[int | None, Query(ge=0, le=SEQ_MAX)] = None,
+) -> Response:
+    """The plan panel of the job page: the plan of evaluation ``seq`` (a search's best so
+    far), else the job's own; its stages x devices, Gantt chart and measured stage times."""
+    if not signed_in(request, context):
+        return _denied_fragment()
+    try:
+        job = context.store.get_job(job_id)
+    except JobNotFound as e:
+        return HTMLResponse(f"<p class='note'>{e}</p>", 404, headers=PAGE_HEADERS)
+    panel = plan_panel(job, _event(context, job_id, seq))
+    return templates.TemplateResponse(
+        request, "plan_panel.html", {"panel": panel}, headers=PAGE_HEADERS
+    )
+
+
+@router.get("/cluster", response_class=HTMLResponse)
+def cluster_page(request: Request, context: ContextDep) -> Response:
+    """Device types, the nodes alive and what they use, links to Ray's dashboard."""
+    if not signed_in(request, context):
+        return login_page(request, _stale_cookie(request))
+    return _page(request, "cluster.html", {"view": cluster_view(context.settings, context.backend)})
+
+
+@router.get("/cluster/nodes", response_class=HTMLResponse)
+def cluster_nodes_fragment(request: Request, context: ContextDep) -> Response:
+    """The cluster page's live part (its script reloads it)."""
+    if not signed_in(request, context):
+        return _denied_fragment()
+    view = cluster_view(context.settings, context.backend)
+    return templates.TemplateResponse(
+        request, "cluster_live.html", {"view": view}, headers=PAGE_HEADERS
+    )
+
+
+async def _form(request: Request) -> dict[str, str] | str:
+    """The urlencoded form of ``request`` (first value of each field), or why not."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return f"content-type: expected a form (application/x-www-form-urlencoded), got {kind!r}"
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_LOGIN_BODY:
+            return f"body: over {MAX_LOGIN_BODY} bytes"
+    fields = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in fields.items()}
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, context: ContextDep) -> Response:
+    """Check the form's ``token``; right: set the cookie and go to ``next``; wrong: the
+    form again (403)."""
+    form = await _form(request)
+    if isinstance(form, str):
+        return login_page(request, form, status.HTTP_400_BAD_REQUEST, "/")
+    token = form.get("token", "").strip()
+    target = local_path(form.get("next"))
+    if not token or not is_api_token(token, context):
+        return login_page(request, "Wrong token.", status.HTTP_403_FORBIDDEN, target)
+    response = RedirectResponse(target, status.HTTP_303_SEE_OTHER, headers=PAGE_HEADERS)
+    response.set_cookie(
+        COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout() -> Response:
+    """Clear the cookie; back to the login form."""
+    response = RedirectResponse("/", status.HTTP_303_SEE_OTHER, headers=PAGE_HEADERS)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,165 @@
+"""Which plan a job's page shows, and what is drawn of it: the plan panel.
+
+- a search's best plan so far: the ``evaluation`` event the page names (by ``seq``);
+- else the job's own plan: a ``plan`` job's result, the best row of a ``compare`` job's
+  result, the plan a ``run`` job runs.
+
+The plan is costed again with the job's profile and cluster (a zoo model is profiled
+analytically, as the job's search did; those profiles are kept per model and input size)
+to draw its Gantt chart from the cost model's timeline. A ``run`` job, and a search with a
+measured reward, also show the measured stage times beside the predicted ones. Whatever
+cannot be drawn is said in a note, never an error page: the job's spec may lack a cluster
+document, a run may have used a profile it did not keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from core.cluster import ClusterSpec
+from core.costmodel import Estimate, simulate
+from core.errors import PipeplanError
+from core.plan import Plan
+from core.profile import ModelProfile
+from service.api.schemas import Event, EventType, Job, JobKind
+from service.tasks.common import cluster_spec, zoo_profile
+from service.tasks.progress import QUIET
+from service.web.format import objective_value
+from service.web.plan_view import gantt_svg, plan_grid_svg
+from service.web.run_view import RunComparison, comparison_of, stage_bars_svg
+
+MAX_GANTT_MICROBATCHES = 4096
+"""Microbatches over all stages beyond which a plan is not simulated for its chart here
+(the page answers within a request; the API's ``/v1/simulate`` has its own bound)."""
+
+
+@lru_cache(maxsize=8)
+def analytic_profile(model: str, input_size: int | None) -> ModelProfile:
+    """A zoo model's analytic profile, as a job's search builds it (seconds, so kept)."""
+    return zoo_profile(model, input_size, QUIET)
+
+
+@dataclass
+class PlanPanel:
+    """What the job page's plan panel shows (``notes``: what could not be drawn, and why)."""
+
+    job: Job
+    objective: str
+    plan: Plan | None = None
+    origin: str = ""
+    value: float | None = None
+    cluster: ClusterSpec | None = None
+    estimate: Estimate | None = None
+    run: RunComparison | None = None
+    grid_svg: str | None = None
+    gantt_svg: str | None = None
+    bars_svg: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def value_text(self) -> str:
+        return objective_value(self.objective, self.value)
+
+
+def _result_plan(job: Job) -> tuple[Any, str, float | None]:
+    """The job's own plan document, where it came from, and its objective value."""
+    spec, result = job.spec, job.result if isinstance(job.result, Mapping) else {}
+    if job.kind is JobKind.PLAN and isinstance(result.get("plan"), Mapping):
+        estimate = result.get("estimate") or {}
+        cost = spec.get("objective") == "cost"
+        value = estimate.get("cost_per_sample" if cost else "batch_time_s")
+        return result["plan"], f"the plan {result.get('planner', 'the planner')} found", value
+    if job.kind is JobKind.COMPARE and result.get("best") is not None:
+        for row in result.get("results", []):
+            if isinstance(row, Mapping) and row.get("planner") == result["best"]:
+                return (
+                    row.get("plan"),
+                    f"the best plan of the comparison ({row['planner']})",
+                    (row.get("value")),
+                )
+    if job.kind is JobKind.RUN:
+        return spec.get("plan"), "the plan this job runs", None
+    return None, "", None
+
+
+def _profile(spec: Mapping[str, Any], kind: JobKind) -> tuple[ModelProfile | None, str]:
+    """The profile the job's plans are costed with, or why there is none."""
+    if isinstance(spec.get("profile"), Mapping):
+        return ModelProfile.from_dict(spec["profile"]), ""
+    if kind is JobKind.RUN:
+        return None, (
+            "this run predicted with a profile measured on the cluster, which its result does "
+            "not keep: no Gantt chart (give the job a profile to have one)"
+        )
+    if isinstance(spec.get("model"), str):
+        return analytic_profile(spec["model"], spec.get("input_size")), ""
+    return None, "the job's spec names no model and no profile: no Gantt chart"
+
+
+def _cluster(spec: Mapping[str, Any]) -> tuple[ClusterSpec | None, str]:
+    ref = spec.get("cluster")
+    if isinstance(ref, str | dict):
+        return cluster_spec(ref), ""
+    return None, "the job ran on a live cluster whose spec it does not name: no Gantt chart"
+
+
+def _choose(panel: PlanPanel, event: Event | None) -> Any:
+    """The plan document to show (``panel.origin`` and ``value`` set), or None."""
+    if event is not None and event.type is EventType.EVALUATION and event.data.get("plan"):
+        value = event.data.get("value")
+        panel.value = float(value) if isinstance(value, int | float) else None
+        panel.origin = f"the best plan so far (event {event.seq})"
+        return event.data["plan"]
+    doc, panel.origin, value = _result_plan(panel.job)
+    panel.value = float(value) if isinstance(value, int | float) else None
+    return doc
+
+
+def _draw_estimate(panel: PlanPanel, plan: Plan) -> None:
+    spec, kind = panel.job.spec, panel.job.kind
+    panel.cluster, why = _cluster(spec)
+    if panel.cluster is None:
+        panel.notes.append(why)
+        return
+    ops = sum(plan.microbatches(s) for s in range(plan.num_stages))
+    if ops > MAX_GANTT_MICROBATCHES:
+        panel.notes.append(
+            f"{ops} microbatches over all stages: more than the {MAX_GANTT_MICROBATCHES} "
+            "this page simulates for a Gantt chart"
+        )
+        return
+    profile, why = _profile(spec, kind)
+    if profile is None:
+        panel.notes.append(why)
+        return
+    panel.estimate = simulate(plan, profile, panel.cluster)
+    panel.gantt_svg = gantt_svg(panel.estimate)
+    if panel.gantt_svg is None:
+        panel.notes.append(f"{len(panel.estimate.timeline)} boxes: too many to draw")
+
+
+def plan_panel(job: Job, event: Event | None = None) -> PlanPanel:
+    """The panel of ``job``: the plan of ``event`` (a search's best so far) or its own."""
+    panel = PlanPanel(job, objective=str(job.spec.get("objective", "time")))
+    panel.run = comparison_of(job.kind, job.result) if job.state.terminal else None
+    if panel.run is not None and panel.run.stages:
+        panel.bars_svg = stage_bars_svg(panel.run)
+    doc = _choose(panel, event)
+    if doc is None:
+        panel.notes.append(
+            "a profile job makes no plan"
+            if job.kind is JobKind.PROFILE
+            else "no plan yet: the search has valued none"
+        )
+        return panel
+    try:
+        panel.plan = Plan.from_dict(doc)
+        _draw_estimate(panel, panel.plan)
+    except PipeplanError as e:  # a document the core refuses: said, not a failed page
+        panel.notes.append(f"cannot draw the plan: {e}")
+    if panel.plan is not None:
+        panel.grid_svg = plan_grid_svg(panel.plan, panel.cluster)
+    return panel

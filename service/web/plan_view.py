@@ -1,0 +1,145 @@
+"""The plan drawn on the server as SVG: its stages x devices, and its Gantt chart from the
+cost model's timeline (the same boxes and colours as :mod:`service.gantt`'s PNG).
+
+Stages are rows and devices columns, grouped by node: a cell is filled when the stage runs
+a replica on that device, so idle devices (the ``cost`` objective leaves some) show as
+empty columns. The Gantt chart has one row per stage, its compute (forward, backward,
+update, all-reduce) above and its sends beneath, over the batch's milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.cluster import ClusterSpec, parse_device_id
+from core.costmodel import Estimate
+from core.plan import Plan
+from service.gantt import COLOURS, LABELS
+from service.web.svg import Scale, Svg, nice_ticks, tick_label
+
+STAGE_COLOURS = (
+    "#4C72B0",
+    "#55A868",
+    "#C44E52",
+    "#8172B3",
+    "#CCB974",
+    "#64B5CD",
+    "#DD8452",
+    "#937860",
+    "#DA8BC3",
+    "#8C8C8C",
+)
+MAX_GRID_DEVICES = 64
+"""A cluster with more devices shows only the plan's own (a catalogue may hold thousands)."""
+MAX_GANTT_EVENTS = 6000
+"""A timeline with more boxes is not drawn: the page would carry megabytes of SVG."""
+COMPUTE = ("F", "B", "update", "allreduce")
+
+
+def stage_colour(s: int) -> str:
+    return STAGE_COLOURS[s % len(STAGE_COLOURS)]
+
+
+def grid_devices(plan: Plan, cluster: ClusterSpec | None) -> list[str]:
+    """The columns: every device of ``cluster`` when it is small, else the plan's own, in
+    the cluster's order (node by node) when the cluster knows them."""
+    used = set(plan.devices)
+    if cluster is not None:
+        ids = list(cluster.device_ids)
+        if len(ids) <= MAX_GRID_DEVICES and used <= set(ids):
+            return ids
+        order = {d: i for i, d in enumerate(ids)}
+        return sorted(used, key=lambda d: (order.get(d, len(order)), d))
+    return sorted(used, key=lambda d: (parse_device_id(d)[0], d))
+
+
+def _node_spans(devices: Sequence[str]) -> list[tuple[str, int, int]]:
+    """``(node, first column, columns)`` of each run of one node's devices."""
+    spans: list[tuple[str, int, int]] = []
+    for i, d in enumerate(devices):
+        node = parse_device_id(d)[0]
+        if spans and spans[-1][0] == node:
+            spans[-1] = (node, spans[-1][1], spans[-1][2] + 1)
+        else:
+            spans.append((node, i, 1))
+    return spans
+
+
+def plan_grid_svg(plan: Plan, cluster: ClusterSpec | None = None) -> str:
+    """Stages (rows) x devices (columns, grouped by node), a filled cell per replica."""
+    devices = grid_devices(plan, cluster)
+    labels = [d.split("/", 1)[1] for d in devices]
+    col = max(56.0, 7.4 * max(len(x) for x in labels) + 12)
+    left, top, row, right = 170.0, 50.0, 38.0, 120.0
+    width = left + col * len(devices) + right
+    svg = Svg(width, top + row * plan.num_stages + 8, f"plan: {plan.num_stages} stages")
+    svg.data |= {"stages": plan.num_stages, "devices": len(set(plan.devices))}
+    for node, first, n in _node_spans(devices):
+        x = left + first * col
+        svg.rect(x + 1, 2, n * col - 2, 20, "#eef1f6", rx=3)
+        svg.text(x + n * col / 2, 17, node, 13, text_anchor="middle", font_weight="bold")
+    for i, label in enumerate(labels):
+        svg.text(left + (i + 0.5) * col, 40, label, 12, text_anchor="middle", fill="#555")
+    column = {d: i for i, d in enumerate(devices)}
+    for s, stage in enumerate(plan.stages):
+        y = top + s * row
+        svg.rect(4, y + 4, 10, row - 8, stage_colour(s), rx=2)
+        svg.text(22, y + 16, f"stage {s}", 13, font_weight="bold")
+        svg.text(22, y + 31, f"layers [{stage.start}, {stage.end})", 12, fill="#555")
+        for i in range(len(devices)):
+            svg.rect(left + i * col + 1, y + 2, col - 2, row - 4, "#f6f7f9", rx=3)
+        share = stage.microbatch / stage.replicas
+        for d in stage.devices:
+            x = left + column[d] * col
+            svg.rect(x + 1, y + 2, col - 2, row - 4, stage_colour(s), rx=3, class_="replica")
+            svg.title(
+                f"stage {s} on {d}: layers [{stage.start}, {stage.end}), "
+                f"{share:g} of each microbatch of {stage.microbatch}"
+            )
+        info = f"mb {stage.microbatch} x {plan.microbatches(s)}"
+        svg.text(left + col * len(devices) + 10, y + 24, info, 12, fill="#333")
+    return svg.render("plan-grid", fill=False)
+
+
+def gantt_svg(est: Estimate) -> str | None:
+    """The schedule of one batch: a row per stage (compute above, sends beneath); None
+    when it has more than :data:`MAX_GANTT_EVENTS` boxes."""
+    if len(est.timeline) > MAX_GANTT_EVENTS:
+        return None
+    stages = len(est.stages)
+    left, top, row, bottom, width = 110.0, 40.0, 40.0, 34.0, 980.0
+    end_ms = est.batch_time_s * 1e3
+    ticks = nice_ticks(end_ms)
+    x = Scale(0.0, max(ticks[-1], end_ms, 1e-9), left, width - 16)
+    height = top + row * stages + bottom
+    svg = Svg(width, height, f"Gantt chart: {end_ms:.3g} ms per batch")
+    svg.data |= {"batch-time-ms": f"{end_ms:.6g}", "boxes": len(est.timeline), "stages": stages}
+    kinds = sorted({e.kind for e in est.timeline}, key=list(COLOURS).index)
+    lx = left
+    for k in kinds:
+        svg.rect(lx, 8, 12, 12, COLOURS[k], rx=2)
+        svg.text(lx + 16, 18, LABELS[k], 11)
+        lx += 30 + 6.5 * len(LABELS[k])
+    for t in ticks:
+        svg.line(x(t), top - 4, x(t), top + row * stages, "#e3e5e8")
+        svg.text(x(t), height - bottom + 16, tick_label(t), 10, text_anchor="middle", fill="#555")
+    svg.text((left + width) / 2, height - 4, "time in the batch (ms, cost model)", 11,
+             text_anchor="middle")  # fmt: skip
+    for s, st in enumerate(est.stages):
+        y = top + s * row
+        svg.text(8, y + 14, f"stage {s}", 11, font_weight="bold")
+        svg.text(8, y + 27, ", ".join(d.split("/", 1)[1] for d in st.devices)[:18], 9, fill="#555")
+    for e in est.timeline:
+        y = top + e.stage * row
+        y, h = (y + 3, 20.0) if e.kind in COMPUTE else (y + 26, 8.0)
+        x0, x1 = x(e.start * 1e3), x(e.end * 1e3)
+        svg.rect(x0, y, max(x1 - x0, 0.6), h, COLOURS[e.kind], class_=f"op op-{e.kind}")
+        svg.title(
+            f"stage {e.stage} {LABELS[e.kind]}"
+            + (f" of microbatch {e.microbatch}" if e.kind in ("F", "B", "send", "grad") else "")
+            + f": {e.start * 1e3:.3f} - {e.end * 1e3:.3f} ms"
+        )
+        if e.kind in ("F", "B") and x1 - x0 > 14:
+            svg.text((x0 + x1) / 2, y + 14, str(e.microbatch), 9, text_anchor="middle",
+                     fill="white")  # fmt: skip
+    return svg.render("gantt")
