@@ -111,7 +111,8 @@ def _choose(panel: PlanPanel, event: Event | None) -> Any:
     if event is not None and event.type is EventType.EVALUATION and event.data.get("plan"):
         value = event.data.get("value")
         panel.value = float(value) if isinstance(value, int | float) else None
-        panel.origin = f"the best plan so far (event {event.seq})"
+        measured = ", measured" if event.data.get("source") == "measured" else ""
+        panel.origin = f"the best plan so far (event {event.seq}{measured})"
         return event.data["plan"]
     doc, panel.origin, value = _result_plan(panel.job)
     panel.value = float(value) if isinstance(value, int | float) else None
