@@ -10,7 +10,8 @@ request, calling one use-case (:mod:`service.tasks`) and rendering the result.
 - :mod:`~service.cli.serve`: ``serve`` (the service: REST API, jobs as Ray Jobs);
 - :mod:`~service.cli.job`: ``job run`` (the entrypoint of a service job's Ray Job);
 - :mod:`~service.cli.submit`: ``submit KIND`` (a job for the service);
-- :mod:`~service.cli.jobs`: ``jobs ls|show|logs|cancel|events`` (the service's jobs).
+- :mod:`~service.cli.jobs`: ``jobs ls|show|logs|cancel|events`` (the service's jobs);
+- :mod:`~service.cli.deploy`: ``deploy render`` (the cluster-dependent parts of deploy/).
 
 Every error is one line on stderr and a non-zero exit code; no tracebacks.
 """
@@ -22,7 +23,19 @@ import sys
 import typer
 from typer._click import exceptions as click_errors
 
-from service.cli import cluster, demo, job, jobs, plan, profile, run, serve, simulate, submit
+from service.cli import (
+    cluster,
+    demo,
+    deploy,
+    job,
+    jobs,
+    plan,
+    profile,
+    run,
+    serve,
+    simulate,
+    submit,
+)
 from service.cli.console import debug, say
 
 app = typer.Typer(
@@ -32,7 +45,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for _group in (profile, simulate, plan, run, cluster, demo, serve, job, submit, jobs):
+for _group in (profile, simulate, plan, run, cluster, demo, serve, job, submit, jobs, deploy):
     _group.register(app)
 
 
