@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -141,7 +141,9 @@ def driver() -> Iterator[WebDriver]:
 def wait(driver: WebDriver, what: str, check: Callable[[WebDriver], T]) -> T:
     """``check(driver)`` once it is truthy (``what`` names it when it never is)."""
     try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(check)
+        return WebDriverWait(
+            driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(check)
     except TimeoutException:
         raise AssertionError(
             f"{what}: not seen in {WAIT_S:.0f} s at {driver.current_url}"
@@ -163,7 +165,17 @@ def fetch_status(driver: WebDriver, path: str) -> int:
 
 
 def texts(driver: WebDriver, selector: str) -> list[str]:
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+    """The text of every element ``selector`` finds, read in one script: the live pages
+    redraw their tables, so elements found one call earlier may be gone."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText.trim())"
+    return [str(t) for t in driver.execute_script(script, selector)]
+
+
+def jobs_table(driver: WebDriver) -> dict[str, list[str]]:
+    """The jobs table's cells by job id, newest first, read in one script."""
+    script = """return [...document.querySelectorAll('#jobs-body tr[data-job-id]')].map(
+        r => [r.dataset.jobId, [...r.querySelectorAll('td')].map(c => c.innerText.trim())])"""
+    return {str(job): [str(c) for c in cells] for job, cells in driver.execute_script(script)}
 
 
 def body_text(driver: WebDriver) -> str:
@@ -203,10 +215,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
         lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs-body tr[data-job-id]")) == 3,
     )
     assert rows
-    table = {
-        r.get_attribute("data-job-id"): [c.text for c in r.find_elements(By.TAG_NAME, "td")]
-        for r in driver.find_elements(By.CSS_SELECTOR, "#jobs-body tr[data-job-id]")
-    }
+    table = jobs_table(driver)
     assert list(table) == [jobs.run, jobs.running, jobs.finished]  # newest first
     finished = table[jobs.finished]
     assert finished[0].splitlines() == [jobs.finished, "genetic search"]
@@ -243,7 +252,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
     assert chart.get_attribute("data-points") == str(jobs.finished_points)
     assert chart.get_attribute("data-evaluations") == str(jobs.finished_points + 1)
     best = f"{jobs.best_value_s * 1e3:.4g} ms"
-    summary = driver.find_element(By.ID, "chart-summary").text
+    summary = texts(driver, "#chart-summary")[0]
     assert summary.startswith(
         f"{jobs.finished_points + 1} plans evaluated (0 measured, 1 infeasible)"
     )
@@ -256,7 +265,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
     assert len(grid.find_elements(By.CSS_SELECTOR, "rect.replica")) == len(
         Plan.from_dict(jobs.best_plan).devices
     )
-    assert driver.find_element(By.ID, "plan-value").text == best
+    assert texts(driver, "#plan-value")[0] == best
     gantt = driver.find_element(By.CSS_SELECTOR, "svg.gantt")
     assert float(gantt.get_attribute("data-batch-time-ms")) == pytest.approx(
         jobs.best_value_s * 1e3, rel=1e-5
@@ -264,7 +273,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
     assert len(gantt.find_elements(By.CSS_SELECTOR, "rect.op")) == len(
         estimate(jobs.best_plan).timeline
     )
-    assert driver.find_element(By.ID, "fact-best").text == best
+    assert texts(driver, "#fact-best")[0] == best
     assert "done" in wait(driver, "the log", lambda d: d.find_element(By.ID, "logs").text)
     assert not driver.find_element(By.ID, "cancel").is_displayed()
     shot(driver, "job-finished")
@@ -289,7 +298,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
         ),
     )
     assert chart.get_attribute("data-measured") == str(jobs.running_points)
-    assert "(3 measured, 0 infeasible)" in driver.find_element(By.ID, "chart-summary").text
+    assert "(3 measured, 0 infeasible)" in texts(driver, "#chart-summary")[0]
     wait(
         driver,
         "the best plan so far",
@@ -327,7 +336,7 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
             in d.find_element(By.ID, "plan-content").get_attribute("data-origin")
         ),
     )
-    assert driver.find_element(By.ID, "plan-value").text == f"{value * 1e3:.4g} ms"
+    assert texts(driver, "#plan-value")[0] == f"{value * 1e3:.4g} ms"
     driver.find_element(By.ID, "cancel").click()
     driver.switch_to.alert.accept()
     wait(driver, "the cancel", lambda d: d.find_element(By.ID, "job-state").text == "cancelled")
