@@ -17,15 +17,21 @@ _ID = re.compile(r"^(?P<node>[^/\s]+)/(?P<type>[^:/\s]+):(?P<index>\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
+ACCELERATORS = ("cuda",)
+"""What a device type's ``accelerator`` may name: ``cuda`` is a GPU its stages run on."""
+
+
 @dataclass(frozen=True)
 class DeviceType:
-    """A kind of device: peak FLOP/s, memory, memory bandwidth and on-demand price."""
+    """A kind of device: peak FLOP/s, memory, memory bandwidth and on-demand price;
+    ``accelerator`` (``cuda``) when it is a GPU that real stages run on (None: the CPU)."""
 
     name: str
     flops: float
     memory_gb: float
     memory_bandwidth_gbps: float = 100.0
     price_per_hour: float = 0.0
+    accelerator: str | None = None
 
     def __post_init__(self) -> None:
         where = f"device_types.{self.name}"
@@ -34,18 +40,24 @@ class DeviceType:
                 raise FormatError(f"{where}.{key}: must be > 0, got {getattr(self, key)!r}")
         if self.price_per_hour < 0:
             raise FormatError(f"{where}.price_per_hour: must be >= 0, got {self.price_per_hour!r}")
+        if self.accelerator is not None and self.accelerator not in ACCELERATORS:
+            raise FormatError(
+                f"{where}.accelerator: {self.accelerator!r} is not one of "
+                f"{', '.join(ACCELERATORS)} (leave it out for a CPU type)"
+            )
 
     @property
     def memory_bytes(self) -> float:
         return float(rules.capacity_bytes(self.memory_gb))
 
-    def to_dict(self) -> dict[str, float]:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
             "flops": self.flops,
             "memory_gb": self.memory_gb,
             "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
             "price_per_hour": self.price_per_hour,
         }
+        return doc | ({"accelerator": self.accelerator} if self.accelerator else {})
 
 
 @dataclass(frozen=True)
@@ -227,6 +239,7 @@ class ClusterSpec:
                 memory_gb=_io.number(d, "memory_gb", where),
                 memory_bandwidth_gbps=_io.number(d, "memory_bandwidth_gbps", where, 100.0),
                 price_per_hour=_io.number(d, "price_per_hour", where, 0.0),
+                accelerator=_accelerator(d, where),
             )
         nodes_doc = _io.field(doc, "nodes", "cluster")
         if not isinstance(nodes_doc, list):
@@ -261,6 +274,13 @@ class ClusterSpec:
             _io.write_json(p, self.to_dict())
         else:
             _io.write_yaml(p, self.to_dict())
+
+
+def _accelerator(doc: Any, where: str) -> str | None:
+    value = _io.field(doc, "accelerator", where, None)
+    if value is not None and not isinstance(value, str):
+        raise FormatError(f"{where}.accelerator: expected a name such as 'cuda', got {value!r}")
+    return value
 
 
 def _link(net_doc: Any, key: str, default: Link) -> Link:

@@ -133,6 +133,17 @@ def test_cluster_yaml_and_json_round_trip(tmp_path: Path) -> None:
         assert ClusterSpec.load(tmp_path / name) == c
 
 
+def test_a_gpu_type_says_its_accelerator_and_round_trips(tmp_path: Path) -> None:
+    plain = ClusterSpec.from_dict(CLUSTER)
+    assert plain.device_types["t4"].accelerator is None
+    assert "accelerator" not in plain.to_dict()["device_types"]["t4"]
+    gpu = ClusterSpec.from_dict(edit(CLUSTER, "device_types.t4.accelerator", "cuda"))
+    assert gpu.device_types["t4"].accelerator == "cuda"
+    assert gpu.to_dict()["device_types"]["t4"]["accelerator"] == "cuda"
+    gpu.save(tmp_path / "c.yaml")
+    assert ClusterSpec.load(tmp_path / "c.yaml") == gpu
+
+
 def test_emulation_headroom_is_optional_and_round_trips(tmp_path: Path) -> None:
     plain = ClusterSpec.from_dict(CLUSTER)
     assert plain.emulation_headroom == 1.0 and "emulation" not in plain.to_dict()
@@ -160,6 +171,8 @@ def test_random_clusters_round_trip(c: ClusterSpec) -> None:
         ("nodes", [], "nodes: empty"),
         ("emulation", {"headroom": 0.5}, "emulation.headroom: must be >= 1, got 0.5"),
         ("emulation", "fast", "cluster.emulation: expected an object, got 'fast'"),
+        ("device_types.t4.accelerator", "rocm", "device_types.t4.accelerator: 'rocm' is not"),
+        ("device_types.t4.accelerator", 1, "device_types.t4.accelerator: expected a name"),
     ],
 )
 def test_cluster_errors_name_field_and_value(path: str, value: Any, message: str) -> None:
