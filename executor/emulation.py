@@ -11,6 +11,10 @@ measured on it says so (:data:`EMULATED_NOTE`).
 A profile meant to predict such a run is timed in CPU time too (:func:`profile_clock`),
 once, and each type's timings are the measured ones scaled by that type's factor
 (:func:`emulated_timings`, :func:`scaled_timings`).
+
+A spec with a real accelerator (a device type with ``accelerator: cuda``) describes real
+devices: nothing of it is emulated (every factor is 1, :func:`is_real`), since its CPU types
+are real CPUs too and slowing them by a GPU's flops would time a cluster that does not exist.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "emulated_timings",
     "emulation_sleep",
     "is_emulated",
+    "is_real",
     "profile_clock",
     "scaled_timings",
     "slowdown",
@@ -48,10 +53,17 @@ def _factor(spec: ClusterSpec, base_flops: float, device_type: str) -> float:
     return spec.emulation_headroom * base_flops / spec.device_types[device_type].flops
 
 
+def is_real(spec: ClusterSpec) -> bool:
+    """Whether ``spec`` has a real accelerator type, so that nothing of it is emulated."""
+    return any(t.accelerator is not None for t in spec.device_types.values())
+
+
 def slowdown(spec: ClusterSpec, device_type: str) -> float:
     """Emulation factor of a device type: ``headroom x fastest flops / its flops`` (the
-    spec's ``emulation_headroom`` for the fastest type, usually 1)."""
-    return _factor(spec, spec.fastest_flops(), device_type)
+    spec's ``emulation_headroom`` for the fastest type, usually 1); 1 on a spec of real
+    devices (:func:`is_real`)."""
+    factor = _factor(spec, spec.fastest_flops(), device_type)
+    return 1.0 if is_real(spec) else factor
 
 
 def is_emulated(spec: ClusterSpec, device_types: Iterable[str] | None = None) -> bool:

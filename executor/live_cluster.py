@@ -62,6 +62,8 @@ class LiveNode:
     devices: Mapping[str, int]
     marked: bool
     memory_bytes: float = 0.0
+    gpus: float = 0.0
+    """Ray's ``GPU`` resource of the node: the GPUs Ray counted when the node started."""
 
 
 def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
@@ -77,7 +79,8 @@ def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
             k[len(DEVICE_PREFIX) :]: int(v) for k, v in res.items() if k.startswith(DEVICE_PREFIX)
         }
         name = markers[0] if markers else f"node-{node_id[:8]}"
-        found.append(LiveNode(name, node_id, devices, bool(markers), float(res.get("memory", 0.0))))
+        memory, gpus = float(res.get("memory", 0.0)), float(res.get("GPU", 0.0))
+        found.append(LiveNode(name, node_id, devices, bool(markers), memory, gpus))
     return sorted(found, key=lambda n: n.name)
 
 

@@ -9,7 +9,12 @@ it holds one of the type's devices while it runs, so it waits for a device a run
 pipeline holds), builds the model from its :class:`~executor.model.ModelSource` and runs
 :func:`models.profiler.profile_model` there, one torch thread, as a stage worker computes.
 
-Two choices, both explicit arguments:
+Two choices, both explicit arguments, whose defaults follow the spec: a spec of **real
+devices** (a type with ``accelerator: cuda``, :func:`executor.emulation.is_real`) is timed
+type by type on its own devices (``measure_on="each"``, ``emulate=False``, the wall clock),
+a CUDA type on the GPU its profiler actor asks Ray for (``num_gpus: 1``: the model and its
+inputs are moved there and every clock read follows a ``torch.cuda.synchronize``,
+:mod:`models.layer_timing`); any other spec as below.
 
 - ``emulate`` (default ``True``, as :class:`executor.pipeline.RunConfig`): the stage workers
   make each forward and backward last ``slowdown(spec, T)`` times its CPU time on type ``T``
@@ -57,7 +62,8 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
-from executor.emulation import profile_clock, scaled_timings, slowdown
+from executor.accelerators import accelerator_of, accelerators, check_nodes, local_device
+from executor.emulation import is_real, profile_clock, scaled_timings, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.live_cluster import LiveNode, live_nodes
 from executor.model import ModelSource, timing_loss
@@ -91,9 +97,15 @@ class _Profiler:
         repeats: int,
         clock: Clock = "wall",
         calibrate: bool = True,
+        accelerator: str | None = None,
+        node: str = "?",
     ) -> dict[str, Any]:
+        """The profile (timed where the model lives: the CPU, or the actor's GPU for a CUDA
+        type), where it was taken and how long it took."""
         t0 = time.perf_counter()
+        device = local_device(accelerator, device_type, node)
         model, example = source.build()
+        model, example = model.to(device), example.to(device)
         profile = profile_model(
             model,
             example,
@@ -202,19 +214,32 @@ def measure_on_type(
     timeout_s: float = 600.0,
     nodes: Sequence[LiveNode] | None = None,
     clock: Clock = "wall",
+    accelerator: str | None = None,
 ) -> TypeMeasurement:
     """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
     such node by name); real timings (``clock``: :func:`models.profiler.profile_model`), under
-    ``timings[device_type]``. The actor is killed afterwards, whatever happened."""
+    ``timings[device_type]``; on the node's GPU when ``accelerator`` is ``cuda`` (a node
+    where Ray counts no GPU is refused first). The actor is killed afterwards, whatever
+    happened."""
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     nodes = live_nodes() if nodes is None else nodes
     node = _node_for(device_type, nodes)
     where = f"device type {device_type!r} (node {node.name})"
-    options = actor_options(device_id(node.name, device_type, 0), nodes)
+    device = device_id(node.name, device_type, 0)
+    check_nodes({device_type: accelerator}, [device], nodes)
+    options = actor_options(device, nodes, accelerator)
     actor: Any = _Actor.options(**options).remote()
     try:
         ref = actor.profile.remote(
-            source, device_type, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock
+            source,
+            device_type,
+            (batch_sizes[0], batch_sizes[1]),
+            warmup,
+            repeats,
+            clock,
+            True,
+            accelerator,
+            node.name,
         )
         got = _answer(ref, f"profiling model {source.name!r} on {where}", timeout_s)
     finally:
@@ -242,14 +267,18 @@ def measure_profile(
     warmup: int = 2,
     repeats: int = 5,
     timeout_s: float = 600.0,
-    measure_on: MeasureOn = "fastest",
-    emulate: bool = True,
+    measure_on: MeasureOn | None = None,
+    emulate: bool | None = None,
     device_types: Sequence[str] | None = None,
     clock: Clock | None = None,
 ) -> ModelProfile:
     """The profile of ``source`` with timings for every device type of ``spec`` (or of
     ``device_types``), measured on the connected cluster (module docstring: ``measure_on``,
-    ``emulate`` and ``clock``). ``timeout_s`` bounds the whole measurement."""
+    ``emulate`` and ``clock``; None: what the spec calls for). ``timeout_s`` bounds the
+    whole measurement."""
+    real_devices = is_real(spec)
+    measure_on = measure_on or ("each" if real_devices else "fastest")
+    emulate = (not real_devices) if emulate is None else emulate
     clock = clock or profile_clock(emulate)
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     if measure_on not in ("fastest", "each"):
@@ -259,8 +288,9 @@ def measure_profile(
         raise PipeplanError(f"cluster {spec.name!r}: no device types to profile")
     factors = {t: slowdown(spec, t) if emulate else 1.0 for t in types}  # unknown type: error
     nodes = live_nodes()
-    for t in types:  # every type must be live, before any actor starts
-        _node_for(t, nodes)
+    for t in types:  # every type must be live (and have its GPUs), before any actor starts
+        node = _node_for(t, nodes)
+        check_nodes(accelerators(spec), [device_id(node.name, t, 0)], nodes)
     deadline = time.monotonic() + timeout_s
     order = (
         [max(types, key=lambda t: spec.device_types[t].flops)] if measure_on == "fastest" else types
@@ -281,6 +311,7 @@ def measure_profile(
             timeout_s=left,
             nodes=nodes,
             clock=clock,
+            accelerator=accelerator_of(spec, t),
         )
     return _combine([real[t] if measure_on == "each" else real[order[0]] for t in types], factors)
 

@@ -123,7 +123,7 @@ def timing_loss(logits: torch.Tensor) -> torch.Tensor:
     """The last stage's loss work on ``logits`` against labels of class 0, for profiling: a
     profile timed with it (:func:`models.profiler.profile_model`, ``loss``) costs what a
     stage worker computes (:meth:`executor.stage.StageWorker.forward`)."""
-    labels = torch.zeros(logits.shape[:-1], dtype=torch.long)
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return loss_terms(logits, labels).loss_sum
 
 
@@ -152,23 +152,27 @@ def train_single_process(
     optimizer: OptimizerConfig = OptimizerConfig(),
     *,
     deterministic: bool = False,
+    device: torch.device | str = "cpu",
 ) -> ReferenceResult:
     """Train the model in this process on whole batches: what a pipeline must reproduce.
 
     ``deterministic`` disables dropout, as the pipeline's option of the same name does.
+    ``device``: where to train (a GPU, to compare with stages of a CUDA type); the
+    parameters come back on the CPU.
     """
     model, _ = source.build()
     if deterministic:
         disable_dropout(model)
-    model.train()
+    model.to(device).train()
     opt = optimizer.make(model.parameters())
     losses, accuracies = [], []
     for x, y in batches:
         opt.zero_grad(set_to_none=True)
+        x, y = x.to(device), y.to(device)
         terms = loss_terms(model(x), y)
         batch_loss(terms, x.shape[0], x.shape[0]).backward()
         opt.step()
         losses.append(float(terms.loss_sum.detach()) / terms.predictions)
         accuracies.append(terms.correct / terms.predictions)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     return ReferenceResult(params, tuple(losses), tuple(accuracies))

@@ -22,7 +22,16 @@ Payload = dict[str, Any]
 
 
 def to_numpy(value: Any) -> Any:
-    return value.detach().numpy() if isinstance(value, torch.Tensor) else value
+    """A tensor as a numpy array (copied to the CPU first when it lives on a GPU: payloads
+    travel through Ray's object store as CPU arrays); any other value as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().cpu().numpy()
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype of a torch dtype (without touching a tensor's data)."""
+    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def gather(

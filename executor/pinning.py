@@ -6,7 +6,9 @@ Every such actor (stage workers and profilers alike) runs in a process started w
 A stage replica for device ``NAME/TYPE:INDEX`` asks for one ``device:TYPE`` and a sliver of
 ``NAME``'s marker resource (:mod:`executor.live_cluster`), so Ray puts it on that node and
 never puts more actors of a type on a node than the node has devices. A node without a
-marker (a cluster started by other means) is reached with node affinity instead.
+marker (a cluster started by other means) is reached with node affinity instead. A device of
+a CUDA type (:mod:`executor.accelerators`) also asks for ``num_gpus: 1``: Ray then gives the
+actor one of the node's GPUs, alone, through ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from core.cluster import parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
+from executor.accelerators import CUDA
 from executor.live_cluster import LiveNode, device_resource, node_resource
 
 MARKER_SHARE = 0.001
@@ -102,12 +105,16 @@ def busy_devices(
     return busy
 
 
-def actor_options(device: str, nodes: Sequence[LiveNode]) -> dict[str, Any]:
-    """``.options(...)`` that pin a stage replica to its device's node and type."""
+def actor_options(
+    device: str, nodes: Sequence[LiveNode], accelerator: str | None = None
+) -> dict[str, Any]:
+    """``.options(...)`` that pin a stage replica to its device's node and type, with one GPU
+    when the device's type has ``accelerator`` ``cuda``."""
     node, dtype, _ = parse_device_id(device)
     live = next(n for n in nodes if n.name == node)
     options: dict[str, Any] = {
         "num_cpus": 0,
+        "num_gpus": 1 if accelerator == CUDA else 0,
         "max_restarts": 0,
         "runtime_env": {"env_vars": dict(WORKER_ENV)},
     }

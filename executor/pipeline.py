@@ -3,9 +3,11 @@
 :class:`Pipeline` owns the actors (a context manager: they are killed on exit, whatever
 happened). Before any actor starts it refuses a plan the live cluster cannot run
 (:func:`executor.pinning.check_feasible`: a device type or node it lacks, too many
-devices) or the model cannot be cut at (:func:`executor.partition.partition`). Then one
-:class:`~executor.stage.StageWorker` per stage replica is pinned to its device's node and
-type, and its placement is checked.
+devices; a device of a CUDA type on a node where Ray counts too few GPUs,
+:func:`executor.accelerators.check_nodes`) or the model cannot be cut at
+(:func:`executor.partition.partition`). Then one :class:`~executor.stage.StageWorker` per
+stage replica is pinned to its device's node and type (and one GPU for a CUDA type: the
+stage computes there, :mod:`executor.stage`), and its placement is checked.
 
 :meth:`Pipeline.step` trains one global batch: :func:`executor.submit.submit_step` submits
 every operation (each replica's in its schedule's order, which the actor keeps, reading its
@@ -44,6 +46,7 @@ from core.cluster import ClusterSpec, parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
 from executor import metrics, runtime
+from executor.accelerators import accelerator_of, accelerators, check_nodes
 from executor.data import digits_batches, synthetic_batches
 from executor.emulation import device_slowdowns
 from executor.errors import ExecutorError
@@ -137,6 +140,7 @@ class Pipeline:
         """Check the plan, start every stage replica on its node, wait until all are built."""
         nodes = live_nodes()
         check_feasible(self.plan, nodes)
+        check_nodes(accelerators(self.cluster), self.plan.devices, nodes)
         slowdowns = self._slowdowns()
         self.input_name = self._check_model(self.model, self.plan)
         self._wait_devices_free(nodes)
@@ -164,7 +168,9 @@ class Pipeline:
                 "start a new Pipeline for another partition or placement"
             )
         self._require_started()
-        check_feasible(plan, live_nodes())
+        nodes = live_nodes()
+        check_feasible(plan, nodes)
+        check_nodes(accelerators(self.cluster), plan.devices, nodes)
         self.input_name = self._check_model(model or self.model, plan)
         self.plan, self.layout = plan, _layout(plan)
         self.config = config or self.config
@@ -201,7 +207,8 @@ class Pipeline:
         return cut.model_inputs[0]
 
     def _launch(self, spec: WorkerSpec, nodes: Sequence[LiveNode]) -> WorkerHandle:
-        return WorkerHandle(spec, _Actor.options(**actor_options(spec.device, nodes)).remote(spec))
+        options = actor_options(spec.device, nodes, spec.accelerator)
+        return WorkerHandle(spec, _Actor.options(**options).remote(spec))
 
     def _specs(self, slowdowns: dict[str, float]) -> list[list[WorkerSpec]]:
         bounds = (0, *(s.end for s in self.plan.stages))
@@ -218,6 +225,7 @@ class Pipeline:
                     optimizer=self.config.optimizer,
                     slowdown=slowdowns[device] if self.config.emulate else 1.0,
                     deterministic=self.config.deterministic,
+                    accelerator=accelerator_of(self.cluster, parse_device_id(device)[1]),
                 )
                 for k, device in enumerate(stage.devices)
             ]

@@ -29,6 +29,13 @@ steps on a broken batch.
 **Metrics.** Each forward, backward and update is recorded in Ray's metrics as it ends
 (:func:`executor.metrics.stage_compute`, tagged with the stage and its device type).
 
+**Devices.** A stage of a CUDA type (:mod:`executor.accelerators`) computes on the GPU Ray
+gave its actor: the worker checks it can use CUDA when it starts, moves its slice of the
+model there, and moves each operation's inputs there and its results back. Payloads stay CPU
+arrays in Ray's object store, so transfers between stages go through the store whatever the
+devices. A compute is timed after ``torch.cuda.synchronize`` on both sides, so that its
+record holds the kernels' time, not the time to queue them.
+
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
 after it (:func:`executor.emulation.emulation_sleep`). Only the device compute is slowed:
@@ -59,6 +66,7 @@ import torch
 
 from core.cluster import parse_device_id
 from executor import metrics
+from executor.accelerators import local_device, synchronize
 from executor.emulation import emulation_sleep
 from executor.microbatch import Piece
 from executor.model import (
@@ -69,7 +77,7 @@ from executor.model import (
     loss_terms,
 )
 from executor.partition import ValueKind, fetch_attr, partition
-from executor.payloads import Payload, gather, gather_gradients, to_numpy
+from executor.payloads import Payload, gather, gather_gradients, numpy_dtype, to_numpy
 from executor.ring import RingState
 
 OpKind = Literal["F", "B", "G", "U"]
@@ -92,6 +100,8 @@ class WorkerSpec:
     slowdown: float = 1.0
     deterministic: bool = False
     """Disable dropout (for comparing with single-process training)."""
+    accelerator: str | None = None
+    """The device type's accelerator (``cuda``: the stage runs on a GPU; None: the CPU)."""
 
 
 @dataclass(frozen=True)
@@ -169,14 +179,17 @@ class StageWorker:
         torch.set_num_threads(1)
         self.spec = spec
         self.device_type = parse_device_id(spec.device)[1]
+        self.device = local_device(spec.accelerator, self.device_type, spec.node)
         model, example = spec.model.build()
         if spec.deterministic:
             disable_dropout(model)
-        cut = partition(model, example, spec.bounds)
+        cut = partition(model, example, spec.bounds)  # on the CPU: it runs the model
+        # In place: the stage's module holds the model's own parameter objects.
+        model.to(self.device)
         self.graph = cut.stages[spec.stage]
         self.kinds: Mapping[str, ValueKind] = cut.kinds
         self.last = spec.stage == len(cut.stages) - 1
-        self.module = self.graph.module
+        self.module = self.graph.module.to(self.device)
         self.module.train()
         self.attrs = {a: fetch_attr(model, t) for a, t in self.graph.attrs.items()}
         self.params: dict[str, torch.nn.Parameter] = {
@@ -233,7 +246,8 @@ class StageWorker:
         if self.last:
             if labels is None:
                 raise ValueError("the last stage's forward needs labels")
-            y = torch.from_numpy(np.array(payloads[-1][labels.lo : labels.hi]))
+            y = torch.from_numpy(np.array(payloads[-1][labels.lo : labels.hi])).to(self.device)
+        synchronize(self.device)
         compute = Clock.now()
         produced = dict(zip(self.graph.results, self.module(*args), strict=True))
         outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
@@ -241,6 +255,7 @@ class StageWorker:
             terms = loss_terms(outputs[self.graph.outputs[0]], y)
             samples = sum(p.hi - p.lo for p in pieces)
             self.losses[key] = batch_loss(terms, samples, self.spec.global_batch)
+        synchronize(self.device)
         computed = compute.elapsed()
         if y is not None:
             payload: Payload = {
@@ -258,7 +273,10 @@ class StageWorker:
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]:
         """The stage's input values for ``pieces``, the leaves that will hold their
         gradients (stages after the first), and the module's arguments."""
-        values = gather(self.graph.inputs, pieces, payloads, self.kinds)
+        values = {
+            n: v.to(self.device) if isinstance(v, torch.Tensor) else v
+            for n, v in gather(self.graph.inputs, pieces, payloads, self.kinds).items()
+        }
         leaves = {
             n: v.requires_grad_(True)
             for n, v in values.items()
@@ -288,25 +306,28 @@ class StageWorker:
         for n in earlier:
             self.params[n].grad = None
         if self.last:
+            synchronize(self.device)
             compute = Clock.now()
             self.losses.pop(key).backward()
         else:
             grads = gather_gradients(self.graph.outputs, pieces, payloads, self.kinds)
             pairs = [
-                (outputs[n], g)
+                (outputs[n], g.to(self.device))
                 for n, g in grads.items()
                 if isinstance(outputs[n], torch.Tensor) and outputs[n].requires_grad
             ]
+            synchronize(self.device)
             compute = Clock.now()
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        synchronize(self.device)
         computed = compute.elapsed()
         for n, grad in earlier.items():
             p = self.params[n]
             p.grad = grad if p.grad is None else grad.add_(p.grad)
         payload = None
         if self.spec.stage > 0:
-            payload = {n: None if v.grad is None else v.grad.numpy() for n, v in leaves.items()}
+            payload = {n: None if v.grad is None else to_numpy(v.grad) for n, v in leaves.items()}
         return self._record("B", step, microbatch, clock, computed), payload
 
     @_guarded("G")
@@ -315,9 +336,9 @@ class StageWorker:
         """Begin the replicas' ring all-reduce (:mod:`executor.ring`) of this step's
         gradients; returns the chunk to send to the next replica."""
         clock = Clock.now()
-        grads = {n: None if p.grad is None else p.grad.numpy() for n, p in self.params.items()}
+        grads = {n: None if p.grad is None else to_numpy(p.grad) for n, p in self.params.items()}
         shapes = {n: tuple(p.shape) for n, p in self.params.items()}
-        dtypes = {p.detach().numpy().dtype for p in self.params.values()} or {np.dtype("f4")}
+        dtypes = {numpy_dtype(p.dtype) for p in self.params.values()} or {np.dtype("f4")}
         if len(dtypes) > 1:
             raise ValueError(
                 f"ring all-reduce: parameters of several dtypes {sorted(map(str, dtypes))}"
@@ -350,15 +371,16 @@ class StageWorker:
             self.ring = None
             for name, p in self.params.items():
                 g = summed[name]
-                p.grad = None if g is None else torch.from_numpy(g)
+                p.grad = None if g is None else torch.from_numpy(g).to(self.device)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
         return self._record("U", step, -1, clock), None
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The stage's parameters, by the model's parameter names."""
-        return {n: p.detach().numpy().copy() for n, p in self.params.items()}
+        return {n: to_numpy(p).copy() for n, p in self.params.items()}
 
     # --- helpers ----------------------------------------------------------------------------
 
