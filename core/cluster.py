@@ -94,10 +94,17 @@ class Network:
 
 @dataclass(frozen=True)
 class Node:
-    """A machine: how many devices of each type it holds."""
+    """A machine: how many devices of each type it holds.
+
+    ``count: N`` makes it a catalogue entry, ``N`` identical nodes to rent from: a
+    :class:`ClusterSpec` holds them expanded, named ``NAME-0 .. NAME-(N-1)``, each with
+    ``kind`` = ``NAME`` (what the provisioning objective reports counts of) and no count.
+    """
 
     name: str
     devices: Mapping[str, int] = field(default_factory=dict)
+    count: int | None = None
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", _io.FrozenMap(dict(self.devices)))
@@ -145,16 +152,11 @@ class ClusterSpec:
         if isinstance(h, bool) or not isinstance(h, int | float) or not h >= 1.0:
             raise FormatError(f"cluster {self.name!r}.emulation.headroom: must be >= 1, got {h!r}")
         object.__setattr__(self, "device_types", _io.FrozenMap(dict(self.device_types)))
-        object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
             raise FormatError(f"cluster {self.name!r}.nodes: empty; a cluster needs >= 1 node")
-        check_limit(
-            f"cluster {self.name!r}.nodes", len(self.nodes), MAX_NODES, "nodes", FormatError
-        )
-        seen: set[str] = set()
+        object.__setattr__(self, "nodes", _expand(self.name, tuple(self.nodes), self.device_types))
         devices: dict[DeviceId, Device] = {}
-        for i, node in enumerate(self.nodes):
-            _check_node(i, node, self.device_types, seen)
+        for node in self.nodes:
             for t, count in node.devices.items():
                 for k in range(count):
                     d = Device(device_id(node.name, t, k), node.name, t, k)
@@ -204,7 +206,7 @@ class ClusterSpec:
         return {
             "name": self.name,
             "device_types": {n: t.to_dict() for n, t in self.device_types.items()},
-            "nodes": [{"name": n.name, "devices": dict(n.devices)} for n in self.nodes],
+            "nodes": _node_docs(self.nodes),
             "network": {
                 "intra_node": {
                     "bandwidth_gbps": net.intra_node.bandwidth_gbps,
@@ -250,9 +252,11 @@ class ClusterSpec:
             devs = _io.field(n, "devices", f"nodes[{i}]")
             if not isinstance(devs, Mapping):
                 raise FormatError(f"nodes[{i}].devices: expected an object, got {devs!r}")
-            nodes.append(
-                Node(_io.text(n, "name", f"nodes[{i}]"), {str(k): v for k, v in devs.items()})
-            )
+            count = _io.field(n, "count", f"nodes[{i}]", None)
+            if count is not None:
+                count = _io.integer(n, "count", f"nodes[{i}]", minimum=1)
+            node_name = _io.text(n, "name", f"nodes[{i}]")
+            nodes.append(Node(node_name, {str(k): v for k, v in devs.items()}, count))
         net_doc = _io.field(doc, "network", "cluster", {}) or {}
         network = Network(
             intra_node=_link(net_doc, "intra_node", Network.intra_node),
@@ -294,16 +298,68 @@ def _link(net_doc: Any, key: str, default: Link) -> Link:
     )
 
 
-def _check_node(i: int, node: Node, types: Mapping[str, DeviceType], seen: set[str]) -> None:
-    """A node's name (unique, safe) and device counts (known types, >= 0, within the limit),
-    checked before any of its devices is made."""
+def _expand(
+    cluster: str, nodes: tuple[Node, ...], types: Mapping[str, DeviceType]
+) -> tuple[Node, ...]:
+    """Every node checked, then each ``count: N`` entry replaced by its ``N`` nodes
+    ``NAME-k`` of kind ``NAME``. The node limit counts the expanded nodes and is checked
+    before any is made."""
+    for i, node in enumerate(nodes):
+        _check_node(i, node, types)
+    total = sum(1 if n.count is None else n.count for n in nodes)
+    check_limit(
+        f"cluster {cluster!r}.nodes (counts included)", total, MAX_NODES, "nodes", FormatError
+    )
+    out: list[Node] = []
+    seen: set[str] = set()
+    for i, node in enumerate(nodes):
+        if node.count is None:
+            made = [node]
+        else:
+            made = [
+                Node(f"{node.name}-{k}", node.devices, kind=node.name) for k in range(node.count)
+            ]
+        for m in made:
+            if m.name in seen:
+                how = f" (node {m.name!r} of its count)" if m.kind else ""
+                raise FormatError(f"nodes[{i}].name: {m.name!r} appears twice{how}")
+            seen.add(m.name)
+        out += made
+    return tuple(out)
+
+
+def _node_docs(nodes: tuple[Node, ...]) -> list[dict[str, Any]]:
+    """The nodes as documents: a run of nodes ``KIND-0 .. KIND-(N-1)`` of one kind and the
+    same devices is written back as one entry with ``count: N``."""
+    docs: list[dict[str, Any]] = []
+    i = 0
+    while i < len(nodes):
+        node, n = nodes[i], 1
+        if node.kind is not None and node.name == f"{node.kind}-0":
+            while (
+                i + n < len(nodes)
+                and nodes[i + n].kind == node.kind
+                and nodes[i + n].name == f"{node.kind}-{n}"
+                and nodes[i + n].devices == node.devices
+            ):
+                n += 1
+            docs.append({"name": node.kind, "devices": dict(node.devices), "count": n})
+        else:
+            docs.append({"name": node.name, "devices": dict(node.devices)})
+        i += n
+    return docs
+
+
+def _check_node(i: int, node: Node, types: Mapping[str, DeviceType]) -> None:
+    """A node's name (safe), count (>= 1 when given) and device counts (known types, >= 0,
+    within the limit), checked before any of its devices is made."""
     if not _NAME.match(node.name):
         raise FormatError(
             f"nodes[{i}].name: {node.name!r} may hold only letters, digits, '_', '.', '-'"
         )
-    if node.name in seen:
-        raise FormatError(f"nodes[{i}].name: {node.name!r} appears twice")
-    seen.add(node.name)
+    c = node.count
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+        raise FormatError(f"nodes[{i}] ({node.name}).count: expected an integer >= 1, got {c!r}")
     where = f"nodes[{i}] ({node.name}).devices"
     for t, count in node.devices.items():
         if t not in types:
