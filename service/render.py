@@ -62,6 +62,21 @@ def totals_lines(est: Estimate) -> list[str]:
     return lines
 
 
+def rental_lines(planned: Planned) -> list[str]:
+    """The rental of a cost-objective plan: nodes by kind, devices by type, prices."""
+    hired = planned.rental
+    if hired is None:
+        return []
+    kinds = ", ".join(f"{k} x{n}" for k, n in hired.nodes.items())
+    types = ", ".join(f"{t} x{n}" for t, n in hired.devices.items())
+    return [
+        f"rental          {kinds}  ({types})",
+        f"rental price    ${hired.price_per_hour:.4f}/h of devices used, "
+        f"${hired.node_price_per_hour:.4f}/h for the nodes in full; "
+        f"${hired.cost_per_sample:.3e}/sample at {hired.throughput:,.1f} samples/s",
+    ]
+
+
 def search_line(planned: Planned) -> str:
     r = planned.result
     how = ", measured reward" if planned.measured is not None else ""

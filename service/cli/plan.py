@@ -39,6 +39,7 @@ from service.render import (
     estimate_table,
     failure_lines,
     reference_note,
+    rental_lines,
     search_line,
     totals_lines,
 )
@@ -197,7 +198,7 @@ def _render_plan(done: Planned) -> None:
     out().print(
         estimate_table(est, f"{done.result.planner}: {describe(done.problem)} (cost model)")
     )
-    for line in [*totals_lines(est), search_line(done)]:
+    for line in [*totals_lines(est), *rental_lines(done), search_line(done)]:
         typer.echo(line)
     if done.measured is not None:
         for line in measured_lines(done.measured.to_dict(), est.batch_time_s):

@@ -3,7 +3,9 @@
 With ``reward: simulated`` (the default) the planner scores plans with the cost model; with
 ``reward: measured`` every plan it samples runs on a cluster (:mod:`service.tasks.search`).
 ``objective: cost`` needs ``min_throughput``: without a target the cheapest plan per sample
-is usually one cheap device, seldom what anyone means to rent; 0 asks for exactly that.
+is usually one cheap device, seldom what anyone means to rent; 0 asks for exactly that. Its
+answer carries the rental: ``{node kind: count}`` of the nodes the plan uses (a catalogue's
+``count: N`` entries are kinds), $/hour, $/sample and the throughput.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agents.problem import PlanResult, Problem
+from agents.problem import Objective, PlanResult, Problem
+from agents.provision.rental import Rental, rental
 from agents.registry import PLANNERS, make_planner, planner_class
 from executor.parallel_reward import ParallelReward
 from service.tasks.common import ProblemRequest, RequestError, build_problem
@@ -57,6 +60,13 @@ class Planned:
     result: PlanResult
     measured: MeasuredSearch | None = None
 
+    @property
+    def rental(self) -> Rental | None:
+        """With the cost objective, what the plan rents (``{node kind: count}``, prices)."""
+        if self.problem.objective is not Objective.COST:
+            return None
+        return rental(self.result.plan, self.problem.cluster, self.result.estimate)
+
     def to_dict(self) -> dict[str, Any]:
         """What ``pipeplan plan --json`` prints."""
         r = self.result
@@ -67,6 +77,9 @@ class Planned:
             "evaluations": r.evaluations,
             "wall_time_s": r.wall_time_s,
         }
+        hired = self.rental
+        if hired is not None:
+            doc["rental"] = hired.to_dict()
         if self.measured is not None:
             doc["reward"] = Reward.MEASURED.value
             doc["measured"] = self.measured.to_dict()
