@@ -75,11 +75,13 @@ def use_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now: Ray's default ports may be another Ray's on
-    this machine, so every port of a cluster started here is given explicitly."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` (an address of this machine) right now: Ray's default
+    ports may be another Ray's on this machine, so every port of a node started here is
+    given explicitly."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -82,7 +82,7 @@ def _ray_exe() -> str:
     return str(exe) if exe.exists() else "ray"
 
 
-def _ray_start() -> list[str]:
+def ray_start_command() -> list[str]:
     """``ray start`` through :mod:`executor.local.loopback_ray_start`, which keeps 127.0.0.1
     as given."""
     return [sys.executable, "-m", "executor.local.loopback_ray_start", "start"]
@@ -93,7 +93,7 @@ def _node_command(
 ) -> list[str]:
     resources = node_resources(node)
     cmd = [
-        *_ray_start(),
+        *ray_start_command(),
         "--block",
         "--node-ip-address=127.0.0.1",
         "--num-cpus=1",
@@ -116,7 +116,7 @@ def _node_command(
     return cmd
 
 
-def _env(head: bool = False) -> dict[str, str]:
+def node_env(head: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["RAY_AUTH_MODE"] = "token"
     # The in-process switch to loopback (executor.runtime.use_loopback) makes `ray start`
@@ -129,7 +129,7 @@ def _env(head: bool = False) -> dict[str, str]:
     return env
 
 
-def _wait_started(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+def wait_started(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
     """Until ``ray start`` reports its node up (nodes start one at a time: on a busy
     2-core machine, concurrent registrations can time out)."""
     deadline = time.monotonic() + timeout_s
@@ -147,7 +147,7 @@ def ray_status(address: str, timeout_s: float = 60.0) -> str:
     """``ray status`` of a loopback cluster. (A plain ``ray status --address 127.0.0.1:P``
     would look for the GCS on the machine's external address: Ray's CLI rewrites 127.0.0.1
     unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which this sets.)"""
-    env = {**_env(), runtime.LOOPBACK_ENV: "0"}
+    env = {**node_env(), runtime.LOOPBACK_ENV: "0"}
     res = subprocess.run(
         [_ray_exe(), "status", f"--address={address}"],
         capture_output=True,
@@ -179,7 +179,7 @@ def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen[bytes]], 
     raise ExecutorError(f"{count} nodes did not join in {t:.0f} s; last ray status:\n{out}")
 
 
-def _tree(pid: int) -> list[ProcessRecord]:
+def process_tree(pid: int) -> list[ProcessRecord]:
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -194,11 +194,11 @@ def _tree(pid: int) -> list[ProcessRecord]:
     return found
 
 
-def _launch(cmd: list[str], log: Path, head: bool = False) -> subprocess.Popen[bytes]:
+def launch(cmd: list[str], log: Path, head: bool = False) -> subprocess.Popen[bytes]:
     """Start one ``ray start --block`` in its own session, its output going to ``log``."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            cmd, env=_env(head), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, env=node_env(head), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
@@ -229,13 +229,13 @@ def start_persistent(
             if i == 0:
                 cmd.append(f"--dashboard-port={dash}")
             log = state_dir / f"{node.name}.log"
-            procs.append(_launch(cmd, log, head=i == 0))
-            _wait_started(procs[-1], log, timeout_s)
+            procs.append(launch(cmd, log, head=i == 0))
+            wait_started(procs[-1], log, timeout_s)
         _wait_nodes(address, len(spec.nodes), procs, timeout_s)
     except BaseException:
-        _stop([r for p in procs for r in _tree(p.pid)], grace_s=10.0)
+        stop_processes([r for p in procs for r in process_tree(p.pid)], grace_s=10.0)
         raise
-    records = tuple(r for p in procs for r in _tree(p.pid))
+    records = tuple(r for p in procs for r in process_tree(p.pid))
     state = PersistentCluster(
         spec.name,
         address,
@@ -257,7 +257,7 @@ def read_state(state_dir: Path | None = None) -> PersistentCluster:
 
 def is_running(state: PersistentCluster) -> bool:
     """Whether any process of the recorded cluster still runs (same PID and start time)."""
-    return _alive(state.processes)
+    return any_alive(state.processes)
 
 
 def status_persistent(state_dir: Path | None = None) -> str:
@@ -269,7 +269,7 @@ def stop_persistent(state_dir: Path | None = None, *, grace_s: float = 15.0) -> 
     """Stop the recorded cluster's processes (and their children); returns how many ran."""
     state_dir = state_dir or default_state_dir()
     state = read_state(state_dir)
-    stopped = _stop(list(state.processes), grace_s)
+    stopped = stop_processes(list(state.processes), grace_s)
     (state_dir / STATE_FILE).unlink()
     return stopped
 
@@ -290,11 +290,11 @@ def _matching(records: list[ProcessRecord]) -> list[Any]:
     return list(found.values())
 
 
-def _alive(records: tuple[ProcessRecord, ...]) -> bool:
+def any_alive(records: tuple[ProcessRecord, ...]) -> bool:
     return bool(_matching(list(records)))
 
 
-def _stop(records: list[ProcessRecord], grace_s: float) -> int:
+def stop_processes(records: list[ProcessRecord], grace_s: float) -> int:
     """SIGTERM the ``ray start`` roots (they stop their node), then stragglers; SIGKILL last."""
     procs = _matching(records)
     count = len(procs)

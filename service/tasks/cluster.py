@@ -1,13 +1,17 @@
 """The ``cluster`` use-cases: a local Ray cluster that outlives one command (``up``,
-``down``, ``status``), recorded in :func:`service.tasks.live.state_dir`."""
+``down``, ``status``), recorded in :func:`service.tasks.live.state_dir`; and this machine
+joining a running cluster over the network as one node of a spec (``join``, ``leave``),
+recorded in :func:`executor.join.default_join_dir`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from executor.emulation import is_emulated
 from executor.errors import ExecutorError
+from executor.join import JoinedNode, default_join_dir, join, leave
 from executor.local.persistent_cluster import (
     PersistentCluster,
     is_running,
@@ -86,3 +90,43 @@ def cluster_status() -> ClusterStatus:
     if not is_running(state):
         return ClusterStatus(state)
     return ClusterStatus(state, True, ray_status(state.address).rstrip())
+
+
+class ClusterJoinRequest(Request):
+    """Join the cluster whose head is at ``address`` (``HOST:PORT``) as spec node ``node``.
+
+    ``node_ip``: the address this machine is reached at (None: the one it routes to the head
+    from); ``num_cpus``: Ray's CPU count of the node (None: this machine's)."""
+
+    address: str
+    node: str
+    spec: ClusterRef
+    node_ip: str | None = None
+    object_store_mb: int = 500
+    num_cpus: int | None = None
+
+
+def cluster_join(request: ClusterJoinRequest, reporter: Reporter = QUIET) -> JoinedNode:
+    """Start this machine's Ray node for the spec node and join it to the cluster."""
+    spec = cluster_spec(request.spec)
+    quiet_ray_logs()
+    with reporter.step(f"joining {request.address} as node {request.node!r}"):
+        return join(
+            request.address,
+            spec,
+            request.node,
+            node_ip=request.node_ip,
+            object_store_mb=request.object_store_mb,
+            num_cpus=request.num_cpus,
+        )
+
+
+def join_dir() -> Path:
+    """Where ``cluster join`` records the nodes it started on this machine."""
+    return default_join_dir()
+
+
+def cluster_leave(node: str | None = None) -> list[tuple[JoinedNode, int]]:
+    """Stop the node(s) ``cluster_join`` started on this machine (only their processes):
+    each with how many of its processes were running; empty when none had joined."""
+    return leave(node)
