@@ -148,7 +148,9 @@ def start_local(
 
 def connect(address: str) -> None:
     """Join a running cluster at ``address`` (``host:port`` of its head's GCS): a ``ray
-    start`` cluster or a KubeRay one. A loopback address keeps this process on loopback."""
+    start`` cluster or a KubeRay one, on this machine or across the network. A loopback
+    address keeps this process on loopback; any other head is joined as it is (Ray finds
+    this machine's node of the cluster, e.g. one ``pipeplan cluster join`` started)."""
     _refuse_if_connected(f"connect {address!r}")
     if _is_loopback(address):
         use_loopback()

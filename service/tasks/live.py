@@ -2,8 +2,9 @@
 with ``measure``, the demo): a connected cluster and the model to build on it.
 
 By default a use-case starts a :class:`~executor.local_cluster.LocalCluster` for its cluster
-spec and stops it when done; an ``address`` (``HOST:PORT``) joins a running Ray cluster
-instead, and ``auto`` the one ``pipeplan cluster up`` started (its state lives in
+spec (on loopback) and stops it when done; an ``address`` (``HOST:PORT``, loopback or a head
+across the network, whose other machines ran ``pipeplan cluster join``) joins a running Ray
+cluster instead, and ``auto`` the one ``pipeplan cluster up`` started (its state lives in
 ``$XDG_CACHE_HOME/pipeplan/cluster``, with the spec it was started from). On a joined
 cluster the spec still names the cluster the plan was made for (its device types' flops set
 the emulated slowdowns); without one the spec saved by ``cluster up`` is used, else the live
