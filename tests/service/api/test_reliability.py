@@ -257,7 +257,7 @@ def test_a_job_whose_driver_dies_without_a_result_ends_failed(service: Service) 
     spec = {"profile": PROFILE, "cluster": DUO.to_dict(), "planner": "tapp", "batch": 8}
     spec |= {"options": {"patience": None}, "budget": {"evaluations": 10**7, "seconds": 120}}
     job_id = submit(service, "plan", spec)
-    wait_events(service, job_id, "progress")
+    wait_events(service, job_id, "evaluation", timeout_s=120)  # the search is under way
     procs = entrypoints(job_id)
     assert procs, f"no entrypoint process of job {job_id}"
     for p in procs:
