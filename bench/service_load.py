@@ -11,9 +11,11 @@
       job's own token by ``--posters`` concurrent posters (distinct seqs): what the
       request path costs;
    b. as a job sends them: ``--events`` evaluation events emitted by one job's own
-      EventChannel as fast as a search reports them (in order, from one sender thread;
-      what queues behind a post goes out in the next post, as a batch). The target is
-      judged on this one: it is how a job's events reach the service.
+      EventChannel as fast as the loop can (in order, from one sender thread; what
+      queues behind a post goes out in the next post, as a batch): the sender's capacity;
+   c. the same paced at ``--rate`` events a second, as a steady search reports them:
+      the rate delivered and the lag after the last emit.
+   The target is judged on b and c: they are how a job's events reach the service.
 3. Submit to running on the real Ray Jobs backend: ``pipeplan serve`` with its embedded
    one-node cluster, ``--ray-jobs`` small plan jobs one after the other, median and max
    (:mod:`bench.service_load_ray`; ``--no-ray`` skips it).
@@ -73,7 +75,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--clients", default="4,16", help="concurrent clients of part 1")
     ap.add_argument("--requests", type=int, default=None, help="requests per client count")
     ap.add_argument("--events", type=int, default=None, help="events posted in part 2")
-    ap.add_argument("--posters", type=int, default=4, help="concurrent posters of part 2")
+    ap.add_argument("--posters", type=int, default=4, help="concurrent posters of part 2a")
+    ap.add_argument("--rate", type=float, default=2000.0, help="events/s of part 2c")
     ap.add_argument("--ray-jobs", type=int, default=None, help="jobs timed on Ray in part 3")
     ap.add_argument("--no-ray", action="store_true", help="skip part 3 (Ray)")
     ap.add_argument("--fault-runs", type=int, default=None, help="restart scenarios [20]")
@@ -115,6 +118,9 @@ def http_parts(a: argparse.Namespace, tmp: Path, token: str) -> dict[str, Any]:
             sender_job = submit_job(c, "sender")
             sender_token = job_tokens(tmp)[sender_job]
             out["sender"] = deliver(c, server.url, sender_job, sender_token, a.events)
+            paced_job = submit_job(c, "paced")
+            paced_token = job_tokens(tmp)[paced_job]
+            out["paced"] = deliver(c, server.url, paced_job, paced_token, a.events, a.rate)
     finally:
         server.stop()
     return out
@@ -143,35 +149,47 @@ def print_http(a: argparse.Namespace, r: dict[str, Any]) -> None:
         row = (s["requests"], s["errors"], f"{s['p50_ms']:.1f} ms", f"{s['p99_ms']:.1f} ms")
         t.add_row(n, *map(str, row), f"{s['max_ms']:.1f} ms", f"{s['per_s']:,.0f}")
     console.print(t)
-    e = r["events"]
-    t = Table(title=f"2a. events ingested on one job, one a request ({a.posters} posters)")
-    for col in ("events", "errors", "events/s", "p50", "p99", "stored", "distinct", "exact"):
-        t.add_column(col, justify="right")
-    t.add_row(
-        str(e["requests"]),
-        str(e["errors"]),
-        f"{e['per_s']:,.0f}",
-        f"{e['p50_ms']:.1f} ms",
-        f"{e['p99_ms']:.1f} ms",
-        str(e["stored"]),
-        str(e["distinct"]),
-        str(e["exact"]),
+    e, b, c = r["events"], r["sender"], r["paced"]
+    one_row(
+        f"2a. events ingested on one job, one a request ({a.posters} posters)",
+        {
+            "events": e["requests"],
+            "errors": e["errors"],
+            "events/s": f"{e['per_s']:,.0f}",
+            "p50": f"{e['p50_ms']:.1f} ms",
+            "p99": f"{e['p99_ms']:.1f} ms",
+        }
+        | {k: e[k] for k in ("stored", "distinct", "exact")},
     )
-    console.print(t)
-    b = r["sender"]
-    t = Table(title="2b. events ingested on one job, as the job sends them (its EventChannel)")
-    for col in ("events", "posts", "events/post", "events/s", "stored", "distinct", "exact"):
-        t.add_column(col, justify="right")
-    per_post = b["events"] / b["posts"] if b["posts"] else 0.0
-    t.add_row(
-        str(b["events"]),
-        str(b["posts"]),
-        f"{per_post:,.1f}",
-        f"{b['per_s']:,.0f}",
-        str(b["stored"]),
-        str(b["distinct"]),
-        str(b["exact"]),
+    one_row(
+        "2b. events ingested on one job, as the job sends them (its EventChannel)",
+        {
+            "events": b["events"],
+            "posts": b["posts"],
+            "events/post": f"{b['events'] / b['posts'] if b['posts'] else 0.0:,.1f}",
+            "events/s": f"{b['per_s']:,.0f}",
+        }
+        | {k: b[k] for k in ("stored", "distinct", "exact")},
     )
+    one_row(
+        f"2c. the same, paced at {c['rate_asked']:,.0f} events/s (a steady search)",
+        {
+            "events": c["events"],
+            "posts": c["posts"],
+            "events/post": f"{c['events'] / c['posts'] if c['posts'] else 0.0:,.1f}",
+            "events/s": f"{c['per_s']:,.0f}",
+            "lag after last": secs(c["lag_s"]),
+        }
+        | {k: c[k] for k in ("stored", "distinct", "exact")},
+    )
+
+
+def one_row(title: str, cells: dict[str, Any]) -> None:
+    """A table of one row: the cells' keys are its columns."""
+    t = Table(title=title)
+    for col in cells:
+        t.add_column(col, justify="right")
+    t.add_row(*map(str, cells.values()))
     console.print(t)
 
 
@@ -225,10 +243,12 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     for n in lists:
         s |= {f"list_p50_ms_{n}_clients": lists[n]["p50_ms"]}
         s |= {f"list_p99_ms_{n}_clients": lists[n]["p99_ms"]}
-    b = res["http"]["sender"]
+    b, c = res["http"]["sender"], res["http"]["paced"]
     s |= {"events_per_s_one_a_request": e["per_s"], "events_per_s_job_sender": b["per_s"]}
-    s["events_stored_exact"] = bool(e["exact"] and b["exact"])
-    s["events_target_met"] = bool(b["per_s"] >= TARGET_EVENTS_PER_S and b["exact"])
+    s |= {"events_per_s_paced": c["per_s"], "paced_lag_s": c["lag_s"]}
+    s["events_stored_exact"] = bool(e["exact"] and b["exact"] and c["exact"])
+    met = all(x["per_s"] >= TARGET_EVENTS_PER_S and x["exact"] for x in (b, c))
+    s["events_target_met"] = bool(met)
     if "ray" in res:
         s["to_running_median_s"] = res["ray"]["to_running_s"]["median"]
         s["to_running_max_s"] = res["ray"]["to_running_s"]["max"]
@@ -258,6 +278,7 @@ def parameters(a: argparse.Namespace) -> dict[str, Any]:
         "requests",
         "events",
         "posters",
+        "rate",
         "ray_jobs",
         "no_ray",
         "fault_runs",

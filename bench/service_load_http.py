@@ -215,12 +215,18 @@ def sender_doc(seq: int) -> dict[str, Any]:
 
 
 def deliver(
-    api: httpx.Client, url: str, job_id: str, job_token: str, events: int
+    api: httpx.Client,
+    url: str,
+    job_id: str,
+    job_token: str,
+    events: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """Part 2b: ``events`` evaluation events emitted as fast as a search reports them
-    through the job side's own :class:`~service.tasks.events.EventChannel` (one sender
-    thread, in order; what queues behind a post goes out as one batch), timed from the
-    first emit until every event is acknowledged; then what the service stored (read with
+    """Parts 2b and 2c: ``events`` evaluation events emitted through the job side's own
+    :class:`~service.tasks.events.EventChannel` (one sender thread, in order; what queues
+    behind a post goes out as one batch), as fast as they come (2b) or paced at ``rate``
+    a second like a steady search (2c); timed from the first emit until every event is
+    acknowledged (``lag_s``: from the last emit). Then what the service stored (read with
     ``api``, a client with the API token)."""
     posts: list[int] = []
 
@@ -231,16 +237,22 @@ def deliver(
         channel = EventChannel(c, job_id, job_token)
         t0 = time.perf_counter()
         for seq in range(events):
+            if rate is not None and (ahead := t0 + seq / rate - time.perf_counter()) > 0:
+                time.sleep(ahead)
             channel.emit("evaluation", sender_doc(seq))
+        emitted = time.perf_counter()
         channel.close()
-        wall = time.perf_counter() - t0
+        done = time.perf_counter()
+        wall = done - t0
     stored = all_events(api, job_id)
     seqs = [e["seq"] for e in stored]
     exact = seqs == list(range(events)) and all(e["data"] == sender_doc(e["seq"]) for e in stored)
     return {
         "events": events,
+        "rate_asked": rate,
         "posts": len(posts),
         "wall_s": wall,
+        "lag_s": done - emitted,
         "per_s": events / wall if wall > 0 else 0.0,
         "stored": len(seqs),
         "distinct": len(set(seqs)),
