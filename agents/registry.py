@@ -29,6 +29,9 @@ PLANNERS: dict[str, str] = {
     "bayes": "agents.baselines.bayes:BayesPlanner",
     "tapp": "agents.tapp.planner:TAPPPlanner",
     "ppo": "agents.rllib_ppo:PPOPlanner",
+    "provision_dp": "agents.provision.exact:ProvisionDPPlanner",
+    "heterps_cpu_gpu": "agents.provision.cpu_gpu:CpuGpuPlanner",
+    "heterps_rl": "agents.provision.rl:HeterPSRLPlanner",
 }
 
 

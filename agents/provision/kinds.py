@@ -1,0 +1,140 @@
+"""The catalogue seen by kind, and the cost of a stage staffed from it.
+
+Identical nodes (a catalogue entry's ``count: N``, DESIGN.md) are interchangeable: which
+``p4d`` a stage runs on changes nothing but names. The provisioning planners therefore reason
+about **options** -- a device type on the nodes of one kind -- and **how many nodes** of it a
+stage takes, never about individual devices; a plan is made concrete only at the end, each
+stage taking the next free nodes of its kind (:meth:`Catalogue.devices`).
+
+The space they share (``node-exclusive stages``): contiguous stages; a stage runs on every
+device of one type on ``m`` whole nodes of one kind (``m x per_node`` replicas), no node
+holds two stages; equal microbatches. Its **bottleneck** is the ``overlap`` model of
+:mod:`agents.baselines.dp`: ``max(max_s W_s, max_s T_s)`` with a stage's busy time ``W_s = M
+(F_s + Bk_s) + update_s + allreduce_s`` and a cut's transfer time ``T_s = M (latency + X_s b
+/ bandwidth)``, a lower bound on the simulated batch time. Two stages are on different nodes,
+so every cut is inter-node; a stage's all-reduce is intra-node when it takes one node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.problem import Problem
+from agents.provision.rental import kind_of
+from core import rules
+from core.cluster import ClusterSpec
+from core.tables import INTER, INTRA, CostTables
+
+FloatArray = np.ndarray
+
+
+@dataclass(frozen=True)
+class Option:
+    """A way to staff a stage: the devices of ``type`` on nodes of kind ``kind``."""
+
+    kind: int  # index into Catalogue.kinds
+    type: str
+    type_index: int  # into CostTables.types
+    per_node: int  # devices of the type on one node of the kind
+    node_price: float  # $ per hour of those devices on one node
+
+    def label(self, catalogue: Catalogue) -> str:
+        return f"{catalogue.kinds[self.kind]}/{self.type}"
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The kinds of a cluster (catalogue entries; a plain node is a kind of one node), how
+    many nodes each has, its options, and every node's devices by type."""
+
+    cluster: ClusterSpec
+    kinds: tuple[str, ...]
+    available: tuple[int, ...]  # nodes per kind
+    options: tuple[Option, ...]
+    nodes: tuple[tuple[int, ...], ...]  # per kind: node indices into cluster.nodes, in order
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec, tables: CostTables) -> Catalogue:
+        members: dict[str, list[int]] = {}
+        for i, node in enumerate(cluster.nodes):
+            members.setdefault(kind_of(node), []).append(i)
+        kinds = tuple(members)
+        options = []
+        for k, kind in enumerate(kinds):
+            first = cluster.nodes[members[kind][0]]
+            for t in sorted(first.devices):
+                c = first.devices[t]
+                if c > 0:
+                    price = c * cluster.device_types[t].price_per_hour
+                    options.append(Option(k, t, tables.type_index[t], c, price))
+        return cls(
+            cluster,
+            kinds,
+            tuple(len(members[k]) for k in kinds),
+            tuple(options),
+            tuple(tuple(members[k]) for k in kinds),
+        )
+
+    def devices(self, stages: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """Device indices (into ``cluster.device_ids``) of stages given as ``(option, nodes)``:
+        each takes the next free nodes of its kind, in the catalogue's order."""
+        index = {d: i for i, d in enumerate(self.cluster.device_ids)}
+        taken = [0] * len(self.kinds)
+        out = []
+        for o, m in stages:
+            opt = self.options[o]
+            picked = self.nodes[opt.kind][taken[opt.kind] : taken[opt.kind] + m]
+            if len(picked) < m:
+                raise ValueError(
+                    f"{self.kinds[opt.kind]}: {taken[opt.kind] + m} nodes asked, "
+                    f"{self.available[opt.kind]} in the catalogue"
+                )
+            taken[opt.kind] += m
+            names = [self.cluster.nodes[n].name for n in picked]
+            out.append(
+                tuple(
+                    index[f"{name}/{opt.type}:{c}"] for name in names for c in range(opt.per_node)
+                )
+            )
+        return out
+
+
+class StageCosts:
+    """Busy times of stages and transfer times of cuts for one microbatch size (see the
+    module docstring), from the problem's :class:`CostTables`."""
+
+    def __init__(self, problem: Problem, tables: CostTables, catalogue: Catalogue, b: int):
+        self.problem, self.tables, self.catalogue, self.b = problem, tables, catalogue, b
+        self.M = problem.global_batch // b
+        self.L = len(problem.profile)
+        inter = rules.transfer_s(tables.cuts * b, tables.link_bps[INTER], tables.link_lat[INTER])
+        self.link = self.M * inter  # (L+1,): the cut before layer j, both directions alike
+        self.link[0] = self.link[self.L] = 0.0
+
+    def busy(self, i: int, o: int, stages_from_here: np.ndarray) -> FloatArray:
+        """(J, m_max, Q): busy time of stage ``[i, j)`` for ``j = i+1 .. L`` on ``m = 1 ..
+        available`` nodes of option ``o``, at ``q`` stages from it to the end (1F1B memory);
+        ``inf`` where it does not fit in memory."""
+        tb, opt, M, b = self.tables, self.catalogue.options[o], self.M, self.b
+        t = opt.type_index
+        jj = np.arange(i + 1, self.L + 1)[:, None]
+        m = np.arange(1, self.catalogue.available[opt.kind] + 1)[None, :]
+        r = m * opt.per_node
+        n = b / r
+        f = rules.compute_s(tb.fwd_fixed_range[t, i, jj], tb.fwd_per_sample_range[t, i, jj], n)
+        bk = rules.compute_s(tb.bwd_fixed_range[t, i, jj], tb.bwd_per_sample_range[t, i, jj], n)
+        dtype = self.problem.cluster.device_types[opt.type]
+        params = tb.params(i, jj)
+        update = rules.update_s(params, dtype.memory_bandwidth_gbps)
+        cls = np.where(m == 1, INTRA, INTER)
+        allreduce = rules.allreduce_s(params, r, tb.link_bps[cls], tb.link_lat[cls])
+        bk = bk + rules.accumulation_s(update, M)
+        busy = M * (f + bk) + (update + allreduce)
+        q = np.asarray(stages_from_here)[None, None, :]
+        held = np.broadcast_to(rules.in_flight(self.problem.schedule, M, q), q.shape)
+        memory = rules.memory_bytes(
+            params[..., None], tb.acts(i, jj)[..., None], n[..., None], held
+        )
+        return np.where(memory <= dtype.memory_bytes, busy[..., None], np.inf)
