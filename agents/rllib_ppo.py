@@ -5,10 +5,20 @@ checked against Ray 2.60 (new API stack): ``PPOConfig().environment/env_runners/
 rl_module/callbacks/debugging``, ``RLModuleSpec`` with RLlib's own action-masking PPO module
 (``ActionMaskingTorchRLModule``, which reads the env's ``{"observations", "action_mask"}``
 observation), ``Algorithm.save_to_path`` / ``restore_from_path`` for checkpoints and
-``env_runner_group.foreach_env_runner`` to gather the best plan each runner has seen.
+``env_runner_group.foreach_env_runner`` to gather the best plan each runner has seen. RLlib
+gets the env as its class (built from the env config), not as a name in Tune's registry:
+that registry keeps the job id of the first cluster this process joined, so after a
+reconnect (a second search in one process) remote env runners could not find the name.
 
 Ray: PPO runs on the Ray cluster this process is connected to (the faces start or join one
-through ``executor.runtime``); it never starts one of its own, and refuses to run unconnected.
+through ``executor.runtime``: ``--address``, a Ray Job's own cluster, or a local one); it
+never starts one of its own, and refuses to run unconnected. Its env runners are actors of
+that cluster, one CPU each. Unless the ``num_env_runners`` option fixes their number, PPO
+takes as many as the cluster has spare CPUs when it starts (:func:`default_env_runners`:
+Ray's available CPUs, rounded down, less one for the driver, which samples nothing then but
+runs the learner; 0 -- sample in the driver -- when none are spare), at most one per
+:data:`MIN_STEPS_PER_RUNNER` steps of a train batch, so that every runner samples whole
+episodes and a large cluster does not start hundreds of idle processes.
 
 Episodes are costed inside the env by the contract cost model. Unless the problem (or the
 ``microbatches`` option) fixes the microbatch count, the first action of an episode chooses
@@ -38,6 +48,7 @@ answer (``bench/results/ppo_quality.json``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +59,6 @@ from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
-from ray.tune.registry import register_env
 
 from agents.local_search import polish
 from agents.problem import Problem, ProblemError
@@ -56,9 +66,12 @@ from agents.registry import Planner
 from agents.search import Search
 from core.errors import PipeplanError
 from core.plan import Plan
-from envs import make_env
+from envs import PlacementEnv
 
-ENV_NAME = "pipeplan-placement-v0"
+DRIVER_CPUS = 1.0
+"""CPUs left to the driver (it runs the learner) when the env runners are counted."""
+MIN_STEPS_PER_RUNNER = 32
+"""Env steps of a train batch per runner at least, when their number is the default."""
 COST_MODEL_SOURCES = frozenset({"simulated", "parallel"})
 """Reward sources that value a plan as the env does (the contract cost model): with these,
 the env runners' episodes count as the search's evaluations."""
@@ -69,7 +82,7 @@ class PPOOptions:
     """Options of the ``ppo`` planner."""
 
     iterations: int = 40  # PPO training iterations (each samples train_batch env steps)
-    num_env_runners: int = 0  # parallel sampling processes (0: sample in the driver)
+    num_env_runners: int | None = None  # sampling actors (0: in the driver; None: spare CPUs)
     train_batch: int = 500  # env steps per iteration
     minibatch: int = 125  # SGD minibatch size
     epochs: int = 6  # SGD passes over each batch
@@ -89,7 +102,7 @@ class PPOOptions:
         for key in ("iterations", "train_batch", "minibatch", "epochs"):
             if getattr(self, key) < 1:
                 raise ProblemError(f"ppo.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.num_env_runners < 0:
+        if self.num_env_runners is not None and self.num_env_runners < 0:
             raise ProblemError(f"ppo.num_env_runners: must be >= 0, got {self.num_env_runners}")
         for key in ("gamma", "lambda_"):
             if not 0.0 <= getattr(self, key) <= 1.0:
@@ -125,6 +138,28 @@ def env_config(
         "min_throughput": problem.min_throughput,
         "max_replicas": min(max_replicas or n_dev, n_dev),
     }
+
+
+def default_env_runners(available_cpus: float, train_batch: int) -> int:
+    """PPO's env runners when the option leaves them open: the cluster's spare CPUs
+    (``available_cpus`` less :data:`DRIVER_CPUS`, rounded down; 0 when none are spare), at
+    most ``train_batch // MIN_STEPS_PER_RUNNER`` (module docstring)."""
+    if available_cpus < 0 or train_batch < 1:
+        raise ProblemError(
+            f"ppo: available CPUs must be >= 0 and train_batch >= 1, got {available_cpus} "
+            f"and {train_batch}"
+        )
+    spare = max(0, math.floor(available_cpus - DRIVER_CPUS))
+    return min(spare, train_batch // MIN_STEPS_PER_RUNNER)
+
+
+def env_runners(options: PPOOptions) -> int:
+    """The env runners PPO starts on the connected cluster: the option's, else
+    :func:`default_env_runners` of Ray's available CPUs now."""
+    if options.num_env_runners is not None:
+        return options.num_env_runners
+    available = float(ray.available_resources().get("CPU", 0.0))
+    return default_env_runners(available, options.train_batch)
 
 
 def _microbatches(problem: Problem, option: int | None) -> int | None:
@@ -179,19 +214,20 @@ class PPOPlanner(Planner):
                 "connect one first (executor.runtime.start_local / connect)"
             )
         m = _microbatches(problem, self.config.microbatches)
-        algo = self._build(problem, m)
+        runners = env_runners(self.config)
+        search.options["num_env_runners"] = runners  # the result says how many it took
+        algo = self._build(problem, m, runners)
         try:
             self._train(algo, search)
         finally:
             algo.stop()
 
-    def _build(self, problem: Problem, microbatches: int | None) -> Any:
+    def _build(self, problem: Problem, microbatches: int | None, runners: int) -> Any:
         c = self.config
-        register_env(ENV_NAME, make_env)
         config = (
             PPOConfig()
-            .environment(ENV_NAME, env_config=env_config(problem, microbatches, c.max_replicas))
-            .env_runners(num_env_runners=c.num_env_runners, num_envs_per_env_runner=1)
+            .environment(PlacementEnv, env_config=env_config(problem, microbatches, c.max_replicas))
+            .env_runners(num_env_runners=runners, num_envs_per_env_runner=1)
             .learners(num_learners=0)
             .training(
                 train_batch_size_per_learner=c.train_batch,

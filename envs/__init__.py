@@ -3,8 +3,8 @@
 :mod:`envs.encoding` (TAPP's layer encoding).
 
 Importing this package registers :data:`ENV_ID` with gymnasium:
-``gymnasium.make("pipeplan/Placement-v0", config={...})``. RLlib's ``register_env`` lives
-in ``agents/rllib_ppo.py`` and calls :func:`make_env`; nothing here imports Ray.
+``gymnasium.make("pipeplan/Placement-v0", config={...})``. RLlib gets :class:`PlacementEnv`
+itself in ``agents/rllib_ppo.py``; nothing here imports Ray.
 """
 
 from __future__ import annotations

@@ -9,11 +9,20 @@ cluster instead, and ``auto`` the one ``pipeplan cluster up`` started (its state
 cluster the spec still names the cluster the plan was made for (its device types' flops set
 the emulated slowdowns); without one the spec saved by ``cluster up`` is used, else the live
 cluster as :func:`~executor.live_cluster.discover` sees it (nothing emulated).
+
+**The cluster they run on.** Work never starts a private cluster where it already has one:
+without an ``address``, a process that is connected to Ray keeps that cluster, and a Ray
+Job's entrypoint (``RAY_ADDRESS`` set by Ray's job supervisor, as ``ray.init()`` itself
+reads it) joins its job's cluster. Only a process with neither starts one of its own. So
+PPO's env runners, a parallel reward's tasks and a measured reward's stage actors all run
+on the cluster the search runs on, whether it came from ``--address``, the job or this
+process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +44,9 @@ from service.tasks.progress import Reporter
 
 SPEC_FILE = "spec.json"
 """Next to the persistent cluster's state file: the spec ``cluster up`` started."""
+
+JOB_ADDRESS_ENV = "RAY_ADDRESS"
+"""Set by Ray's job supervisor for a Ray Job's entrypoint: its cluster's address."""
 
 RUN_OBJECT_STORE_MB = 1024
 """Object store per Ray node of the clusters the use-cases start: activations and the
@@ -94,40 +106,69 @@ def _local(spec: ClusterSpec, reporter: Reporter) -> Iterator[ClusterSpec]:
         cluster.stop()
 
 
+def job_address() -> str | None:
+    """The cluster of the Ray Job this process is the entrypoint of (``RAY_ADDRESS``), if
+    any."""
+    return os.environ.get(JOB_ADDRESS_ENV) or None
+
+
+@contextmanager
+def _joined(spec: ClusterSpec | None, reference: ClusterSpec | None) -> Iterator[ClusterSpec]:
+    """The spec to run plans for on the connected cluster: ``spec``, else the live cluster
+    as :func:`~executor.live_cluster.discover` sees it (``reference`` naming its types)."""
+    if spec is not None:
+        yield spec
+    else:
+        yield discover(reference, name=reference.name if reference else "discovered")
+
+
 @contextmanager
 def live_cluster(
     spec: ClusterSpec | None, address: str | None, reporter: Reporter
 ) -> Iterator[ClusterSpec]:
-    """A connected Ray cluster for the ``with`` body: a new local cluster for ``spec``
-    (stopped afterwards), or the cluster at ``address`` (disconnected afterwards). Yields
-    the spec to run plans for (module docstring)."""
+    """A connected Ray cluster for the ``with`` body: the cluster at ``address``
+    (disconnected afterwards); without one, the cluster this process is connected to, else
+    its Ray Job's (``RAY_ADDRESS``, disconnected afterwards), else a new local cluster for
+    ``spec`` (stopped afterwards). Yields the spec to run plans for (module docstring)."""
     quiet_ray_logs()
-    if address is None:
+    if address is None and runtime.is_connected():
+        with _joined(spec, None) as live:
+            yield live
+        return
+    if address is None and job_address() is None:
         if spec is None:
             raise RequestError("cluster: required unless address joins a running cluster")
         with _local(spec, reporter) as live:
             yield live
         return
-    target = resolve_address(address)
-    reference = spec if spec is not None else (saved_spec() if address == "auto" else None)
-    runtime.connect(target)
+    if address is None:
+        runtime.connect_in_job()
+        reference = spec
+    else:
+        target = resolve_address(address)
+        reference = spec if spec is not None else (saved_spec() if address == "auto" else None)
+        runtime.connect(target)
     try:
-        if spec is not None:
-            yield spec
-        else:
-            yield discover(reference, name=reference.name if reference else "discovered")
+        with _joined(spec, reference) as live:
+            yield live
     finally:
         runtime.shutdown()
 
 
 @contextmanager
 def ray_for_search(address: str | None, reporter: Reporter) -> Iterator[None]:
-    """The Ray cluster a search's workers run on (PPO's env runners, a parallel reward):
-    the cluster at ``address``, else the one this process is connected to, else a
-    single-node local Ray started for the search and stopped after it."""
+    """The Ray cluster a search's workers run on (PPO's env runners, a parallel reward's
+    tasks): the cluster at ``address``, else the one this process is connected to, else its
+    Ray Job's (``RAY_ADDRESS``), else a single-node local Ray started for the search and
+    stopped after it. A cluster joined here is left afterwards."""
     quiet_ray_logs()
     if address is not None:
         runtime.connect(resolve_address(address))
+        started = True
+    elif runtime.is_connected():
+        started = False
+    elif job_address() is not None:
+        runtime.connect_in_job()
         started = True
     else:
         with reporter.step("starting a local Ray for the search's workers"):
