@@ -31,6 +31,7 @@ from service.cli import (
     jobs,
     plan,
     profile,
+    provision,
     run,
     serve,
     simulate,
@@ -47,6 +48,7 @@ app = typer.Typer(
 )
 for _group in (profile, simulate, plan, run, cluster, demo, serve, job, submit, jobs, deploy):
     _group.register(app)
+provision.register(app)
 
 
 def main() -> None:
