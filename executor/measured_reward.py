@@ -11,13 +11,27 @@ for ``cost``). Values are cached by plan, so a plan is run once however often it
 use one source per problem. :meth:`MeasuredReward.run` runs plans without a search (their
 value is then the batch time).
 
-Stage actors are expensive to start (a process and a model each): the source keeps one
-:class:`~executor.pipeline.Pipeline` open and, when the next plan has the same stages (layers
-and devices), only :meth:`~executor.pipeline.Pipeline.reconfigure`\\ s it (other microbatches
-or schedule, fresh weights); any other plan closes it and starts a new one. It needs a
-connected cluster (a :class:`~executor.local_cluster.LocalCluster`, or one joined with
-:func:`executor.runtime.connect`) for its whole life, and is a context manager that closes
-its pipeline.
+Stage actors are expensive to start (a process and a model each): the source keeps the
+:class:`~executor.pipeline.Pipeline`\\ s of its last runs open and, when a plan has the same
+stages (layers and devices) as an open one, only
+:meth:`~executor.pipeline.Pipeline.reconfigure`\\ s it (other microbatches or schedule, fresh
+weights); an open pipeline holding a device that another plan needs is closed first. It
+needs a connected cluster (a :class:`~executor.local_cluster.LocalCluster`, or one joined
+with :func:`executor.runtime.connect`) for its whole life, and is a context manager that
+closes its pipelines.
+
+**Several plans at once.** With ``concurrent`` on, the new plans of one call are grouped,
+in order, into sets whose plans use pairwise disjoint devices (:func:`disjoint_groups`,
+first fit), and the plans of a set run at the same time, each on its own pipeline driven
+from its own thread; the sets run one after another. What a call returns (outcomes in the
+plans' order, values, the cache) is what one plan at a time gives; failures in a row are
+counted and ``on_outcome`` called set by set, in order within a set. On real devices
+(separate machines or GPUs) plans on disjoint devices do not slow each other, and
+evaluations per hour grow with the set size. On a cluster **emulated** on one machine every
+device is the same few cores: concurrent plans then compete for them and for the object
+store, and each one's measured batch time includes the others' load, so the default
+(``concurrent=None``) is on unless the spec is emulated (:func:`concurrent_default`;
+``bench/cluster_use.py`` measures both on ``local-hetero``).
 
 A plan that fails (refused by the live cluster, a stage that raised, a timeout) is worth
 ``inf`` and its reason is kept in :attr:`outcomes` and handed to the search (which quotes it
@@ -37,8 +51,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -48,10 +64,11 @@ from agents.problem import Problem
 from agents.rewards import Rewards, plans_of
 from core.batch_eval import PlanBatch
 from core.cluster import ClusterSpec
-from core.costmodel import simulate
+from core.costmodel import Estimate, simulate
 from core.errors import PipeplanError
 from core.plan import Plan
 from executor import metrics, runtime
+from executor.emulation import is_emulated
 from executor.errors import ExecutorError
 from executor.measure import Measurement, publish_errors
 from executor.model import Batch, ModelSource
@@ -69,6 +86,8 @@ class Outcome:
     error: str = ""
     seconds: float = 0.0
     """Wall time of the evaluation (actor start-up included)."""
+    started: float = 0.0
+    """When the run began (``time.time()``; 0 for a plan screened out without a run)."""
 
 
 def plan_key(plan: Plan) -> str:
@@ -87,11 +106,46 @@ def _same_stages(a: Plan, b: Plan) -> bool:
     return [(s.layers, s.devices) for s in a.stages] == [(s.layers, s.devices) for s in b.stages]
 
 
+def disjoint_groups(devices: Sequence[frozenset[str]]) -> list[list[int]]:
+    """Indices of ``devices`` (one device set per plan) grouped, first fit in order, into
+    groups whose sets are pairwise disjoint; an empty set (a plan that will not run) joins
+    the first group. Each group keeps its indices in order."""
+    groups: list[tuple[list[int], set[str]]] = []
+    for i, devs in enumerate(devices):
+        for members, used in groups:
+            if used.isdisjoint(devs):
+                members.append(i)
+                used.update(devs)
+                break
+        else:
+            groups.append(([i], set(devs)))
+    return [members for members, _ in groups]
+
+
+def concurrent_default(cluster: ClusterSpec) -> bool:
+    """Whether plans on disjoint devices run at once by default: not on a spec emulated on
+    one machine (module docstring)."""
+    return not is_emulated(cluster)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A plan to evaluate: its key, and its screening (an outcome when it will not run)."""
+
+    key: str
+    plan: Plan
+    screened: Outcome | None
+    estimate: Estimate | None
+    screen_s: float
+
+
 class MeasuredReward:
     """Runs each plan ``repeats`` times on the connected cluster; the value is the mean batch
     time (module docstring). ``config`` sets everything else about a run (data, optimizer,
     emulation, timeouts); its ``steps`` and ``warmup`` are replaced by ``repeats`` and
-    ``warmup``. ``cluster`` is the live cluster's spec (the plans' devices run there)."""
+    ``warmup``. ``cluster`` is the live cluster's spec (the plans' devices run there).
+    ``concurrent``: run new plans on disjoint devices at once (None: :func:`concurrent_default`
+    of ``cluster``)."""
 
     name = "measured"
 
@@ -105,6 +159,7 @@ class MeasuredReward:
         config: RunConfig | None = None,
         max_failures: int = 3,
         on_outcome: Callable[[Outcome], None] | None = None,
+        concurrent: bool | None = None,
     ) -> None:
         if repeats < 1 or warmup < 0 or max_failures < 1:
             raise PipeplanError(
@@ -116,8 +171,10 @@ class MeasuredReward:
         self.max_failures = max_failures
         self.on_outcome = on_outcome
         self.outcomes: dict[str, Outcome] = {}
+        self.concurrent = concurrent_default(cluster) if concurrent is None else concurrent
         self.pipelines_started = 0
-        self._pipe: Pipeline | None = None
+        self._pipes: list[Pipeline] = []
+        self._lock = threading.Lock()
         self._batches: dict[int, list[Batch]] = {}
         self._failures_in_a_row = 0
 
@@ -135,10 +192,25 @@ class MeasuredReward:
         self.close()
 
     def close(self) -> None:
-        """Kill the open pipeline's actors (idempotent)."""
-        if self._pipe is not None:
-            self._pipe.close()
-            self._pipe = None
+        """Kill the open pipelines' actors (idempotent)."""
+        with self._lock:
+            pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
+
+    def _close_overlapping(self, devices: set[str], keep: Sequence[Plan] = ()) -> None:
+        """Close the open pipelines that hold one of ``devices``, except those with the
+        stages of a plan of ``keep`` (they are about to be reused)."""
+        with self._lock:
+            closing = [
+                p
+                for p in self._pipes
+                if not devices.isdisjoint(p.plan.devices)
+                and not any(_same_stages(p.plan, k) for k in keep)
+            ]
+            self._pipes = [p for p in self._pipes if p not in closing]
+        for pipe in closing:
+            pipe.close()
 
     # --- the reward source ------------------------------------------------------------------
 
@@ -159,15 +231,20 @@ class MeasuredReward:
                 "measured reward: not connected to a Ray cluster; start or join one first "
                 "(executor.local_cluster.LocalCluster or executor.runtime.connect)"
             )
-        out = []
+        pending: dict[str, _Pending] = {}
         for plan in plans:
             key = plan_key(plan)
-            if key not in self.outcomes:
-                self.outcomes[key] = self._evaluate(plan, problem)
-                if self.on_outcome is not None:
-                    self.on_outcome(self.outcomes[key])
-            out.append(self.outcomes[key])
-        return out
+            if key not in self.outcomes and key not in pending:
+                pending[key] = self._screen(key, plan, problem)
+        todo = list(pending.values())
+        if self.concurrent:
+            sets = [frozenset() if p.screened else frozenset(p.plan.devices) for p in todo]
+            groups = [[todo[i] for i in g] for g in disjoint_groups(sets)]
+        else:
+            groups = [[p] for p in todo]
+        for group in groups:
+            self._evaluate_group(group, problem)
+        return [self.outcomes[plan_key(plan)] for plan in plans]
 
     def measurement(self, plan: Plan) -> Measurement | None:
         """The run of ``plan``, if it was evaluated and ran."""
@@ -179,56 +256,114 @@ class MeasuredReward:
         """Plans actually run (cache hits and plans screened out not counted)."""
         return sum(o.measurement is not None for o in self.outcomes.values())
 
-    # --- one plan ---------------------------------------------------------------------------
+    # --- evaluating plans ---------------------------------------------------------------------
 
-    def _evaluate(self, plan: Plan, problem: Problem | None) -> Outcome:
+    def _screen(self, key: str, plan: Plan, problem: Problem | None) -> _Pending:
+        """Whether ``plan`` will run: an outcome (``inf``, the reason) when it cannot share
+        its microbatches or does not fit in memory by the cost model (with a problem)."""
         t0 = time.perf_counter()
         try:  # a property of the plan, not a failure of the cluster: not counted as one
             check_shares(plan)
         except PipeplanError as e:
-            metrics.measured_evaluation("screened", time.perf_counter() - t0)
-            return Outcome(plan, math.inf, error=str(e))
+            outcome = Outcome(plan, math.inf, error=str(e))
+            return _Pending(key, plan, outcome, None, time.perf_counter() - t0)
         est = None
         if problem is not None:
             est = simulate(plan, problem.profile, self.cluster)
             if not est.fits:
-                metrics.measured_evaluation("screened", time.perf_counter() - t0)
                 reason = "does not fit in memory (cost model): " + "; ".join(est.not_fitting)
-                return Outcome(plan, math.inf, error=reason)
+                outcome = Outcome(plan, math.inf, error=reason)
+                return _Pending(key, plan, outcome, est, time.perf_counter() - t0)
+        return _Pending(key, plan, None, est, time.perf_counter() - t0)
+
+    def _evaluate_group(self, group: Sequence[_Pending], problem: Problem | None) -> None:
+        """Run the plans of ``group`` (disjoint devices) at once, then record every outcome
+        in order."""
+        running = [p for p in group if p.screened is None]
+        devices = {d for p in running for d in p.plan.devices}
+        self._close_overlapping(devices, keep=[p.plan for p in running])
+        for p in running:  # built here, not in the threads: one model build per batch size
+            self._batches_for(p.plan.global_batch, self.config.warmup + self.config.steps)
+        if len(running) > 1:
+            with ThreadPoolExecutor(len(running), thread_name_prefix="measured") as pool:
+                runs = list(pool.map(self._timed_run, [p.plan for p in running]))
+        else:
+            runs = [self._timed_run(p.plan) for p in running]
+        ran = dict(zip([p.key for p in running], runs, strict=True))
+        for p in group:
+            self._record(p, ran.get(p.key), problem)
+
+    def _timed_run(self, plan: Plan) -> tuple[Measurement | Exception, float, float]:
+        """``plan``'s measurement (or the error that ended it), start time and wall time."""
+        started, t0 = time.time(), time.perf_counter()
+        result: Measurement | Exception
         try:
-            measured = self._measure(plan)
+            result = self._measure(plan)
         except (PipeplanError, ExecutorError) as e:
-            self.close()  # the actors' state is unknown after a failure
+            result = e
+        return result, started, time.perf_counter() - t0
+
+    def _record(
+        self,
+        p: _Pending,
+        run: tuple[Measurement | Exception, float, float] | None,
+        problem: Problem | None,
+    ) -> None:
+        """Keep ``p``'s outcome (from its screening or its run), count it in the metrics and
+        the failures in a row, and hand it to ``on_outcome``."""
+        if run is None:
+            assert p.screened is not None  # a plan not run was screened out
+            metrics.measured_evaluation("screened", p.screen_s)
+            outcome = p.screened
+        else:
+            outcome = self._outcome(p, *run, problem)
+        self.outcomes[p.key] = outcome
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+
+    def _outcome(
+        self,
+        p: _Pending,
+        result: Measurement | Exception,
+        started: float,
+        seconds: float,
+        problem: Problem | None,
+    ) -> Outcome:
+        if isinstance(result, Exception):
+            self._close_overlapping(set(p.plan.devices))  # its actors' state is unknown
             self._failures_in_a_row += 1
-            metrics.measured_evaluation("failed", time.perf_counter() - t0)
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            metrics.measured_evaluation("failed", seconds)
+            reason = str(result).splitlines()[0] if str(result) else type(result).__name__
             if self._failures_in_a_row >= self.max_failures:
                 raise ExecutorError(
                     f"measured reward: {self._failures_in_a_row} plans failed in a row; "
                     f"last: {reason}"
-                ) from e
-            return Outcome(plan, math.inf, error=reason, seconds=time.perf_counter() - t0)
+                ) from result
+            return Outcome(p.plan, math.inf, error=reason, seconds=seconds, started=started)
         self._failures_in_a_row = 0
-        seconds = time.perf_counter() - t0
         metrics.measured_evaluation("ran", seconds)
-        value = measured.batch_time_s
-        if problem is not None and est is not None:
-            publish_errors(est, measured, self.name)
-            value = measured_value(problem, plan, value)
-        return Outcome(plan, value, measured, seconds=seconds)
+        value = result.batch_time_s
+        if problem is not None and p.estimate is not None:
+            publish_errors(p.estimate, result, self.name)
+            value = measured_value(problem, p.plan, value)
+        return Outcome(p.plan, value, result, seconds=seconds, started=started)
 
     def _measure(self, plan: Plan) -> Measurement:
-        if self._pipe is not None and _same_stages(self._pipe.plan, plan):
-            self._pipe.reconfigure(plan, self.config)
+        """Run ``plan`` on the open pipeline with its stages (reconfigured), else on a new
+        one; safe to call from several threads for plans on disjoint devices."""
+        with self._lock:
+            pipe = next((p for p in self._pipes if _same_stages(p.plan, plan)), None)
+        if pipe is not None:
+            pipe.reconfigure(plan, self.config)
         else:
-            self.close()
             pipe = Pipeline(plan, self.model, self.cluster, self.config)
             pipe.start()  # cleans up after itself when it fails
-            self._pipe = pipe
-            self.pipelines_started += 1
+            with self._lock:
+                self._pipes.append(pipe)
+                self.pipelines_started += 1
         count = self.config.warmup + self.config.steps
         batches = self._batches_for(plan.global_batch, count)
-        return self._pipe.measure(batches, self.config.warmup)
+        return pipe.measure(batches, self.config.warmup)
 
     def _batches_for(self, global_batch: int, count: int) -> list[Batch]:
         if global_batch not in self._batches:

@@ -21,6 +21,7 @@ value that changes with the batch size, cannot cross a boundary and is refused.
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -79,8 +80,19 @@ def count_layers(model: nn.Module) -> int:
     return max(layer_of_nodes(trace(model)).values()) + 1
 
 
+_FX_LOCK = threading.Lock()
+"""torch.fx tracing patches ``nn.Module.__call__`` for the whole process while it runs, so a
+model run or traced meanwhile in another thread fails ("module is not installed as a
+submodule"): one cut at a time (a measured reward starts pipelines from several threads)."""
+
+
 def partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -> Partition:
     """Cut ``model`` into stages ``[bounds[i], bounds[i+1])`` of profile layers."""
+    with _FX_LOCK:
+        return _partition(model, example, bounds)
+
+
+def _partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -> Partition:
     gm = trace(model)
     layer_of = layer_of_nodes(gm)
     n_layers = max(layer_of.values()) + 1

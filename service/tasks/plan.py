@@ -50,6 +50,7 @@ class PlanRequest(ProblemRequest):
     repeats: int = 3
     warmup: int = 1
     address: str | None = None
+    concurrent: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def check_plan_fields(request: PlanRequest) -> None:
             f"workers: goes with reward parallel (got workers {request.workers!r}, "
             f"reward {request.reward.value!r})"
         )
+    if request.concurrent is not None and request.reward is not Reward.MEASURED:
+        raise RequestError(f"concurrent: goes with reward measured, not {request.reward.value!r}")
     if request.workers is not None and request.workers < 1:
         raise RequestError(f"workers: must be >= 1, got {request.workers}")
     if request.address is not None and not uses_ray(request):
@@ -134,6 +137,7 @@ def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
             repeats=request.repeats,
             warmup=request.warmup,
             address=request.address,
+            concurrent=request.concurrent,
         )
         found = search(problem, request.planner, options, settings, reporter)
         return Planned(problem, found.result, found)

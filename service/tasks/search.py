@@ -9,6 +9,11 @@ small: at most :data:`MEASURED_BUDGET` evaluations or :data:`MEASURED_SECONDS` s
 TAPP samples :data:`MEASURED_ITERATIONS` iterations of :data:`MEASURED_BATCH_SIZE` plans.
 PPO trains on the cost model inside its env and spends the measured runs on the plans it
 finds (:mod:`agents.rllib_ppo`); it runs on the same cluster as the measured plans.
+
+The cluster is the one the search runs on (:func:`~service.tasks.live.live_cluster`:
+``address``, else this process's or its Ray Job's, else a local one for the spec). Plans of
+one population on disjoint devices run at once where ``concurrent`` says so (default: unless
+the spec is emulated on one machine; :class:`~executor.measured_reward.MeasuredReward`).
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ def measured_budget() -> Budget:
 @dataclass(frozen=True)
 class SearchSettings:
     """Where and how plans are measured: the model to build (``model`` or the profile's),
-    steps per plan, and the cluster to join (``address``; default: start one)."""
+    steps per plan, the cluster to join (``address``; default: the one this process or its
+    Ray Job has, else start one), and whether plans on disjoint devices run at once
+    (``concurrent``; None: unless the spec is emulated)."""
 
     model: str | None
     input_size: int | None
     repeats: int
     warmup: int
     address: str | None
+    concurrent: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,13 @@ def search(
     source = model_source(settings.model, settings.input_size, profile)
     with (
         live_cluster(problem.cluster, settings.address, reporter) as live,
-        MeasuredReward(source, live, repeats=settings.repeats, warmup=settings.warmup) as reward,
+        MeasuredReward(
+            source,
+            live,
+            repeats=settings.repeats,
+            warmup=settings.warmup,
+            concurrent=settings.concurrent,
+        ) as reward,
         reporter.search(f"{planner} (measured)", problem.budget.evaluations) as progress,
     ):
         searcher = make_planner(planner, reward=reward, **options)

@@ -1,6 +1,7 @@
 """Searches use the cluster they run on: with ``address``, or inside a Ray Job (``RAY_ADDRESS``
 set, no ``address``), PPO's env runners, the parallel reward's tasks and the measured
-reward's stage actors run on that cluster and no private one starts.
+reward's stage actors run on that cluster and no private one starts. A measured reward
+with ``concurrent`` runs plans on disjoint devices at once there.
 
 One small local cluster (``fast`` on n0, ``mid`` on n1, one logical CPU each) is shared by
 the module and started without connecting this process, as a ``ray start`` cluster or a Ray
@@ -17,10 +18,14 @@ from typing import Any
 import pytest
 
 from core.cluster import ClusterSpec, Node
+from core.plan import Plan, Stage
 from executor import runtime
 from executor.local_cluster import LocalCluster
+from executor.measured_reward import MeasuredReward, Outcome
+from executor.model import ModelSource
+from service.tasks.common import RequestError
 from service.tasks.live import JOB_ADDRESS_ENV
-from service.tasks.plan import PlanRequest, plan
+from service.tasks.plan import PlanRequest, check_plan_fields, plan
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
 SMALL = ClusterSpec(
@@ -130,3 +135,46 @@ def test_a_measured_search_in_a_ray_job_runs_its_plans_on_the_jobs_cluster(  # t
     assert done.measured is not None
     assert done.measured.reward.runs >= 1
     assert actor_classes(address).count("StageWorker") >= 1
+
+
+def _overlap(a: Outcome, b: Outcome) -> bool:
+    return a.started < b.started + b.seconds and b.started < a.started + a.seconds
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_measured_plans_on_disjoint_devices_run_at_once(address, no_private_cluster) -> None:  # type: ignore[no-untyped-def]
+    plans = [
+        Plan(16, (Stage((0, 8), ("n0/fast:0",), 8),)),
+        Plan(16, (Stage((0, 8), ("n1/mid:0",), 8),)),
+        Plan(16, (Stage((0, 4), ("n0/fast:0",), 8), Stage((4, 8), ("n1/mid:0",), 8))),
+    ]
+    source = ModelSource("digits_cnn", 8)
+    runtime.connect(address)
+    try:
+        with MeasuredReward(source, SMALL, repeats=2, warmup=0, concurrent=True) as reward:
+            together = reward.run(plans)
+            assert reward.pipelines_started == 3
+        with MeasuredReward(source, SMALL, repeats=2, warmup=0, concurrent=False) as reward:
+            alone = reward.run(plans)
+    finally:
+        runtime.shutdown()
+    assert _overlap(together[0], together[1])  # the first two at once, the third after
+    assert not _overlap(together[0], together[2]) and not _overlap(together[1], together[2])
+    assert not _overlap(alone[0], alone[1])
+    for a, b in zip(together, alone, strict=True):
+        assert a.error == b.error == "" and a.measurement and b.measurement
+        assert a.plan == b.plan == a.measurement.plan
+        assert a.value == a.measurement.batch_time_s > 0
+        assert len(a.measurement.batch_times_s) == len(b.measurement.batch_times_s) == 2
+        assert a.measurement.to_dict().keys() == b.measurement.to_dict().keys()
+        assert [p.node for p in a.measurement.placement] == [
+            p.node for p in b.measurement.placement
+        ]
+    assert [p.node for p in together[2].measurement.placement] == ["n0", "n1"]  # type: ignore[union-attr]
+
+
+def test_concurrent_goes_with_a_measured_reward_only() -> None:
+    with pytest.raises(RequestError, match="concurrent: goes with reward measured, not 'parallel'"):
+        check_plan_fields(request(planner="tapp", reward="parallel", workers=2, concurrent=True))
+    check_plan_fields(request(planner="tapp", reward="measured", concurrent=False))
