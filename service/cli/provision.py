@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from matplotlib.figure import Figure
 from rich.table import Table
 
 from agents.problem import Objective
@@ -74,25 +75,23 @@ def front_table(points: tuple[FrontPoint, ...]) -> Table:
 
 
 def draw_front(points: tuple[FrontPoint, ...], path: Path) -> None:
-    """$/hour against throughput, the front as a step line, every answer as a dot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    got = [p for p in points if p.rental is not None]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([p.rental.throughput for p in got], [p.rental.price_per_hour for p in got],  # type: ignore[union-attr]
-               label="answers")  # fmt: skip
-    front = sorted((p.rental.throughput, p.rental.price_per_hour) for p in got if p.on_front)  # type: ignore[union-attr]
+    """$/hour against throughput: every answer as a dot, the front as a step line."""
+    got = [p.rental for p in points if p.rental is not None]
+    front = sorted(
+        (p.rental.throughput, p.rental.price_per_hour)
+        for p in points
+        if p.rental is not None and p.on_front
+    )
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    ax.scatter([r.throughput for r in got], [r.price_per_hour for r in got], label="answers")
     if front:
-        ax.step(*zip(*front, strict=True), where="post", label="Pareto front")
+        ax.step([x for x, _ in front], [y for _, y in front], where="post", label="Pareto front")
     ax.set_xlabel("throughput (samples/s)")
     ax.set_ylabel("$ per hour")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
 
 
 @clean_errors
