@@ -42,6 +42,8 @@ def split_options(catalogue: Catalogue) -> tuple[list[int], list[int]]:
 
 
 class CpuGpuPlanner(Planner):
+    """HeterPS's baseline: layer 0 on CPU nodes, the rest on one GPU kind, counts chosen."""
+
     name = "heterps_cpu_gpu"
     Config = CpuGpuConfig
     config: CpuGpuConfig

@@ -116,6 +116,8 @@ def structure(assign: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 class HeterPSRLPlanner(Planner):
+    """HeterPS's RL scheduler: layers to node kinds by REINFORCE, then counts."""
+
     name = "heterps_rl"
     Config = HeterPSRLConfig
     config: HeterPSRLConfig
