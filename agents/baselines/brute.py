@@ -163,16 +163,19 @@ class SpaceSize:
     """Candidate plans per stage count, and the structure behind each number."""
 
     per_stages: dict[int, tuple[int, int, int]]  # S -> (partitions, assignments, microbatches)
+    partial: bool = False
+    """Counting stopped at the first stage count past a limit: the space is at least this."""
 
     @property
     def total(self) -> int:
         return sum(p * a * m for p, a, m in self.per_stages.values())
 
     def describe(self) -> str:
-        return "; ".join(
+        counted = "; ".join(
             f"S={S}: {p:,} partitions x {a:,} device assignments x {m:,} microbatch choices"
             for S, (p, a, m) in self.per_stages.items()
         )
+        return counted + ("; larger stage counts not counted" if self.partial else "")
 
 
 # --- enumeration ------------------------------------------------------------------------------
@@ -250,19 +253,28 @@ class BrutePlanner(Planner):
                 f"{problem.schedule.value!r}"
             )
 
-    def space_size(self, problem: Problem) -> SpaceSize:
-        """The exact number of candidate plans, by stage count, before any evaluation."""
+    def space_size(self, problem: Problem, stop_above: int | None = None) -> SpaceSize:
+        """The exact number of candidate plans, by stage count, before any evaluation; with
+        ``stop_above``, a space whose one-stage plans alone pass it is only counted that far
+        (``partial``): counting every stage count of a big catalogue would itself never end."""
         self._check_schedule(problem)
         counts = [c.count for c in device_classes(problem.cluster)]
         k, L = len(problem.microbatch_sizes()), len(problem.profile)
         per: dict[int, tuple[int, int, int]] = {}
-        for S in self._stage_counts(problem):
+        stage_counts = self._stage_counts(problem)
+        if stop_above is not None and self.config.max_replicas is None:
+            one_stage = math.prod(c + 1 for c in counts) - 1  # every non-empty choice of counts
+            if one_stage * k > stop_above:  # past the limit on one stage: nothing more to count
+                return SpaceSize({1: (1, one_stage, k)}, partial=len(stage_counts) > 1)
+        for S in stage_counts:
             a = count_assignments(counts, S, self.config.max_replicas)
             per[S] = (math.comb(L - 1, S - 1), a, k**S if self.config.unequal else k)
         return SpaceSize(per)
 
     def search(self, problem: Problem, search: Search) -> None:
-        size = self.space_size(problem)
+        budget = problem.budget.evaluations
+        limit = self.config.max_space if budget is None else min(self.config.max_space, budget)
+        size = self.space_size(problem, stop_above=limit)
         self._refuse_if_too_big(problem, size)
         classes = device_classes(problem.cluster)
         counts = [c.count for c in classes]
@@ -310,7 +322,8 @@ class BrutePlanner(Planner):
         raise ProblemError(
             f"brute: the space of {problem.profile.name!r} ({len(problem.profile)} layers) on "
             f"cluster {problem.cluster.name!r} ({len(problem.cluster.device_ids)} devices) has "
-            f"{n:,} candidate plans, more than {limit} ({size.describe()}). Reduce it: "
+            f"{'at least ' if size.partial else ''}{n:,} candidate plans, more than {limit} "
+            f"({size.describe()}). Reduce it: "
             "max_stages, max_replicas, a fixed microbatch count, unequal=False, fewer layers "
             "or devices; or raise max_space / the budget"
         )

@@ -23,6 +23,7 @@ bytes. Refused beyond ``max_states`` entries (timings: ``bench/results/plan_qual
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import product
@@ -111,12 +112,7 @@ class BottleneckDP:
         self.sizes = np.asarray(problem.microbatch_sizes(), dtype=np.float64)
         self.M = problem.global_batch / self.sizes
         radix = [c.count + 1 for c in self.classes]
-        self.used = np.array(list(product(*(range(r) for r in radix))), dtype=np.int64)
-        self.stride = np.array(
-            [int(np.prod(radix[k + 1 :])) for k in range(len(radix))], dtype=np.int64
-        )
-        self.P = len(self.used)
-        self.choices = self._choices(config.max_replicas)
+        self.P = math.prod(radix)  # counted before anything is built: a catalogue's is huge
         self.states = (self.L + 1) * self.P * self.G * self.Q * len(self.sizes)
         if self.states > config.max_states:
             raise ProblemError(
@@ -127,6 +123,11 @@ class BottleneckDP:
                 f"{config.max_states:,}: fix the microbatch count, use fewer layers, or raise "
                 "max_states"
             )
+        self.used = np.array(list(product(*(range(r) for r in radix))), dtype=np.int64)
+        self.stride = np.array(
+            [math.prod(radix[k + 1 :]) for k in range(len(radix))], dtype=np.int64
+        )
+        self.choices = self._choices(config.max_replicas)
 
     def _choices(self, max_replicas: int | None) -> list[Choice]:
         out = []

@@ -36,8 +36,8 @@ from core.profile import LayerProfile, ModelProfile
 from tests.core.strategies import plans, profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-# catalogues (count: N) are the provisioning planners' (tests/agents/test_provision.py): the
-# exhaustive planners' spaces grow with the nodes, and they do not yet refuse one of this size fast
+# catalogues (count: N) are the provisioning planners' (tests/agents/test_provision.py): brute's
+# and dp's spaces grow with the nodes, and they refuse a catalogue's (tested below)
 PRESETS = sorted(
     p for p in (ROOT / "examples" / "clusters").glob("*.yaml") if "catalogue" not in p.stem
 )
@@ -185,6 +185,17 @@ def test_brute_refuses_a_large_space_and_says_how_large() -> None:
     n = BrutePlanner().space_size(small).total
     with pytest.raises(ProblemError, match=f"{n:,} candidate plans.*evaluation budget 1,000"):
         make_planner("brute").plan(small)
+
+
+def test_brute_and_dp_refuse_a_catalogue_at_once() -> None:
+    """Counting a catalogue's whole space (or building dp's table) would never end: brute
+    stops counting past the limit, dp counts its table before building it."""
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "cloud-catalogue.yaml")
+    problem = Problem(chain(12), cluster, global_batch=64)
+    with pytest.raises(ProblemError, match=r"at least [\d,]+ candidate plans.*not counted"):
+        make_planner("brute").plan(problem)
+    with pytest.raises(ProblemError, match=r"device-count vectors.*more than max_states"):
+        make_planner("dp").plan(problem)
 
 
 def test_brute_unequal_needs_gpipe() -> None:
