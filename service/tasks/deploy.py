@@ -45,8 +45,7 @@ from pydantic import Field
 
 from core import _io
 from core.cluster import ClusterSpec
-from core.errors import FormatError, PipeplanError
-from core.limits import MAX_NODES, check_limit
+from core.errors import PipeplanError
 from executor.live_cluster import device_resource, node_resources
 from service.api.settings import Settings
 from service.tasks.common import PRESETS_DIR, ClusterRef, Document, Request, presets
@@ -197,48 +196,6 @@ def spec_document(ref: ClusterRef) -> Document:
     return ref
 
 
-def expand_counts(doc: Any) -> Any:
-    """``doc`` with every node of ``count: N`` replaced by its ``N`` nodes ``NAME-k``; the
-    total is checked against the node limit before anything is made."""
-    nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
-    if not isinstance(nodes, list) or not any(_has_count(n) for n in nodes):
-        return doc  # ClusterSpec.from_dict names whatever is wrong
-    counts = [_count(i, n) for i, n in enumerate(nodes)]
-    check_limit("cluster.nodes (counts included)", sum(counts), MAX_NODES, "nodes", FormatError)
-    expanded: list[Any] = []
-    for i, (node, count) in enumerate(zip(nodes, counts, strict=True)):
-        if not _has_count(node):
-            expanded.append(node)
-            continue
-        name = _io.text(node, "name", f"nodes[{i}]")
-        rest = {k: v for k, v in node.items() if k != "count"}
-        expanded += [{**rest, "name": f"{name}-{k}"} for k in range(count)]
-    return {**doc, "nodes": expanded}
-
-
-def _has_count(node: Any) -> bool:
-    return isinstance(node, Mapping) and "count" in node
-
-
-def _count(i: int, node: Any) -> int:
-    if not _has_count(node):
-        return 1
-    return _io.integer(node, "count", f"nodes[{i}]", minimum=1)
-
-
-def _accelerator(doc: Document, device_type: str) -> str | None:
-    """A type's ``accelerator``: absent, or ``cuda``."""
-    types = doc["device_types"]
-    entry = next(v for k, v in types.items() if str(k) == device_type)
-    value = entry.get("accelerator") if isinstance(entry, Mapping) else None
-    if value is not None and value != "cuda":
-        raise DeployError(
-            f"device_types.{device_type}.accelerator: {value!r} is not supported "
-            "(use 'cuda' for a GPU, or leave it out)"
-        )
-    return value
-
-
 _RESOURCE_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _NOT_DNS = re.compile(r"[^a-z0-9]+")
 MAX_K8S_NAME = 63
@@ -279,16 +236,11 @@ def _k8s_names(spec: ClusterSpec, used: list[str]) -> dict[str, str]:
 
 def load_spec(ref: ClusterRef) -> DeploySpec:
     """The spec ``ref`` names, checked for deployment (see :class:`DeploySpec`)."""
-    doc = expand_counts(spec_document(ref))
-    spec = ClusterSpec.from_dict(doc)
-    accelerators = {t: _accelerator(doc, t) for t in spec.device_types}
+    spec = ClusterSpec.from_dict(spec_document(ref))  # counts expanded, accelerators checked
+    accelerators = {t: d.accelerator for t, d in spec.device_types.items()}
     counts = spec.counts_by_type()
     used = [t for t in spec.device_types if counts.get(t, 0) > 0]
-    shipped = spec.to_dict()
-    for t, acc in accelerators.items():
-        if acc is not None:
-            shipped["device_types"][t]["accelerator"] = acc
-    return DeploySpec(spec, accelerators, _k8s_names(spec, used), shipped)
+    return DeploySpec(spec, accelerators, _k8s_names(spec, used), spec.to_dict())
 
 
 # --- YAML ------------------------------------------------------------------------------------
