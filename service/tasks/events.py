@@ -207,10 +207,10 @@ class EventChannel:
             self._deliver(batch[half:])
             return
         first, last = batch[0], batch[-1]
-        seqs = f"{first['seq']}" if len(batch) == 1 else f"{first['seq']}..{last['seq']}"
-        what = f"event {seqs} ({first['type']}) of job {self.job_id}"
-        if len(batch) > 1:
-            what = f"events {seqs} ({len(batch)}) of job {self.job_id}"
+        if len(batch) == 1:
+            what = f"event {first['seq']} ({first['type']}) of job {self.job_id}"
+        else:
+            what = f"events {first['seq']}..{last['seq']} ({len(batch)}) of job {self.job_id}"
         headers = self.headers | {"Content-Type": "application/json"}
         send = partial(self.client.post, self.path, content=body, headers=headers)
         with_retries(send, what, self.delivery, self.sleep)
