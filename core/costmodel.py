@@ -21,7 +21,7 @@ from core.cluster import ClusterSpec
 from core.objective import SECONDS_PER_HOUR
 from core.plan import Plan, Schedule
 from core.profile import ModelProfile
-from core.schedules import stage_order, upstream_microbatch
+from core.schedules import one_f_one_b_warmups, stage_orders, upstream_microbatch
 from core.tables import CostTables
 
 EventKind = Literal["F", "B", "send", "grad", "update", "allreduce"]
@@ -125,13 +125,22 @@ class _Simulation:
         self.m = [plan.microbatches(s) for s in range(S)]
         self.params = [float(tables.params(st.start, st.end)) for st in plan.stages]
         self.b = [st.microbatch for st in plan.stages]
+        # samples of each stage's last microbatch: b_s, or the remainder
+        self.n_last = [plan.samples(s, self.m[s] - 1) for s in range(S)]
+        self.warmups = (
+            one_f_one_b_warmups(self.b, plan.global_batch)
+            if plan.schedule is Schedule.ONE_F_ONE_B
+            else [0] * S
+        )
         self.update = [self._update(s) for s in range(S)]
         self.fwd = [self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample) for s in range(S)]
-        self.bwd = [
-            self._stage_time(s, tables.bwd_fixed, tables.bwd_per_sample)
-            + rules.accumulation_s(self.update[s], self.m[s])
+        self.bwd = [self._backward(s, self.b[s]) for s in range(S)]
+        # the last microbatch's times (the same numbers when it is a full one)
+        self.fwd_last = [
+            self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample, self.n_last[s])
             for s in range(S)
         ]
+        self.bwd_last = [self._backward(s, self.n_last[s]) for s in range(S)]
         self.x = [
             float(tables.cuts[st.end]) if s < S - 1 else 0.0 for s, st in enumerate(plan.stages)
         ]
@@ -144,10 +153,13 @@ class _Simulation:
         # recovered as ``end - start`` later, which loses the small durations of a long run).
         self.transfer = [0.0] * S
 
-    def _stage_time(self, s: int, fixed: np.ndarray, per_sample: np.ndarray) -> float:
-        """Rule 2: max over replicas of the summed layer times for a ``b_s / r_s`` share."""
+    def _stage_time(
+        self, s: int, fixed: np.ndarray, per_sample: np.ndarray, samples: int | None = None
+    ) -> float:
+        """Rule 2: max over replicas of the summed layer times for a ``n / r_s`` share of a
+        microbatch of ``n`` samples (``b_s`` unless given)."""
         stage = self.plan.stages[s]
-        n = stage.microbatch / stage.replicas
+        n = (stage.microbatch if samples is None else samples) / stage.replicas
         best = 0.0
         for d in stage.devices:
             t = self.tables.type_index[self.cluster.device(d).type]
@@ -156,6 +168,13 @@ class _Simulation:
                 best, sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
             )
         return best
+
+    def _backward(self, s: int, samples: int) -> float:
+        """Rule 2 and 2b: the backward of ``samples`` samples plus its share of accumulation."""
+        tables = self.tables
+        return self._stage_time(
+            s, tables.bwd_fixed, tables.bwd_per_sample, samples
+        ) + rules.accumulation_s(self.update[s], self.m[s])
 
     def _update(self, s: int) -> float:
         """Rule 8's update on the stage's slowest replica (rule 2b charges it too)."""
@@ -179,7 +198,7 @@ class _Simulation:
 
     def run(self) -> Estimate:
         S = self.S
-        orders = [stage_order(self.plan.schedule, self.m[s], s, S) for s in range(S)]
+        orders = stage_orders(self.plan.schedule, self.b, self.plan.global_batch)
         self.pos, self.free = [0] * S, [0.0] * S
         self.fwd_end: list[dict[int, float]] = [{} for _ in range(S)]
         self.delivered: list[dict[int, float]] = [{} for _ in range(S)]  # forward sends of s
@@ -200,26 +219,28 @@ class _Simulation:
 
     def _step(self, s: int, kind: str, j: int) -> bool:
         """Run op ``(kind, j)`` of stage ``s`` if its dependencies are done (rules 6 and 7)."""
-        b, last = self.b, self.S - 1
+        b, last, B = self.b, self.S - 1, self.plan.global_batch
+        final = j == self.m[s] - 1
+        n = self.n_last[s] if final else b[s]  # rule 7: a send carries the op's samples
         if kind == "F":
-            k = upstream_microbatch(j, b[s], b[s - 1]) if s else -1
+            k = upstream_microbatch(j, b[s], b[s - 1], B) if s else -1
             if s and k not in self.delivered[s - 1]:
                 return False
             start = max(self.free[s], self.delivered[s - 1][k] if s else 0.0)
-            end = start + self.fwd[s]
+            end = start + (self.fwd_last[s] if final else self.fwd[s])
             self.fwd_end[s][j] = end
             if s < last:
-                self.delivered[s][j] = self._send(s, s, end, self.x[s] * b[s], "send", j)
+                self.delivered[s][j] = self._send(s, s, end, self.x[s] * n, "send", j)
         else:
-            k = upstream_microbatch(j, b[s], b[s + 1]) if s < last else -1
+            k = upstream_microbatch(j, b[s], b[s + 1], B) if s < last else -1
             if s < last and k not in self.grad_at[s + 1]:
                 return False
             dep = self.grad_at[s + 1][k] if s < last else 0.0
             start = max(self.free[s], dep, self.fwd_end[s][j])
-            end = start + self.bwd[s]
+            end = start + (self.bwd_last[s] if final else self.bwd[s])
             self.last_bwd[s] = end
             if s > 0:
-                self.grad_at[s][j] = self._send(s, s - 1, end, self.x[s - 1] * b[s], "grad", j)
+                self.grad_at[s][j] = self._send(s, s - 1, end, self.x[s - 1] * n, "grad", j)
         self.events.append(Event(s, "F" if kind == "F" else "B", j, start, end))
         self.free[s] = end
         return True
@@ -238,7 +259,11 @@ class _Simulation:
         self.events.append(Event(s, "update", -1, end, end + update))
         if allreduce:
             self.events.append(Event(s, "allreduce", -1, end + update, end + update + allreduce))
-        held = int(rules.in_flight(self.plan.schedule, m, self.S - s))
+        held = float(
+            rules.held_microbatches(
+                self.plan.schedule, st.microbatch, self.plan.global_batch, self.warmups[s]
+            )
+        )
         acts = float(self.tables.acts(st.start, st.end))
         memory = rules.memory_bytes(params, acts, st.microbatch / st.replicas, held)
         capacity = min(t.memory_bytes for t in types)
@@ -256,7 +281,7 @@ class _Simulation:
             microbatches=m,
             forward_s=self.fwd[s],
             backward_s=self.bwd[s],
-            compute_s=m * (self.fwd[s] + self.bwd[s]),
+            compute_s=self._compute(s),
             transfer_s=self.transfer[s],
             boundary_bytes=self.x[s],
             update_s=update,
@@ -266,6 +291,13 @@ class _Simulation:
             memory_capacity_bytes=capacity,
             fits=memory <= capacity,
         )
+
+    def _compute(self, s: int) -> float:
+        """Rule 10's op time of stage ``s``: its M_s forwards and backwards."""
+        m, full = self.m[s], self.fwd[s] + self.bwd[s]
+        if self.n_last[s] == self.b[s]:
+            return m * full
+        return (m - 1) * full + (self.fwd_last[s] + self.bwd_last[s])
 
     def _finish(self) -> Estimate:
         """Rule 10: batch time, price, throughput and communication share."""

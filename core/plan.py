@@ -1,4 +1,9 @@
-"""Pipeline plans: contiguous stages of layers, devices per stage, microbatch per stage."""
+"""Pipeline plans: contiguous stages of layers, devices per stage, microbatch per stage.
+
+A stage's microbatch need not divide the global batch: the stage runs ``ceil(B / b)``
+microbatches, the last one holding the remainder (:mod:`core.schedules`). Unequal
+microbatches are allowed under both schedules.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from core.cluster import ClusterSpec, DeviceId, parse_device_id
 from core.errors import FormatError, PlanError
 from core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, check_limit
 from core.profile import ModelProfile
-from core.schedules import Schedule
+from core.schedules import Schedule, microbatch_count, microbatch_samples
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,12 @@ class Plan:
         return tuple(d for s in self.stages for d in s.devices)
 
     def microbatches(self, s: int) -> int:
-        """M_s = B / b_s."""
-        return self.global_batch // self.stages[s].microbatch
+        """M_s = ceil(B / b_s)."""
+        return microbatch_count(self.global_batch, self.stages[s].microbatch)
+
+    def samples(self, s: int, j: int) -> int:
+        """Samples of stage ``s``'s microbatch ``j``: ``b_s``, or the remainder for the last."""
+        return microbatch_samples(j, self.stages[s].microbatch, self.global_batch)
 
     def validate(
         self, profile: ModelProfile | None = None, cluster: ClusterSpec | None = None
@@ -185,22 +194,16 @@ def _check_plan(plan: Plan) -> None:
                 )
             seen[d] = i
         _check_microbatch(i, stage.microbatch, plan.global_batch)
-    if plan.schedule is Schedule.ONE_F_ONE_B:
-        sizes = {s.microbatch for s in plan.stages}
-        if len(sizes) > 1:
-            raise PlanError(
-                f"plan.schedule: 1f1b needs equal microbatches, got {sorted(sizes)} "
-                "(use gpipe for unequal microbatches)"
-            )
 
 
 def _check_microbatch(i: int, mb: Any, global_batch: int) -> None:
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
         raise PlanError(f"stages[{i}].microbatch: must be an integer >= 1, got {mb!r}")
-    if global_batch % mb:
-        raise PlanError(f"stages[{i}].microbatch: {mb} does not divide global_batch {global_batch}")
+    if mb > global_batch:
+        raise PlanError(f"stages[{i}].microbatch: {mb} exceeds global_batch {global_batch}")
     where = f"stages[{i}].microbatch"
-    check_limit(where, global_batch // mb, MAX_MICROBATCHES, "microbatches per step", PlanError)
+    count = microbatch_count(global_batch, mb)
+    check_limit(where, count, MAX_MICROBATCHES, "microbatches per step", PlanError)
 
 
 def uniform_stages(n_layers: int, n_stages: int) -> list[tuple[int, int]]:

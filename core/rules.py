@@ -93,11 +93,26 @@ def in_flight(schedule: Schedule, microbatches: Quantity, stages_from_here: Quan
     return np.minimum(stages_from_here, microbatches)
 
 
+def held_microbatches(
+    schedule: Schedule, microbatch: Quantity, global_batch: Quantity, warmup: Quantity
+) -> Quantity:
+    """Rule 9 with remainders and unequal 1F1B: the samples a stage holds at its peak,
+    ``H_s``, in units of its microbatch (``H_s / b_s``; exact when ``b_s`` divides ``B``).
+
+    GPipe holds every sample: ``H = B``. 1F1B holds its first ``min(w_s + 1, M_s)``
+    microbatches after the last warm-up forward (:func:`core.schedules.one_f_one_b_warmups`):
+    ``H = min((w_s + 1) b_s, B)``. With equal divisors this is :func:`in_flight`."""
+    if schedule is Schedule.GPIPE:
+        return global_batch / microbatch
+    return np.minimum((warmup + 1) * microbatch, global_batch) / microbatch
+
+
 def memory_bytes(
     params_bytes: Quantity, activation_bytes: Quantity, share: Quantity, held: Quantity
 ) -> Quantity:
     """Rule 9: memory per device of a stage: :data:`OPTIMIZER_COPIES` x its parameters plus
-    ``held`` microbatches (:func:`in_flight`) of ``share = b / r`` samples of its activations."""
+    ``held`` microbatches (:func:`in_flight`, :func:`held_microbatches`) of ``share = b / r``
+    samples of its activations."""
     return OPTIMIZER_COPIES * params_bytes + held * share * activation_bytes
 
 

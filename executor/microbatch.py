@@ -1,9 +1,10 @@
 """Which samples each stage operation holds, and which upstream pieces make them up.
 
 Pure arithmetic over sample ranges, no torch and no Ray. Samples of a global batch are
-numbered ``0 .. B-1``; stage ``s`` cuts them into ``M_s = B / b_s`` microbatches of ``b_s``
-samples, and each microbatch into ``r_s`` contiguous replica shares (sizes differ by at most
-one, the first shares are larger, as ``torch.tensor_split``). Operation ``(j, k)`` of a stage
+numbered ``0 .. B-1``; stage ``s`` cuts them into ``M_s = ceil(B / b_s)`` microbatches of
+``b_s`` samples (the last one holds the remainder), and each microbatch into ``r_s``
+contiguous replica shares (sizes differ by at most one, the first shares are larger, as
+``torch.tensor_split``). Operation ``(j, k)`` of a stage
 is microbatch ``j`` on replica ``k``.
 
 With unequal microbatches (or replica counts) an operation's samples come from several
@@ -14,6 +15,8 @@ operations' payloads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from core.schedules import microbatch_count, microbatch_samples
 
 Span = tuple[int, int]
 """Samples ``[lo, hi)`` of the global batch."""
@@ -50,15 +53,18 @@ def replica_shares(microbatch: int, replicas: int) -> list[Span]:
 
 
 def op_spans(global_batch: int, microbatch: int, replicas: int) -> list[list[Span]]:
-    """``spans[j][k]``: the global samples of operation ``(j, k)`` of a stage."""
-    if microbatch < 1 or global_batch % microbatch:
+    """``spans[j][k]``: the global samples of operation ``(j, k)`` of a stage; the last
+    microbatch holds the remainder ``B - (M - 1) b``, shared the same way."""
+    if not 1 <= microbatch <= global_batch:
         raise ValueError(
-            f"op_spans: microbatch {microbatch} does not divide global batch {global_batch}"
+            f"op_spans: microbatch {microbatch} is not in [1, global batch {global_batch}]"
         )
-    shares = replica_shares(microbatch, replicas)
     return [
-        [(j * microbatch + lo, j * microbatch + hi) for lo, hi in shares]
-        for j in range(global_batch // microbatch)
+        [
+            (j * microbatch + lo, j * microbatch + hi)
+            for lo, hi in replica_shares(microbatch_samples(j, microbatch, global_batch), replicas)
+        ]
+        for j in range(microbatch_count(global_batch, microbatch))
     ]
 
 

@@ -41,13 +41,21 @@ an operation then costs what the profiler measured. Other C libraries ignore the
 
 
 def check_shares(plan: Plan) -> None:
-    """Refuse a plan with a stage whose microbatch has fewer samples than the stage has
-    replicas (the cost model takes fractional shares; a run needs >= 1 sample each)."""
+    """Refuse a plan with a stage whose microbatch, or whose last microbatch (the remainder),
+    has fewer samples than the stage has replicas (the cost model takes fractional shares; a
+    run needs >= 1 sample each)."""
     for i, stage in enumerate(plan.stages):
         if stage.microbatch < stage.replicas:
             raise PlanError(
                 f"stages[{i}].microbatch: {stage.microbatch} samples cannot be shared by "
                 f"{stage.replicas} replicas (need >= 1 sample each)"
+            )
+        rest = plan.samples(i, plan.microbatches(i) - 1)
+        if rest < stage.replicas:
+            raise PlanError(
+                f"stages[{i}].microbatch: the last microbatch's {rest} samples (the remainder "
+                f"of global_batch {plan.global_batch}) cannot be shared by {stage.replicas} "
+                "replicas (need >= 1 sample each)"
             )
 
 

@@ -1,7 +1,7 @@
 """Submit one training step: every operation of every stage replica, as Ray actor calls.
 
-Each stage replica runs ``core.schedules.stage_order`` for its stage, submitted in that order
-(the actor runs one submitter's tasks in submission order, :mod:`executor.stage`); each call
+Each stage replica runs its stage's order of ``core.schedules.stage_orders``, submitted in that
+order (the actor runs one submitter's tasks in submission order, :mod:`executor.stage`); each call
 passes the payload refs of the neighbour operations holding its samples
 (``executor.microbatch.Layout``). Refs exist only once their operation is submitted, so
 operations are submitted in rounds: each replica goes as far down its order as its
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.plan import Plan
-from core.schedules import stage_order
+from core.schedules import stage_orders
 from executor.errors import ExecutorError
 from executor.microbatch import Layout, Piece
 from executor.ring import rounds
@@ -67,7 +67,8 @@ def submit_step(
 ) -> Submission:
     """Submit step ``step`` (``inputs``/``labels``: the batch in the object store)."""
     S = plan.num_stages
-    orders = [stage_order(plan.schedule, layout.microbatches(s), s, S) for s in range(S)]
+    sizes = [st.microbatch for st in plan.stages]
+    orders = stage_orders(plan.schedule, sizes, plan.global_batch)
     workers = [w for row in rows for w in row]
     cursor = dict.fromkeys((w.key for w in workers), 0)
     payloads: dict[str, dict[OpKey, Ref]] = {"F": {}, "B": {}}

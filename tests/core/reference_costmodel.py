@@ -25,7 +25,12 @@ How the rules were read where the text leaves room (each marked "reading" below)
 - Rule 8: "slowest replica" for the update is the one with the lowest memory bandwidth; the
   all-reduce ``bw`` is the link class's bytes per second (``gbps * 1e9 / 8``), its latency in
   seconds; the link class is intra-node when every replica is on one node.
-- Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches.
+- Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches (equal
+  divisors); in general the samples of its first ``min(w_s + 1, M_s)`` microbatches.
+- Rules 5-7 with remainders (issue #16): ``M_s = ceil(B / b_s)``; microbatch j holds
+  ``min(b_s, B - j b_s)`` samples, and its ops and sends are costed for that count; rule 6's
+  neighbour microbatch is the one holding sample ``min((j+1) b_s, B) - 1``. 1F1B's warm-up
+  ``w_s`` is the rule 5 recurrence, computed here from the last stage up, plainly.
 - Rule 10: "total forward and backward op time" is the sum of the op durations (M_s x
   (F_s + Bk_s) per stage, not multiplied by replicas); "total transfer time" is the sum of
   every send's duration (latency included). When both are zero the fraction is 0.
@@ -85,11 +90,11 @@ def layer_backward(layer: LayerProfile, dtype: DeviceType, n: float) -> float:
 
 
 def stage_compute(
-    plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int
+    plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int, n: int
 ) -> tuple[float, float]:
-    """(F_s, Bk_s): the slowest replica's forward and backward for its share of b_s."""
+    """(F_s, Bk_s): the slowest replica's forward and backward for its share of n samples."""
     stage = plan.stages[s]
-    share = stage.microbatch / len(stage.devices)
+    share = n / len(stage.devices)
     layers = profile.layers[stage.start : stage.end]
     fwd = []
     bwd = []
@@ -126,11 +131,16 @@ def transfer_time(link: Link, per_sample_bytes: float, n: float) -> float:
 # --- rule 5: op orders ----------------------------------------------------------------------
 
 
-def op_order(schedule: Schedule, num_stages: int, s: int, m: int) -> list[Op]:
-    """The order in which stage ``s`` of ``num_stages`` runs its ``m`` microbatches."""
+def op_order(
+    schedule: Schedule, num_stages: int, s: int, m: int, warmup: int | None = None
+) -> list[Op]:
+    """The order in which stage ``s`` of ``num_stages`` runs its ``m`` microbatches (1F1B:
+    ``warmup`` forwards first, by default the equal-microbatch ``S - s - 1``)."""
     if schedule is Schedule.GPIPE:
         return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
-    warmup = min(num_stages - s - 1, m)
+    if warmup is None:
+        warmup = num_stages - s - 1
+    warmup = min(warmup, m)
     ops: list[Op] = [("F", j) for j in range(warmup)]
     for i in range(m - warmup):
         ops.append(("F", warmup + i))
@@ -142,9 +152,26 @@ def op_order(schedule: Schedule, num_stages: int, s: int, m: int) -> list[Op]:
 # --- rules 6 and 7: the simulation ----------------------------------------------------------
 
 
-def upstream_microbatch(j: int, b_s: int, b_other: int) -> int:
-    """ceil((j+1) b_s / b_other) - 1, exactly, on integers."""
-    return -((-(j + 1) * b_s) // b_other) - 1
+def upstream_microbatch(j: int, b_s: int, b_other: int, batch: int | None = None) -> int:
+    """The neighbour's microbatch holding the last sample of j: sample
+    ``min((j+1) b_s, B) - 1`` lies in microbatch ``floor(sample / b_other)``."""
+    last = (j + 1) * b_s - 1 if batch is None else min((j + 1) * b_s, batch) - 1
+    return last // b_other
+
+
+def warmups(b: list[int], batch: int) -> list[int]:
+    """Rule 5's 1F1B warm-up forwards of every stage, from the last stage up."""
+    S = len(b)
+    w = [0] * S
+    for s in reversed(range(S - 1)):
+        m = math.ceil(batch / b[s])
+        candidates = [math.ceil(sum(b[s + 1 :]) / b[s])]
+        for i in range(m):
+            k = upstream_microbatch(i, b[s], b[s + 1], batch)
+            forwarded = min((w[s + 1] + k + 1) * b[s + 1], batch)
+            candidates.append(math.ceil(forwarded / b[s]) - i - 1)
+        w[s] = min(m, max(candidates))
+    return w
 
 
 def accumulation(plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int, m: int) -> float:
@@ -160,16 +187,29 @@ def accumulation(plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int
 def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> RefEstimate:
     S = plan.num_stages
     b = [st.microbatch for st in plan.stages]
-    M = [plan.global_batch // bs for bs in b]
-    compute = [stage_compute(plan, profile, cluster, s) for s in range(S)]
-    F = [c[0] for c in compute]
-    Bk = [c[1] + accumulation(plan, profile, cluster, s, M[s]) for s, c in enumerate(compute)]
+    batch = plan.global_batch
+    M = [math.ceil(batch / bs) for bs in b]
+
+    def samples(s: int, j: int) -> int:
+        return min(b[s], batch - j * b[s])
+
+    compute = {
+        (s, j): stage_compute(plan, profile, cluster, s, samples(s, j))
+        for s in range(S)
+        for j in range(M[s])
+    }
+    F = {key: c[0] for key, c in compute.items()}
+    Bk = {
+        (s, j): c[1] + accumulation(plan, profile, cluster, s, M[s])
+        for (s, j), c in compute.items()
+    }
     X = [boundary_bytes(plan, profile, s) for s in range(S)]
     links = [
         link_between(cluster, plan.stages[s].devices, plan.stages[s + 1].devices)
         for s in range(S - 1)
     ]
-    orders = [op_order(plan.schedule, S, s, M[s]) for s in range(S)]
+    w = warmups(b, batch)
+    orders = [op_order(plan.schedule, S, s, M[s], w[s]) for s in range(S)]
 
     op_times: dict[tuple[int, str, int], tuple[float, float]] = {}
     send_times: dict[tuple[int, str, int], tuple[float, float]] = {}
@@ -186,7 +226,7 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
         deps = [stage_free[s]]
         if kind == "F":
             if s > 0:
-                k = upstream_microbatch(j, b[s], b[s - 1])
+                k = upstream_microbatch(j, b[s], b[s - 1], batch)
                 if k not in fwd_delivered[s - 1]:
                     return None
                 deps.append(fwd_delivered[s - 1][k])
@@ -195,7 +235,7 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
                 return None
             deps.append(op_times[(s, "F", j)][1])
             if s < S - 1:
-                k = upstream_microbatch(j, b[s], b[s + 1])
+                k = upstream_microbatch(j, b[s], b[s + 1], batch)
                 if k not in grad_delivered[s + 1]:
                     return None
                 deps.append(grad_delivered[s + 1][k])
@@ -211,18 +251,18 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
                 if start is None:
                     break
                 kind, j = op
-                end = start + (F[s] if kind == "F" else Bk[s])
+                end = start + (F[(s, j)] if kind == "F" else Bk[(s, j)])
                 op_times[(s, kind, j)] = (start, end)
                 stage_free[s] = end
                 if kind == "F" and s < S - 1:
-                    dur = transfer_time(links[s], X[s], b[s])
+                    dur = transfer_time(links[s], X[s], samples(s, j))
                     send_start = max(end, fwd_link_free[s])
                     fwd_link_free[s] = send_start + dur
                     fwd_delivered[s][j] = send_start + dur
                     send_times[(s, "send", j)] = (send_start, send_start + dur)
                     total_transfer += dur
                 if kind == "B" and s > 0:
-                    dur = transfer_time(links[s - 1], X[s - 1], b[s])
+                    dur = transfer_time(links[s - 1], X[s - 1], samples(s, j))
                     send_start = max(end, grad_link_free[s])
                     grad_link_free[s] = send_start + dur
                     grad_delivered[s][j] = send_start + dur
@@ -257,8 +297,9 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
     for s, stage in enumerate(plan.stages):
         params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
         acts = sum(layer.activation_bytes for layer in profile.layers[stage.start : stage.end])
-        in_flight = M[s] if plan.schedule is Schedule.GPIPE else min(S - s, M[s])
-        mem = 4.0 * params + in_flight * (stage.microbatch / len(stage.devices)) * acts
+        # samples held at the peak: all of them (GPipe), or 1F1B's first w_s + 1 microbatches
+        held = batch if plan.schedule is Schedule.GPIPE else min((w[s] + 1) * b[s], batch)
+        mem = 4.0 * params + held / len(stage.devices) * acts
         memory.append(mem)
         for d in stage.devices:
             if mem > cluster.device_types[cluster.device(d).type].memory_gb * 1e9:
@@ -266,7 +307,7 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
 
     # --- rule 10: money and the communication share -------------------------------------------
     price = sum(cluster.device_types[cluster.device(d).type].price_per_hour for d in plan.devices)
-    total_compute = sum(M[s] * (F[s] + Bk[s]) for s in range(S))
+    total_compute = sum(F[key] + Bk[key] for key in F)
     denominator = total_transfer + total_compute
     comm_fraction = total_transfer / denominator if denominator > 0 else 0.0
     return RefEstimate(
@@ -277,8 +318,8 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
         comm_fraction=comm_fraction,
         fits=fits,
         memory=tuple(memory),
-        forward=tuple(F),
-        backward=tuple(Bk),
+        forward=tuple(F[(s, 0)] for s in range(S)),
+        backward=tuple(Bk[(s, 0)] for s in range(S)),
         stage_end=tuple(stage_end),
         op_times=op_times,
         send_times=send_times,

@@ -89,13 +89,14 @@ def plans(
     bounds = [0, *cuts, n]
     ids = list(draw(st.permutations(cluster.device_ids)))
     extra = len(ids) - num_stages
-    stages, equal_mb = [], draw(st.sampled_from(divisors(batch)))
+    # divisors of the batch, or any size up to it (the last microbatch holds the remainder);
+    # equal or unequal under either schedule
+    sizes = draw(st.sampled_from((divisors(batch), list(range(1, batch + 1)))))
+    stages, equal_mb, unequal = [], draw(st.sampled_from(sizes)), draw(st.booleans())
     for s in range(num_stages):
         r = 1 + draw(st.integers(0, min(extra, 2)))
         extra -= r - 1
         devices, ids = ids[:r], ids[r:]
-        mb = (
-            equal_mb if schedule is Schedule.ONE_F_ONE_B else draw(st.sampled_from(divisors(batch)))
-        )
+        mb = draw(st.sampled_from(sizes)) if unequal else equal_mb
         stages.append(Stage((bounds[s], bounds[s + 1]), tuple(devices), mb))
     return Plan(batch, tuple(stages), schedule)

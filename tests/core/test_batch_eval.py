@@ -21,7 +21,7 @@ def populations(draw: st.DrawFn) -> tuple:
     cluster = draw(clusters())
     S = draw(st.integers(1, min(len(profile), len(cluster.device_ids), 4)))
     schedule = draw(st.sampled_from(list(Schedule)))
-    batch = draw(st.sampled_from([1, 2, 4, 6, 8, 12, 16]))
+    batch = draw(st.sampled_from([1, 2, 4, 6, 8, 12, 16, 7, 10]))
     pop = draw(st.lists(plans(profile, cluster, S, schedule, batch), min_size=1, max_size=6))
     return profile, cluster, schedule, batch, pop
 
@@ -71,6 +71,6 @@ def test_bad_population_arrays_are_refused() -> None:
     bad = PlanBatch(np.array([[0, 2]]), np.array([[3]]), np.array([[[0]]]))
     with pytest.raises(PlanError, match="from 0 to 3 layers"):
         ev.evaluate(bad, 6)
-    bad = PlanBatch(np.array([[0, 3]]), np.array([[4]]), np.array([[[0]]]))
-    with pytest.raises(PlanError, match="must divide global_batch 6"):
+    bad = PlanBatch(np.array([[0, 3]]), np.array([[7]]), np.array([[[0]]]))
+    with pytest.raises(PlanError, match=r"must be in \[1, global_batch 6\]"):
         ev.evaluate(bad, 6)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
 from core.profile import LayerProfile, LayerTiming, ModelProfile
-from core.schedules import gpipe_order, one_f_one_b_order, upstream_microbatch
+from core.schedules import (
+    gpipe_order,
+    one_f_one_b_order,
+    one_f_one_b_warmups,
+    stage_orders,
+    upstream_microbatch,
+)
 from core.tables import cut_bytes
 
 
@@ -233,3 +241,109 @@ def test_comm_fraction_keeps_short_sends_of_a_long_batch_exact() -> None:
     b1 = next(e for e in est.timeline if (e.stage, e.kind) == (1, "B"))
     assert b1.start == pytest.approx(2000.0 + 50e-6, rel=1e-15)
     assert b1.end == pytest.approx(4000.0 + 50e-6, rel=1e-15)
+
+
+def test_last_microbatch_holds_the_remainder_under_gpipe() -> None:
+    """B=5: stage 0 b=2 (2, 2, 1 samples), stage 1 b=3 (3, 2), one layer each, across nodes.
+
+    1 ms forward and 2 ms backward per sample; no parameters (no update). A send of n
+    samples: 50 us + 100 B x n / 1.25e9 B/s.
+      s0: F0 0-2, F1 2-4, F2 4-5 (1 sample); deliveries 2.05016, 4.05016, 5.05008
+      s1: F0 (samples 0-2, last in s0's mb 1) 4.05016-7.05016, F1 (samples 3-4, s0's mb 2)
+          7.05016-9.05016, B0 (3 samples) -15.05016, B1 -19.05016; gradients delivered
+          15.1004 (3 samples) and 19.10032 (2)
+      s0: B0 (samples 0-1, s1's mb 0) 15.1004-19.1004, B1 (samples 2-3, s1's mb 1)
+          -23.1004, B2 (sample 4) -25.1004
+    """
+    plan = Plan(5, (Stage((0, 1), ("n0/a:0",), 2), Stage((1, 2), ("n1/a:0",), 3)))
+    est = simulate(plan, chain(2, params=0), cluster())
+    boxes = {(e.stage, e.kind, e.microbatch): (e.start, e.end) for e in est.timeline}
+    assert boxes[(0, "F", 2)] == pytest.approx((0.004, 0.005), rel=1e-12)
+    assert boxes[(0, "send", 2)] == pytest.approx((0.005, 0.00505008), rel=1e-12)
+    assert boxes[(1, "F", 0)] == pytest.approx((0.00405016, 0.00705016), rel=1e-12)
+    assert boxes[(1, "B", 1)] == pytest.approx((0.01505016, 0.01905016), rel=1e-12)
+    assert boxes[(1, "grad", 0)] == pytest.approx((0.01505016, 0.0151004), rel=1e-12)
+    assert boxes[(0, "B", 1)] == pytest.approx((0.0191004, 0.0231004), rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.0251004, rel=1e-12)
+    assert [s.microbatches for s in est.stages] == [3, 2]
+    assert [s.compute_s for s in est.stages] == pytest.approx([0.015, 0.015], rel=1e-12)
+    # GPipe holds every sample: 5 x 100 bytes
+    assert [s.memory_bytes for s in est.stages] == pytest.approx([500.0, 500.0])
+
+
+def test_one_f_one_b_warmups_count_samples_and_cannot_deadlock() -> None:
+    # equal microbatches: S - s - 1, capped by M (with or without a remainder)
+    assert one_f_one_b_warmups([4, 4, 4], 32) == [2, 1, 0]
+    assert one_f_one_b_warmups([4, 4, 4], 6) == [2, 1, 0]
+    assert one_f_one_b_warmups([8, 8, 8, 8], 8) == [1, 1, 1, 0]
+    # unequal: what the stages after it hold, in the stage's own microbatches
+    assert one_f_one_b_warmups([1, 2], 4) == [2, 0]
+    assert one_f_one_b_warmups([2, 4, 4], 16) == [4, 1, 0]
+    # b = (2, 9, 3), B = 17: stage 1's first backward needs all 17 samples forwarded
+    # (its warm-up and F1), so stage 0 forwards all 9 of its microbatches before its B0
+    # (8 warm-up forwards, then F8); ceil(12 / 2) = 6 would deadlock.
+    assert one_f_one_b_warmups([2, 9, 3], 17) == [8, 1, 0]
+    assert stage_orders(Schedule.ONE_F_ONE_B, [1, 2], 4) == [
+        [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)],
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1)],
+    ]
+    assert upstream_microbatch(1, 3, 2, 5) == 2  # samples 3-4: the last, 4, is in mb 2
+
+
+def test_unequal_one_f_one_b_on_paper() -> None:
+    """B=4, b=(1, 2) under 1F1B, one layer each, across nodes; no parameters.
+
+    s0 warms up with 2 (what stage 1 holds: 2 samples) and runs F0 F1 F2 B0 F3 B1 B2 B3;
+    s1 runs F0 B0 F1 B1. Sends: 50.08 us for 1 sample, 50.16 us for 2.
+      s0: F0 0-1, F1 1-2, F2 2-3 (delivered 1.05008, 2.05008, 3.05008)
+      s1: F0 (s0's mb 1) 2.05008-4.05008, B0 -8.05008 (gradient delivered 8.10024)
+      s0: B0 8.10024-10.10024, F3 -11.10024 (delivered 11.15032)
+      s1: F1 11.15032-13.15032, B1 -17.15032 (gradient delivered 17.20048)
+      s0: B1 (s1's mb 0) 11.10024-13.10024, B2 (s1's mb 1) 17.20048-19.20048, B3 -21.20048
+    Memory: s0 holds its first w + 1 = 3 microbatches (3 samples), s1 its first (2 samples).
+    """
+    plan = Plan(
+        4, (Stage((0, 1), ("n0/a:0",), 1), Stage((1, 2), ("n1/a:0",), 2)), Schedule.ONE_F_ONE_B
+    )
+    est = simulate(plan, chain(2, params=0), cluster())
+    boxes = {(e.stage, e.kind, e.microbatch): (e.start, e.end) for e in est.timeline}
+    assert boxes[(0, "B", 0)] == pytest.approx((0.00810024, 0.01010024), rel=1e-12)
+    assert boxes[(1, "F", 1)] == pytest.approx((0.01115032, 0.01315032), rel=1e-12)
+    assert boxes[(0, "B", 1)] == pytest.approx((0.01110024, 0.01310024), rel=1e-12)
+    assert boxes[(0, "B", 2)] == pytest.approx((0.01720048, 0.01920048), rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.02120048, rel=1e-12)
+    assert [s.memory_bytes for s in est.stages] == pytest.approx([300.0, 200.0])
+
+
+def test_one_f_one_b_with_a_remainder_holds_its_first_microbatches() -> None:
+    """B=5, b=2 on both stages under 1F1B: warm-ups (1, 0); stage 0 holds its first two
+    microbatches (4 samples), stage 1 one (2 samples); the last one has 1 sample."""
+    plan = Plan(
+        5, (Stage((0, 1), ("n0/a:0",), 2), Stage((1, 2), ("n1/a:0",), 2)), Schedule.ONE_F_ONE_B
+    )
+    est = simulate(plan, chain(2, params=0), cluster())
+    assert [s.memory_bytes for s in est.stages] == pytest.approx([400.0, 200.0])
+    f2 = next(e for e in est.timeline if (e.stage, e.kind, e.microbatch) == (1, "F", 2))
+    assert f2.end - f2.start == pytest.approx(0.001, rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40).flatmap(
+        lambda batch: st.tuples(
+            st.just(batch), st.lists(st.integers(1, batch), min_size=2, max_size=6)
+        )
+    )
+)
+def test_one_f_one_b_never_deadlocks(case: tuple[int, list[int]]) -> None:
+    """Every stage runs all its ops, for any per-stage sizes and remainder."""
+    batch, sizes = case
+    n = len(sizes)
+    ids = [f"n{k % 2}/a:{k // 2}" for k in range(n)]
+    big = ClusterSpec(
+        "big", {"a": DeviceType("a", 1e9, 1.0)}, (Node("n0", {"a": 3}), Node("n1", {"a": 3}))
+    )
+    stages = tuple(Stage((s, s + 1), (ids[s],), b) for s, b in enumerate(sizes))
+    est = simulate(Plan(batch, stages, Schedule.ONE_F_ONE_B), chain(n), big)
+    ops = sum(1 for e in est.timeline if e.kind in ("F", "B"))
+    assert ops == 2 * sum(-(-batch // b) for b in sizes)

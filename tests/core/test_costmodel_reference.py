@@ -33,7 +33,7 @@ Doc = dict[str, Any]
 Case = tuple[Doc, Doc, Doc]  # profile, cluster, plan documents
 
 TYPES = ("cpu", "t4", "v100")
-BATCHES = (12, 8, 16, 6, 4, 2, 1)
+BATCHES = (12, 8, 16, 6, 4, 2, 1, 7, 10)
 REL = 1e-9
 
 
@@ -144,13 +144,16 @@ def cases(draw: st.DrawFn, schedule: Schedule | None = None) -> Case:
     bounds = [0, *cuts, n]
     ids = draw(st.permutations(ids))
     spare = len(ids) - num_stages
-    equal_mb = draw(st.sampled_from(_divisors(batch)))
+    # divisors of the batch, or any size up to it (the last microbatch holds the remainder)
+    sizes = draw(st.sampled_from((_divisors(batch), list(range(1, batch + 1)))))
+    equal_mb = draw(st.sampled_from(sizes))
+    unequal = draw(st.booleans())
     stages = []
     for s in range(num_stages):
         r = 1 + draw(st.integers(0, min(spare, 2)))
         spare -= r - 1
         devices, ids = ids[:r], ids[r:]
-        mb = equal_mb if sched is Schedule.ONE_F_ONE_B else draw(st.sampled_from(_divisors(batch)))
+        mb = draw(st.sampled_from(sizes)) if unequal else equal_mb
         stages.append({"layers": [bounds[s], bounds[s + 1]], "devices": devices, "microbatch": mb})
     plan: Doc = {"global_batch": batch, "stages": stages}
     if sched is Schedule.ONE_F_ONE_B or draw(st.booleans()):  # gpipe is the default

@@ -213,7 +213,7 @@ def test_plan_round_trip(tmp_path: Path) -> None:
         ),
         ("stages.1.devices", ["n1/cpu:0", "n1/cpu:0"], "device 'n1/cpu:0' listed twice"),
         ("stages.1.devices", ["t4-0"], "stages[1].devices: device id 't4-0': expected"),
-        ("stages.0.microbatch", 3, "stages[0].microbatch: 3 does not divide global_batch 8"),
+        ("stages.0.microbatch", 9, "stages[0].microbatch: 9 exceeds global_batch 8"),
         ("stages.0.microbatch", -4, "stages[0].microbatch: must be an integer >= 1, got -4"),
         ("global_batch", 0, "plan.global_batch: must be >= 1, got 0"),
         ("schedule", "zb-h1", "plan.schedule: unknown schedule 'zb-h1'"),
@@ -227,9 +227,13 @@ def test_plan_errors_name_stage_and_values(path: str, value: Any, message: str) 
     assert message in str(e.value)
 
 
-def test_one_f_one_b_needs_equal_microbatches() -> None:
-    with pytest.raises(PlanError, match=r"1f1b needs equal microbatches, got \[4, 8\]"):
-        Plan.from_dict({**PLAN, "schedule": "1f1b"})
+def test_remainders_and_unequal_one_f_one_b_are_plans() -> None:
+    """A microbatch need not divide the batch (the last one holds the remainder), and 1F1B
+    takes unequal microbatches."""
+    p = Plan.from_dict({**PLAN, "schedule": "1f1b"})
+    assert [st.microbatch for st in p.stages] == [4, 8] and p.schedule is Schedule.ONE_F_ONE_B
+    p = Plan.from_dict(edit(PLAN, "stages.0.microbatch", 3))
+    assert p.microbatches(0) == 3 and [p.samples(0, j) for j in range(3)] == [3, 3, 2]
 
 
 def test_plan_against_profile_and_cluster() -> None:
