@@ -148,6 +148,26 @@ def test_unequal_microbatches_uneven_replica_shares_and_momentum(digits_pipe: Pi
 
 
 @pytest.mark.timeout(120)
+def test_remainder_microbatches_match_single_process(digits_pipe: Pipeline) -> None:
+    # 14 samples: stage 0 in 4+4+4+2, stage 1 in 6+6+2, stage 2 in 3+3+3+3+2 (the last
+    # split 1 + 1 on its replicas): no microbatch divides the batch.
+    config = RunConfig(
+        optimizer=OptimizerConfig(lr=0.05, momentum=0.9), emulate=False, deterministic=True
+    )
+    digits_pipe.reconfigure(digits_plan(14, (4, 6, 3)), config)
+    assert train_and_compare(digits_pipe, DIGITS, config.optimizer) < TOLERANCE
+
+
+@pytest.mark.timeout(120)
+def test_unequal_1f1b_with_remainders_matches_single_process(digits_pipe: Pipeline) -> None:
+    # 1F1B with b = (2, 5, 4) on 14 samples: warm-ups (5, 1, 0) from rule 5's recurrence;
+    # stage 1 in 5+5+4, stage 2 in 4+4+4+2.
+    plan = digits_plan(14, (2, 5, 4), Schedule.ONE_F_ONE_B)
+    digits_pipe.reconfigure(plan, CONFIG)
+    assert train_and_compare(digits_pipe, DIGITS, CONFIG.optimizer) < TOLERANCE
+
+
+@pytest.mark.timeout(120)
 def test_adam_with_1f1b_matches_single_process_in_float64(digits_pipe: Pipeline) -> None:
     # Adam divides by sqrt(v) + 1e-8: a gradient summed over microbatches in another order
     # (float32 rounding, ~1e-7 relative) moves near-zero entries by up to ~1e-5 even without

@@ -66,6 +66,18 @@ def test_layout_spans_and_pieces_table() -> None:
         pieces((0, 5), 0, [[(0, 4)]])
 
 
+def test_layout_with_remainders() -> None:
+    # B = 7: stage 0 in 3 + 3 + 1; stage 1 in 4 + 3 on two replicas (2 + 2, 2 + 1).
+    layout = Layout.of(7, [(3, 1), (4, 2)])
+    assert layout.spans[0] == [[(0, 3)], [(3, 6)], [(6, 7)]]
+    assert layout.spans[1] == [[(0, 2), (2, 4)], [(4, 6), (6, 7)]]
+    assert [(p.microbatch, p.lo, p.hi) for p in layout.forward_pieces(1, 1, 1)] == [(2, 0, 1)]
+    # a last microbatch smaller than the replica count cannot be shared
+    plan = Plan(9, (Stage((0, 2), ("n0/fast:0",), 4), Stage((2, 4), ("n2/slow:0", "n2/slow:1"), 4)))
+    with pytest.raises(PlanError, match="last microbatch's 1 samples"):
+        check_feasible(plan, NODES)
+
+
 def test_feasibility_names_the_problem() -> None:
     ok = Plan(8, (Stage((0, 2), ("n0/fast:0",), 4), Stage((2, 4), ("n2/slow:0", "n2/slow:1"), 4)))
     check_feasible(ok, NODES)
