@@ -22,7 +22,7 @@ from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
 from core.schedules import (
     microbatch_count,
-    one_f_one_b_warmups,
+    population_warmups,
     stage_orders,
     upstream_microbatch,
 )
@@ -198,9 +198,8 @@ class BatchEvaluator:
             sizes, group = np.unique(mb, axis=0, return_inverse=True)
             for g, key in enumerate(sizes):
                 rows = np.flatnonzero(group.reshape(-1) == g)
-                sizes_g = tuple(int(v) for v in key)
-                last[rows] = _one_f_one_b(times.rows(rows), sizes_g, B)
-                warmups[rows] = one_f_one_b_warmups(sizes_g, B)
+                last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
+            warmups = population_warmups(mb, B)
         r = valid.sum(-1)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         held = rules.held_microbatches(schedule, b, B, warmups)

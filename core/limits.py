@@ -15,7 +15,7 @@ MAX_NODES = 4_096
 MAX_LAYERS = 100_000
 MAX_GLOBAL_BATCH = 2**24
 MAX_MICROBATCHES = 65_536
-"""Microbatches of one stage per step: ``global_batch / microbatch``."""
+"""Microbatches of one stage per step: ``ceil(global_batch / microbatch)``."""
 
 
 def check_limit(where: str, value: int, limit: int, what: str, error: type[PipeplanError]) -> None:

@@ -91,6 +91,17 @@ def one_f_one_b_warmups(microbatch: Sequence[int], global_batch: int) -> list[in
     return w
 
 
+def population_warmups(microbatch: np.ndarray, global_batch: int) -> np.ndarray:
+    """(P, S) :func:`one_f_one_b_warmups` of every plan of a population (P, S) of sizes,
+    computed once per distinct row."""
+    rows, inverse = np.unique(microbatch, axis=0, return_inverse=True)
+    warm = np.array(
+        [one_f_one_b_warmups([int(v) for v in row], global_batch) for row in rows],
+        dtype=np.int64,
+    ).reshape(rows.shape)
+    return warm[inverse.reshape(-1)]
+
+
 def stage_orders(
     schedule: Schedule, microbatch: Sequence[int], global_batch: int
 ) -> list[list[Op]]:

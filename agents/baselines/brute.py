@@ -7,7 +7,7 @@ The space, for every stage count ``S = 1 .. min(layers, devices, max_stages)``:
   (replicas; and for the ``cost`` objective the HeterPS provisioning plan), every stage gets
   ``1 .. max_replicas`` devices;
 - every microbatch choice: one size from ``Problem.microbatch_sizes()`` for all stages, or
-  with ``unequal=True`` (GPipe only, UMPIPE's unequal data partition) every per-stage
+  with ``unequal=True`` (UMPIPE's unequal data partition, under either schedule) every per-stage
   combination: ``k`` resp. ``k ** S`` choices for ``k`` sizes.
 
 Symmetry, and why it is exact: the cost model (DESIGN.md rules 1-10) sees a device only
@@ -42,7 +42,6 @@ from agents.registry import Planner
 from agents.search import Search
 from core.batch_eval import PlanBatch
 from core.cluster import ClusterSpec
-from core.plan import Schedule
 
 IntArray = np.ndarray
 
@@ -246,18 +245,10 @@ class BrutePlanner(Planner):
             top = min(top, self.config.max_stages)
         return range(1, top + 1)
 
-    def _check_schedule(self, problem: Problem) -> None:
-        if self.config.unequal and problem.schedule is not Schedule.GPIPE:
-            raise ProblemError(
-                f"brute.unequal: unequal microbatches need the gpipe schedule, got "
-                f"{problem.schedule.value!r}"
-            )
-
     def space_size(self, problem: Problem, stop_above: int | None = None) -> SpaceSize:
         """The exact number of candidate plans, by stage count, before any evaluation; with
         ``stop_above``, a space whose one-stage plans alone pass it is only counted that far
         (``partial``): counting every stage count of a big catalogue would itself never end."""
-        self._check_schedule(problem)
         counts = [c.count for c in device_classes(problem.cluster)]
         k, L = len(problem.microbatch_sizes()), len(problem.profile)
         per: dict[int, tuple[int, int, int]] = {}

@@ -49,7 +49,7 @@ from agents.registry import Planner
 from agents.search import Search
 from core import rules
 from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec
+from core.cluster import ClusterSpec, Link
 from core.costmodel import simulate
 from core.plan import Plan
 from core.profile import ModelProfile
@@ -71,18 +71,28 @@ def bottleneck(
         return float("inf")
     worst = 0.0
     for s, st in enumerate(est.stages):
-        busy = st.microbatches * (st.forward_s + st.backward_s) + st.update_s + st.allreduce_s
+        busy = st.compute_s + st.update_s + st.allreduce_s
         out = back = 0.0
         if s + 1 < plan.num_stages:
             nxt = est.stages[s + 1]
             link = cluster.link(st.devices, nxt.devices)
-            out = st.microbatches * link.transfer_s(st.boundary_bytes * st.microbatch)
-            back = nxt.microbatches * link.transfer_s(st.boundary_bytes * nxt.microbatch)
+            out = _sends(plan, s, link, st.boundary_bytes)
+            back = _sends(plan, s + 1, link, st.boundary_bytes)
         if model is StageModel.SERIAL:
             worst = max(worst, busy + out)
         else:
             worst = max(worst, busy, out, back)
     return worst
+
+
+def _sends(plan: Plan, s: int, link: Link, per_sample: float) -> float:
+    """Stage ``s``'s sends across one link: a microbatch's samples each (the last one holds
+    the remainder)."""
+    m, b = plan.microbatches(s), plan.stages[s].microbatch
+    rest = plan.samples(s, m - 1)
+    if rest == b:
+        return m * link.transfer_s(per_sample * b)
+    return (m - 1) * link.transfer_s(per_sample * b) + link.transfer_s(per_sample * rest)
 
 
 def memory_hint(problem: Problem, classes: list[DeviceClass]) -> str:

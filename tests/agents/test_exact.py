@@ -198,11 +198,17 @@ def test_brute_and_dp_refuse_a_catalogue_at_once() -> None:
         make_planner("dp").plan(problem)
 
 
-def test_brute_unequal_needs_gpipe() -> None:
+def test_brute_unequal_under_1f1b() -> None:
+    """Unequal microbatches are allowed under 1F1B: the space holds the equal one's plans,
+    so its optimum is no worse, and the plan it returns costs what it reports."""
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(3), cluster, global_batch=4, schedule=Schedule.ONE_F_ONE_B)
-    with pytest.raises(ProblemError, match="gpipe"):
-        make_planner("brute", unequal=True).plan(problem)
+    unequal = make_planner("brute", unequal=True).plan(problem)
+    equal = make_planner("brute").plan(problem)
+    assert unequal.value <= equal.value
+    assert unequal.plan.schedule is Schedule.ONE_F_ONE_B
+    est = simulate(unequal.plan, problem.profile, cluster)
+    assert problem.score_estimate(est) == pytest.approx(unequal.value, rel=1e-9)
 
 
 def test_brute_options_are_validated() -> None:

@@ -21,6 +21,7 @@ from agents.search import Search
 from core import rules
 from core.batch_eval import PlanBatch
 from core.plan import Schedule
+from core.schedules import microbatch_count, population_warmups
 from core.tables import CostTables
 
 
@@ -51,7 +52,7 @@ class GeneticConfig:
     rebalance_rate: float = 0.1
     """Probability that a child's boundaries are re-balanced."""
     unequal: bool = True
-    """Unequal per-stage microbatches (GPipe, free microbatch count only)."""
+    """Unequal per-stage microbatches (either schedule; free microbatch count only)."""
     min_stages: int = 1
     """Fewest stages tried (one island per stage count)."""
     max_stages: int | None = None
@@ -114,9 +115,7 @@ class Context:
     def __post_init__(self) -> None:
         p = self.problem
         self.sizes = np.asarray(p.microbatch_sizes(), dtype=np.int64)
-        self.equal = not (
-            self.config.unequal and p.schedule is Schedule.GPIPE and p.microbatches is None
-        )
+        self.equal = not (self.config.unequal and p.microbatches is None)
         self.classes = device_classes(p.cluster)
         tb = self.tables = CostTables.of(p.profile, p.cluster)
         self.fb_fixed = tb.fwd_fixed_range + tb.bwd_fixed_range
@@ -183,14 +182,19 @@ def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
     """How far each plan misses: memory excess (``need / capacity - 1``) plus, for the cost
     objective, the throughput shortfall of a steady-state upper bound on throughput."""
     tb, problem = ctx.tables, ctx.problem
-    S, B = batch.num_stages, problem.global_batch
+    B = problem.global_batch
     start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
     valid = batch.devices >= 0
     dev = np.where(valid, batch.devices, 0)
     r = valid.sum(-1)
     b = batch.microbatch.astype(np.float64)
-    m = B // batch.microbatch
-    held = rules.in_flight(problem.schedule, m, S - np.arange(S))
+    m = microbatch_count(B, batch.microbatch)
+    warmups = (
+        population_warmups(batch.microbatch, B)
+        if problem.schedule is Schedule.ONE_F_ONE_B
+        else np.zeros_like(batch.microbatch)
+    )
+    held = rules.held_microbatches(problem.schedule, b, B, warmups)
     memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], b / r, held)
     capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
     out = np.maximum((memory / capacity).max(-1) - 1.0, 0.0)

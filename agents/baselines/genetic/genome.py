@@ -7,8 +7,8 @@ One individual, ``S`` stages, ``N`` cluster devices, ``L`` layers:
   unused). Several devices on one stage are replicas; unused devices are left out of the
   price, so the cost objective's provisioning (which devices to rent) is part of the search.
 - chromosome 2, the data partition: ``mb``, one index per stage into the allowed microbatch
-  sizes (divisors of the batch). Unequal per-stage sizes (UMPIPE) under GPipe; one shared
-  size under 1F1B, when the problem fixes the microbatch count, or with ``unequal=False``.
+  sizes (divisors of the batch). Unequal per-stage sizes (UMPIPE) under GPipe and 1F1B; one
+  shared size when the problem fixes the microbatch count, or with ``unequal=False``.
 
 A population of one stage count is held as arrays (:class:`Genomes`), so that operators and
 the fitness work on whole populations at once. Devices of one type on one node are
