@@ -164,10 +164,27 @@ def test_unequal_microbatches_decode_to_valid_plans() -> None:
     check_result(problem, "genetic", unequal=True, **SMALL_GA)
 
 
+def test_unequal_microbatches_under_1f1b() -> None:
+    """genetic chooses per-stage microbatches under 1F1B too (rule 5's sample-counted
+    warm-ups); its plan costs what it reports."""
+    problem = Problem(
+        alexnet(), preset(PRESETS[0]), global_batch=64, seed=3, schedule=Schedule.ONE_F_ONE_B
+    )
+    ctx = Context(
+        problem, Search(problem, "genetic", {}), GeneticConfig(), np.random.default_rng(0)
+    )
+    assert not ctx.equal
+    plan = check_result(problem, "genetic", unequal=True, **SMALL_GA)
+    assert plan.schedule is Schedule.ONE_F_ONE_B
+
+
 @pytest.mark.parametrize(
-    ("schedule", "microbatches"), [(Schedule.ONE_F_ONE_B, None), (Schedule.GPIPE, 8)]
+    ("schedule", "microbatches", "planners"),
+    [(Schedule.ONE_F_ONE_B, None, ("bayes",)), (Schedule.GPIPE, 8, ("genetic", "bayes"))],
 )
-def test_equal_microbatches_when_required(schedule: Schedule, microbatches: int | None) -> None:
+def test_equal_microbatches_when_required(
+    schedule: Schedule, microbatches: int | None, planners: tuple[str, ...]
+) -> None:
     problem = Problem(
         alexnet(),
         preset(PRESETS[0]),
@@ -175,7 +192,7 @@ def test_equal_microbatches_when_required(schedule: Schedule, microbatches: int 
         schedule=schedule,
         microbatches=microbatches,
     )
-    for planner in ("genetic", "bayes"):
+    for planner in planners:
         plan = check_result(problem, planner, **SMALL[planner])
         sizes = {s.microbatch for s in plan.stages}
         assert len(sizes) == 1
