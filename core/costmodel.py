@@ -7,6 +7,35 @@ population), the env and the planners cost a plan the same way. Rule 2b charges 
 replica's backward for adding into the step's gradients on every microbatch but its first:
 a profile times a backward into fresh gradients (:mod:`models.profiler`), and the
 accumulating one is slower (see ``bench/results/grad_accumulation.json``).
+
+Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
+every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:
+
+- Rule 5, counts: ``M_s = ceil(B / b_s)``; microbatch ``j`` of stage ``s`` holds samples
+  ``[j b_s, min((j+1) b_s, B))``, so ``n_{s,j} = b_s`` except the last one's
+  ``B - (M_s - 1) b_s``. Any ``1 <= b_s <= B`` is a valid plan, under either schedule.
+- Rule 2: an op of microbatch ``j`` lasts F_s or Bk_s computed for ``n_{s,j}`` samples (each
+  replica's share ``n_{s,j} / r_s``). Rule 2b's accumulation, ``(M_s - 1) / M_s`` x update,
+  is added to every backward, the last one's too.
+- Rule 5, 1F1B: stage ``s`` runs ``w_s`` warm-up forwards, then alternates ``F(w_s + i)``
+  and ``B(i)``, then the remaining backwards. From the last stage up, ``w_{S-1} = 0`` and
+  ``w_s = min(M_s, max(ceil(sum_{t>s} b_t / b_s), max_{i<M_s} (ceil(f(i) / b_s) - i - 1)))``
+  with ``f(i) = min((w_{s+1} + k_i + 1) b_{s+1}, B)`` and ``k_i`` rule 6's index of stage
+  ``s+1``'s microbatch holding the last sample of ``i``: the first term keeps the samples
+  the stages after ``s`` hold in flight (``S - s - 1`` when the sizes are equal), the second
+  makes the schedule deadlock-free (before its backward ``i`` the stage has forwarded every
+  sample stage ``s+1`` needs to send that gradient). See
+  :func:`core.schedules.one_f_one_b_warmups`.
+- Rule 6: the neighbour's microbatch an op waits for is the one holding sample
+  ``min((j+1) b_s, B) - 1``: ``k = ceil(min((j+1) b_s, B) / b_other) - 1``.
+- Rule 7: a send of microbatch ``j`` carries ``n_{s,j}`` samples (forward: of X_s; gradient:
+  of X_{s-1}).
+- Rule 9: a stage holds ``H_s`` samples of activations at its peak: ``H_s = B`` for GPipe;
+  ``H_s = min((w_s + 1) b_s, B)`` for 1F1B (its first ``min(w_s + 1, M_s)`` microbatches).
+  Memory per device ``4 x params_s + (H_s / b_s) x (b_s / r_s) x acts_s``
+  (:func:`core.rules.held_microbatches`).
+- Rule 10: the op time of a stage is the sum of its ops' durations, ``(M_s - 1) (F_s + Bk_s)
+  + F_s(n_last) + Bk_s(n_last)``.
 """
 
 from __future__ import annotations
