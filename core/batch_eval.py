@@ -31,6 +31,10 @@ from core.tables import CostTables
 IntArray = np.ndarray
 FloatArray = np.ndarray
 
+CHUNK = 1024
+"""Plans costed together: a population's (J, P) arrays of that many plans stay in the CPU's
+caches (about 3x the plans per second of one 10,000-plan pass on the benchmark's case)."""
+
 
 @dataclass(frozen=True)
 class PlanBatch:
@@ -52,6 +56,10 @@ class PlanBatch:
     @property
     def num_stages(self) -> int:
         return int(self.bounds.shape[1] - 1)
+
+    def rows(self, which: slice | IntArray) -> PlanBatch:
+        """The plans ``which`` of the population."""
+        return PlanBatch(self.bounds[which], self.microbatch[which], self.devices[which])
 
     @classmethod
     def from_plans(cls, plans: Sequence[Plan], cluster: ClusterSpec) -> PlanBatch:
@@ -114,44 +122,73 @@ class BatchResult:
 
 
 class BatchEvaluator:
-    """Costs populations of plans of one profile on one cluster from its :class:`CostTables`."""
+    """Costs populations of plans of one profile on one cluster from its :class:`CostTables`.
 
-    def __init__(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
+    GPipe is vectorised over the population and, per stage, over the microbatches (TiDGAP's
+    two levels): a stage's ops form the max-plus recurrence ``t_j = max(t_{j-1}, ready_j) +
+    d_j``, whose durations are equal but for the last microbatch's, so every end is a
+    cumulative maximum (:func:`_scan`). ``over_microbatches=False`` walks the microbatch
+    indices one at a time instead (the evaluator before issue #16: a cross-check, and the
+    benchmark's baseline). 1F1B walks its ops in one dependency order per group of plans
+    sharing their microbatch sizes.
+    """
+
+    def __init__(
+        self, profile: ModelProfile, cluster: ClusterSpec, over_microbatches: bool = True
+    ) -> None:
         self.profile, self.cluster = profile, cluster
-        self.tables = CostTables.of(profile, cluster)
+        self.tables = tb = CostTables.of(profile, cluster)
+        self.over_microbatches = over_microbatches
+        # rule 1's four range sums side by side, one row per (type, start, end): one gather
+        # per replica slot instead of four
+        self._ranges = np.stack(
+            [
+                tb.fwd_fixed_range,
+                tb.fwd_per_sample_range,
+                tb.bwd_fixed_range,
+                tb.bwd_per_sample_range,
+            ],
+            axis=-1,
+        ).reshape(-1, 4)
 
     # --- per stage quantities --------------------------------------------------------------
 
-    def _stage_times(self, batch: PlanBatch, samples: IntArray) -> tuple[FloatArray, FloatArray]:
+    def _stage_times(
+        self, batch: PlanBatch, r: IntArray, samples: Sequence[IntArray]
+    ) -> list[tuple[FloatArray, FloatArray]]:
         """Rule 2: (P, S) forward and backward time of each stage, slowest replica, for a
-        microbatch of ``samples`` (P, S) samples."""
+        microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas."""
         tb = self.tables
-        start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
-        valid = batch.devices >= 0
-        n = samples / valid.sum(-1)
-        fwd = np.zeros(start.shape)
-        bwd = np.zeros(start.shape)
+        side = len(self.profile) + 1
+        span = batch.bounds[:, :-1] * side + batch.bounds[:, 1:]
+        shares = [n / r for n in samples]
+        out: list[tuple[FloatArray, FloatArray]] = []
         for k in range(batch.devices.shape[2]):
-            ok = valid[:, :, k]
+            ok = batch.devices[:, :, k] >= 0
             t = tb.dev_type[np.where(ok, batch.devices[:, :, k], 0)]
-            f = rules.compute_s(
-                tb.fwd_fixed_range[t, start, end], tb.fwd_per_sample_range[t, start, end], n
-            )
-            b = rules.compute_s(
-                tb.bwd_fixed_range[t, start, end], tb.bwd_per_sample_range[t, start, end], n
-            )
-            fwd = np.where(ok, np.maximum(fwd, f), fwd)
-            bwd = np.where(ok, np.maximum(bwd, b), bwd)
-        return fwd, bwd
+            sums = np.take(self._ranges, t * (side * side) + span, axis=0)
+            ff, fp, bf, bp = sums[..., 0], sums[..., 1], sums[..., 2], sums[..., 3]
+            for i, n in enumerate(shares):
+                f, b = rules.compute_s(ff, fp, n), rules.compute_s(bf, bp, n)
+                if k == 0:  # every stage has its first replica slot
+                    out.append((f, b))
+                else:
+                    fwd, bwd = out[i]
+                    out[i] = (
+                        np.where(ok, np.maximum(fwd, f), fwd),
+                        np.where(ok, np.maximum(bwd, b), bwd),
+                    )
+        return out
 
-    def _links(self, batch: PlanBatch) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    def _links(
+        self, batch: PlanBatch, valid: np.ndarray, dev: IntArray
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """Rule 4: (P, S-1) latency and bytes/s between consecutive stages, and (P, S) those
         among each stage's replicas (its all-reduce), from the span of their nodes."""
         tb = self.tables
-        valid = batch.devices >= 0
-        node = tb.dev_node[np.where(valid, batch.devices, 0)]
-        lo = np.where(valid, node, np.iinfo(np.int64).max).min(-1)
-        hi = np.where(valid, node, -1).max(-1)
+        node = tb.dev_node[dev]
+        lo = _over_replicas(np.minimum, np.where(valid, node, np.iinfo(np.int64).max))
+        hi = _over_replicas(np.maximum, np.where(valid, node, -1))
         cross = (np.maximum(hi[:, :-1], hi[:, 1:]) != np.minimum(lo[:, :-1], lo[:, 1:])).astype(int)
         inside = (hi != lo).astype(int)
         return tb.link_lat[cross], tb.link_bps[cross], tb.link_lat[inside], tb.link_bps[inside]
@@ -161,38 +198,58 @@ class BatchEvaluator:
     def evaluate(
         self, batch: PlanBatch, global_batch: int, schedule: Schedule = Schedule.GPIPE
     ) -> BatchResult:
-        """Batch time, memory fit and price of every plan of the population."""
+        """Batch time, memory fit and price of every plan of the population, costed
+        :data:`CHUNK` plans at a time (arrays that stay in the CPU's caches)."""
         _check_batch(batch, len(self.profile), global_batch)
+        if batch.size <= CHUNK:
+            return self._evaluate(batch, global_batch, schedule)
+        parts = [
+            self._evaluate(batch.rows(slice(a, a + CHUNK)), global_batch, schedule)
+            for a in range(0, batch.size, CHUNK)
+        ]
+        return BatchResult(
+            np.concatenate([p.batch_time_s for p in parts]),
+            np.concatenate([p.fits for p in parts]),
+            np.concatenate([p.memory_ratio for p in parts]),
+            np.concatenate([p.cost_per_hour for p in parts]),
+            global_batch,
+        )
+
+    def _evaluate(self, batch: PlanBatch, global_batch: int, schedule: Schedule) -> BatchResult:
         tb, B = self.tables, global_batch
         mb = batch.microbatch
         m = microbatch_count(B, mb)
         n_last = B - (m - 1) * mb  # samples of each stage's last microbatch
-        fwd, bwd = self._stage_times(batch, mb)
-        fwd_last, bwd_last = self._stage_times(batch, n_last)
-        lat, bps, rlat, rbps = self._links(batch)
+        valid = batch.devices >= 0
+        dev = np.where(valid, batch.devices, 0)
+        r = _over_replicas(np.add, valid.astype(np.int64))
+        remainder = bool((n_last != mb).any())
+        times_of = self._stage_times(batch, r, [mb, n_last] if remainder else [mb])
+        (fwd, bwd), (fwd_last, bwd_last) = times_of[0], times_of[-1]
+        lat, bps, rlat, rbps = self._links(batch, valid, dev)
         x = tb.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
         b, nl = mb.astype(np.float64), n_last.astype(np.float64)
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
-        valid = batch.devices >= 0
-        dev = np.where(valid, batch.devices, 0)
         params = tb.params(start, end)
-        update = rules.update_s(params, np.where(valid, tb.dev_membw[dev], np.inf).min(-1))
+        update = rules.update_s(
+            params, _over_replicas(np.minimum, np.where(valid, tb.dev_membw[dev], np.inf))
+        )
         accumulation = rules.accumulation_s(update, m)
+        down = rules.transfer_s(x * b[:, :-1], bps, lat)
+        up = rules.transfer_s(x * b[:, 1:], bps, lat)
+        bwd = bwd + accumulation
         times = _Times(
             fwd=(fwd, fwd_last),
-            bwd=(bwd + accumulation, bwd_last + accumulation),
-            down=(
-                rules.transfer_s(x * b[:, :-1], bps, lat),
-                rules.transfer_s(x * nl[:, :-1], bps, lat),
-            ),
-            up=(
-                rules.transfer_s(x * b[:, 1:], bps, lat),
-                rules.transfer_s(x * nl[:, 1:], bps, lat),
-            ),
+            bwd=(bwd, bwd_last + accumulation if remainder else bwd),
+            down=(down, rules.transfer_s(x * nl[:, :-1], bps, lat) if remainder else down),
+            up=(up, rules.transfer_s(x * nl[:, 1:], bps, lat) if remainder else up),
         )
         warmups = np.zeros(mb.shape, dtype=np.int64)
         if schedule is Schedule.GPIPE:
-            last = _gpipe(times, mb, m, B)
+            if self.over_microbatches:
+                last = _gpipe_scan(times, mb, m, B, remainder)
+            else:
+                last = _gpipe(times, mb, m, B)
         else:
             last = np.zeros(fwd.shape)
             sizes, group = np.unique(mb, axis=0, return_inverse=True)
@@ -200,14 +257,22 @@ class BatchEvaluator:
                 rows = np.flatnonzero(group.reshape(-1) == g)
                 last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
             warmups = population_warmups(mb, B)
-        r = valid.sum(-1)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         held = rules.held_microbatches(schedule, b, B, warmups)
         memory = rules.memory_bytes(params, tb.acts(start, end), b / r, held)
-        capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
+        capacity = _over_replicas(np.minimum, np.where(valid, tb.dev_capacity[dev], np.inf))
         ratio = (memory / capacity).max(-1)
-        price = np.where(valid, tb.dev_price[dev], 0.0).sum((-1, -2))
+        price = _over_replicas(np.add, np.where(valid, tb.dev_price[dev], 0.0)).sum(-1)
         return BatchResult(batch_time, (memory <= capacity).all(-1), ratio, price, global_batch)
+
+
+def _over_replicas(op: np.ufunc, a: np.ndarray) -> np.ndarray:
+    """``op`` folded over the last (replica) axis, one slot at a time: numpy's reductions
+    over a short last axis cost several times more than these few element-wise calls."""
+    out = a[..., 0]
+    for k in range(1, a.shape[-1]):
+        out = op(out, a[..., k])
+    return out
 
 
 Pair = tuple[FloatArray, FloatArray]
@@ -264,7 +329,7 @@ def _gpipe_forwards(
         link_free, t = np.zeros(P), np.zeros(P)
         for j in range(mmax):
             act = j < m[:, s]
-            final = j == m[:, s] - 1
+            final = np.equal(j, m[:, s] - 1)
             dep: FloatArray | float = 0.0
             if s:
                 k = np.minimum(upstream_microbatch(j, mb[:, s], mb[:, s - 1], B), mmax - 1)
@@ -298,7 +363,7 @@ def _gpipe_backwards(
         link_free, t = np.zeros(P), free[s]
         for j in range(mmax):
             act = j < m[:, s]
-            final = j == m[:, s] - 1
+            final = np.equal(j, m[:, s] - 1)
             dep = fwd_end[s, :, j]
             if s < S - 1:
                 k = np.minimum(upstream_microbatch(j, mb[:, s], mb[:, s + 1], B), mmax - 1)
@@ -310,6 +375,76 @@ def _gpipe_backwards(
                 link_free = np.where(act, sent, link_free)
                 grads[s, :, j] = sent
         last[:, s] = t
+    return last
+
+
+def _scan(
+    ready: FloatArray, step: Pair, last: IntArray, remainder: bool, start: FloatArray | float = 0.0
+) -> FloatArray:
+    """(J, P) ends of ``t_j = max(t_{j-1}, ready_j) + d_j`` for ``j < J``, ``t_{-1} = start``:
+    one stage's ops, or one link's sends, in order (``ready``: (J, P), overwritten). ``d_j``
+    is ``step[0]`` except for ``j = last`` (the stage's last microbatch: ``step[1]``). With
+    equal steps the recurrence is ``t_j = (j + 1) d + max(start, max_{i <= j} (ready_i - i
+    d))``: a cumulative maximum over the microbatches. Entries past ``last`` are not the
+    stage's ops (they are never read)."""
+    d, d_last = step
+    J, P = ready.shape
+    jd = np.multiply(np.arange(J, dtype=np.float64)[:, None], d)
+    ready -= jd
+    np.maximum(ready[0], start, out=ready[0])
+    for i in range(1, J):  # the cumulative maximum, row by row (contiguous rows of P)
+        np.maximum(ready[i - 1], ready[i], out=ready[i])
+    ready += jd
+    ready += d
+    if remainder:
+        cols = np.arange(P)
+        ready[last, cols] += d_last - d
+    return ready
+
+
+def _gpipe_scan(
+    times: _Times, mb: IntArray, m: IntArray, B: int, remainder: bool = True
+) -> FloatArray:
+    """:func:`_gpipe`, vectorised over the microbatches of each stage as well (:func:`_scan`,
+    on (J, P) arrays): a forward sweep down the stages, then a backward sweep up."""
+    P, S = mb.shape
+    J = int(m.max())
+    cols, j = np.arange(P), np.arange(J)[:, None]
+    final = m - 1
+
+    def gather(a: FloatArray, s: int, other: int) -> FloatArray:
+        """``a[k, p]`` for rule 6's neighbour microbatch ``k`` of every ``(j, p)``."""
+        if (mb[:, s] == mb[:, other]).all():
+            return a.copy()
+        # ceil(min((j+1) b_s, B) / b_other) - 1 in floats: exact for these integer sizes
+        end = np.minimum((j + 1.0) * mb[:, s], float(B))
+        k = np.minimum(np.ceil(end / mb[:, other]) - 1, J - 1).astype(np.int64)
+        return np.take(a, k * P + cols)  # a[k[j, p], p]
+
+    fwd_end: list[FloatArray] = []
+    delivered = np.zeros((J, P))
+    for s in range(S):
+        ready = gather(delivered, s, s - 1) if s else np.zeros((J, P))
+        pair = (times.fwd[0][:, s], times.fwd[1][:, s])
+        fwd_end.append(_scan(ready, pair, final[:, s], remainder))
+        if s < S - 1:
+            send = (times.down[0][:, s], times.down[1][:, s])
+            delivered = _scan(fwd_end[s].copy(), send, final[:, s], remainder)
+    last = np.zeros((P, S))
+    grads = np.zeros((J, P))
+    for s in range(S - 1, -1, -1):
+        if s < S - 1:
+            ready = gather(grads, s, s + 1)
+            np.maximum(ready, fwd_end[s], out=ready)
+        else:
+            ready = fwd_end[s].copy()
+        free = fwd_end[s][final[:, s], cols]
+        pair = (times.bwd[0][:, s], times.bwd[1][:, s])
+        ends = _scan(ready, pair, final[:, s], remainder, free)
+        last[:, s] = ends[final[:, s], cols]
+        if s:
+            send = (times.up[0][:, s - 1], times.up[1][:, s - 1])
+            grads = _scan(ends, send, final[:, s], remainder)
     return last
 
 

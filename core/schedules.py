@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
 
 
-def microbatch_count(global_batch: Count, microbatch: Count) -> Count:
+def microbatch_count(global_batch: int, microbatch: Count) -> Count:
     """``M = ceil(B / b)``: a stage's microbatches, the last one holding the remainder."""
     return -(-global_batch // microbatch)
 
@@ -114,7 +114,7 @@ def stage_orders(
 
 
 def upstream_microbatch(
-    j: int, b_here: Count, b_there: Count, global_batch: Count | None = None
+    j: int | np.ndarray, b_here: Count, b_there: Count, global_batch: int | None = None
 ) -> Count:
     """Index of the neighbour's microbatch holding the last sample of microbatch ``j`` (rule 6).
 
@@ -128,4 +128,4 @@ def upstream_microbatch(
         end = (
             np.minimum(end, global_batch) if isinstance(end, np.ndarray) else min(end, global_batch)
         )
-    return -(-end // b_there) - 1
+    return cast(Count, -(-end // b_there) - 1)

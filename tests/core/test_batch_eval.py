@@ -74,3 +74,44 @@ def test_bad_population_arrays_are_refused() -> None:
     bad = PlanBatch(np.array([[0, 3]]), np.array([[7]]), np.array([[[0]]]))
     with pytest.raises(PlanError, match=r"must be in \[1, global_batch 6\]"):
         ev.evaluate(bad, 6)
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_chunks_and_both_gpipe_paths_agree_with_simulate(schedule: Schedule) -> None:
+    """A population over several chunks, with remainders and unequal sizes: the evaluator
+    vectorised over microbatches, the one walking them, and ``simulate`` agree."""
+    from core.batch_eval import CHUNK
+    from core.cluster import ClusterSpec, DeviceType, Node
+    from core.profile import LayerProfile, ModelProfile
+
+    rng = np.random.default_rng(5)
+    n, S, B, P = 12, 3, 10, CHUNK * 2 + 37
+    layers = tuple(
+        LayerProfile(f"l{i}", "fc", int(rng.integers(0, 10**6)), float(rng.uniform(1e6, 1e8)),
+                     int(rng.integers(1, 10**5)), (i + 1,) if i < n - 1 else ())
+        for i in range(n)
+    )  # fmt: skip
+    prof = ModelProfile("m", (1,), layers)
+    types = {"a": DeviceType("a", 1e10, 8), "b": DeviceType("b", 3e10, 8)}
+    cluster = ClusterSpec("c", types, (Node("n0", {"a": 2, "b": 1}), Node("n1", {"b": 2})))
+    cuts = np.sort(
+        np.stack([rng.choice(np.arange(1, n), S - 1, replace=False) for _ in range(P)]), 1
+    )
+    bounds = np.concatenate([np.zeros((P, 1), int), cuts, np.full((P, 1), n)], axis=1)
+    devices = np.full((P, S, 2), -1)
+    perm = np.argsort(rng.random((P, 5)), axis=1)
+    devices[:, :, 0] = perm[:, :S]
+    two = rng.random(P) < 0.5
+    devices[two, 0, 1] = perm[two, S]
+    mb = rng.integers(1, B + 1, size=(P, S))
+    mb[::3] = mb[::3, :1]  # a third with equal sizes
+    pop = PlanBatch(bounds, mb, devices)
+    scan = BatchEvaluator(prof, cluster).evaluate(pop, B, schedule)
+    loop = BatchEvaluator(prof, cluster, over_microbatches=False).evaluate(pop, B, schedule)
+    np.testing.assert_allclose(scan.batch_time_s, loop.batch_time_s, rtol=1e-9)
+    np.testing.assert_array_equal(scan.fits, loop.fits)
+    for i in range(0, P, 97):
+        est = simulate(pop.plan(i, cluster, B, schedule), prof, cluster)
+        assert scan.batch_time_s[i] == pytest.approx(est.batch_time_s, rel=1e-9)
+        worst = max(st.memory_bytes / st.memory_capacity_bytes for st in est.stages)
+        assert scan.memory_ratio[i] == pytest.approx(worst, rel=1e-9)
