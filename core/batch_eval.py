@@ -109,7 +109,7 @@ class BatchResult:
 
     @property
     def throughput(self) -> FloatArray:
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):  # a zero or subnormal time: inf
             return self.global_batch / self.batch_time_s
 
     @property
