@@ -179,6 +179,7 @@ class BatchEvaluator:
                 last[rows] = _one_f_one_b(fwd[rows], bwd[rows], down[rows], up[rows], int(mm))
         r = valid.sum(-1)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
+        batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.in_flight(schedule, m, S - np.arange(S))
         memory = rules.memory_bytes(params, tb.acts(start, end), b / r, held)
         capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)

@@ -126,9 +126,12 @@ class _Simulation:
         self.params = [float(tables.params(st.start, st.end)) for st in plan.stages]
         self.b = [st.microbatch for st in plan.stages]
         self.update = [self._update(s) for s in range(S)]
-        self.fwd = [self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample) for s in range(S)]
+        self.fwd = [
+            self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call)
+            for s in range(S)
+        ]
         self.bwd = [
-            self._stage_time(s, tables.bwd_fixed, tables.bwd_per_sample)
+            self._stage_time(s, tables.bwd_fixed, tables.bwd_per_sample, tables.bwd_call)
             + rules.accumulation_s(self.update[s], self.m[s])
             for s in range(S)
         ]
@@ -144,17 +147,19 @@ class _Simulation:
         # recovered as ``end - start`` later, which loses the small durations of a long run).
         self.transfer = [0.0] * S
 
-    def _stage_time(self, s: int, fixed: np.ndarray, per_sample: np.ndarray) -> float:
-        """Rule 2: max over replicas of the summed layer times for a ``b_s / r_s`` share."""
+    def _stage_time(
+        self, s: int, fixed: np.ndarray, per_sample: np.ndarray, call: np.ndarray
+    ) -> float:
+        """Rule 2: max over replicas of the summed layer times for a ``b_s / r_s`` share,
+        plus the replica type's call overhead (rule 1c)."""
         stage = self.plan.stages[s]
         n = stage.microbatch / stage.replicas
         best = 0.0
         for d in stage.devices:
             t = self.tables.type_index[self.cluster.device(d).type]
             layers = slice(stage.start, stage.end)
-            best = max(
-                best, sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
-            )
+            layer_sum = sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
+            best = max(best, layer_sum + float(call[t]))
         return best
 
     def _update(self, s: int) -> float:
@@ -272,7 +277,7 @@ class _Simulation:
         plan, cluster = self.plan, self.cluster
         problems: list[str] = []
         stages = [self._stage(s, problems) for s in range(self.S)]
-        batch_time = max(st.end_s for st in stages)
+        batch_time = max(st.end_s for st in stages) + self.tables.step_overhead
         price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
         comm, comp = sum(self.transfer), sum(st.compute_s for st in stages)
         cost_batch = price * batch_time / SECONDS_PER_HOUR
