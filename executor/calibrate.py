@@ -1,0 +1,203 @@
+"""Fit a cluster's calibration (:mod:`core.calibration`) to measured runs, by least squares.
+
+An :class:`Observation` is one measured plan with the profile it was predicted from: the
+measured batch time and, per stage, the busiest replica's forward and backward per call.
+:func:`fit` finds the terms that make the cost model agree with them:
+
+- per device type: a compute scale and a call overhead for forwards and for backwards;
+- per link class that the observed plans use: latency and bandwidth;
+- one step overhead.
+
+It minimises, with :func:`scipy.optimize.least_squares` (bounded, trust-region), the
+relative errors of every observation's batch time and of every stage's forward and
+backward per call, all from :func:`core.costmodel.simulate` on the calibrated cluster, so the
+fit is judged by the model the planners use, schedule, bubbles and sends included. The
+per-stage terms pin the per-type compute (many rows, well posed); the batch times pin what
+only a whole step shows (links, the driver's overhead). A type or a link class that no
+observation uses keeps its spec values.
+
+:func:`errors` gives each observation's batch-time error under a cluster, to compare a fit
+with the uncalibrated spec on plans the fit did not see.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from core import rules
+from core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibration, CallOverhead
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.errors import PlanError
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.measure import Measurement, relative_error
+
+STAGE_WEIGHT = 0.5
+"""Weight of a stage's per-call residuals beside a batch time's (1)."""
+MS, MB = 1e-3, 1e6
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured plan: what the fit reads of it."""
+
+    plan: Plan
+    profile: ModelProfile
+    batch_time_s: float
+    forward_s: tuple[float, ...]
+    """Per stage, the busiest replica's mean forward per call."""
+    backward_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, measurement: Measurement, profile: ModelProfile) -> Observation:
+        plan = measurement.plan
+        m = [plan.microbatches(s) for s in range(plan.num_stages)]
+        return cls(
+            plan=plan,
+            profile=profile,
+            batch_time_s=measurement.batch_time_s,
+            forward_s=tuple(st.forward_s / k for st, k in zip(measurement.stages, m, strict=True)),
+            backward_s=tuple(
+                st.backward_s / k for st, k in zip(measurement.stages, m, strict=True)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted calibration and how well it matches the observations it was fitted to."""
+
+    calibration: Calibration
+    errors_before: tuple[float, ...]
+    errors_after: tuple[float, ...]
+    evaluations: int
+
+
+class _Terms:
+    """The fitted parameters as one vector, in units near 1 (ms, ms per MB)."""
+
+    def __init__(self, cluster: ClusterSpec, observations: Sequence[Observation]) -> None:
+        used = {cluster.device(d).type for o in observations for d in o.plan.devices}
+        self.types = sorted(used)
+        self.links = [k for k in LINK_CLASSES if _uses(cluster, observations, k)]
+        self.cluster = cluster
+        net = cluster.links
+        start: list[float] = []
+        lo: list[float] = []
+        hi: list[float] = []
+        for _ in self.types:  # scale, fwd overhead (ms), bwd overhead (ms)
+            start += [1.0, 0.0, 0.0]
+            lo += [MIN_SCALE, 0.0, 0.0]
+            hi += [MAX_SCALE, 1e4, 1e4]
+        for k in self.links:  # latency (ms), ms per MB
+            link = getattr(net, k)
+            start += [link.latency_s / MS, MB / link.bytes_per_s / MS]
+            lo += [0.0, 1e-6]
+            hi += [1e4, 1e4]
+        start.append(0.0)  # step overhead (ms)
+        lo.append(0.0)
+        hi.append(1e5)
+        self.start = np.clip(np.array(start), lo, hi)
+        self.bounds = (np.array(lo), np.array(hi))
+
+    def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
+        k = 3 * len(self.types)
+        per_type = x[:k].reshape(-1, 3)
+        links = x[k:-1].reshape(-1, 2)
+        return Calibration(
+            compute_scale={t: float(v[0]) for t, v in zip(self.types, per_type, strict=True)},
+            call_overhead={
+                t: CallOverhead(float(v[1]) * MS, float(v[2]) * MS)
+                for t, v in zip(self.types, per_type, strict=True)
+            },
+            network={
+                name: (_gbps(MB / (v[1] * MS)), float(v[0] * MS / rules.US))
+                for name, v in zip(self.links, links, strict=True)
+            },
+            step_overhead_s=float(x[-1]) * MS,
+            fit=fit or {},
+        )
+
+
+def _gbps(bytes_per_s: float) -> float:
+    return float(bytes_per_s * rules.BITS_PER_BYTE / rules.GB)
+
+
+def _uses(cluster: ClusterSpec, observations: Sequence[Observation], link: str) -> bool:
+    """Whether any observed plan sends over (or all-reduces across) this link class."""
+    inter = link == "inter_node"
+    for o in observations:
+        stages = o.plan.stages
+        pairs = [(a.devices, b.devices) for a, b in zip(stages, stages[1:], strict=False)]
+        pairs += [(s.devices, s.devices) for s in stages if s.replicas > 1]
+        for a, b in pairs:
+            nodes = {cluster.device(d).node for d in (*a, *b)}
+            if (len(nodes) > 1) == inter:
+                return True
+    return False
+
+
+def _residuals(cluster: ClusterSpec, observations: Sequence[Observation]) -> np.ndarray:
+    out: list[float] = []
+    for o in observations:
+        est = simulate(o.plan, o.profile, cluster)
+        out.append(relative_error(est.batch_time_s, o.batch_time_s))
+        for st, f, b in zip(est.stages, o.forward_s, o.backward_s, strict=True):
+            if f > 0:
+                out.append(STAGE_WEIGHT * relative_error(st.forward_s, f))
+            if b > 0:
+                out.append(STAGE_WEIGHT * relative_error(st.backward_s, b))
+    return np.array(out)
+
+
+def errors(cluster: ClusterSpec, observations: Sequence[Observation]) -> tuple[float, ...]:
+    """Each observation's batch-time error ``(predicted - measured) / measured`` on ``cluster``."""
+    return tuple(
+        relative_error(simulate(o.plan, o.profile, cluster).batch_time_s, o.batch_time_s)
+        for o in observations
+    )
+
+
+def fit(
+    cluster: ClusterSpec, observations: Sequence[Observation], record: dict[str, Any] | None = None
+) -> Fit:
+    """The calibration of ``cluster`` (its uncalibrated spec is the start) that best explains
+    ``observations``; ``record`` goes into the calibration's ``fit`` block."""
+    if not observations:
+        raise PlanError("calibrate: no measured runs to fit")
+    for i, o in enumerate(observations):
+        if not (o.batch_time_s > 0 and math.isfinite(o.batch_time_s)):
+            raise PlanError(f"observations[{i}].batch_time_s: must be > 0, got {o.batch_time_s!r}")
+        o.plan.validate(o.profile, cluster)
+    base = cluster.calibrated(None)
+    terms = _Terms(base, observations)
+    result = least_squares(
+        lambda x: _residuals(base.calibrated(terms.calibration(x)), observations),
+        terms.start,
+        bounds=terms.bounds,
+        x_scale="jac",
+        diff_step=1e-3,
+        max_nfev=200,
+    )
+    before = errors(base, observations)
+    calibration = terms.calibration(result.x)
+    after = errors(base.calibrated(calibration), observations)
+    summary = dict(record or {})
+    summary.update(
+        runs=len(observations),
+        fitted_median_abs_error_before=_median_abs(before),
+        fitted_median_abs_error_after=_median_abs(after),
+    )
+    return Fit(terms.calibration(result.x, summary), before, after, int(result.nfev))
+
+
+def _median_abs(values: Sequence[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else math.nan
