@@ -33,10 +33,10 @@ from scipy.optimize import least_squares
 
 from core import rules
 from core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibration, CallOverhead
-from core.cluster import ClusterSpec
+from core.cluster import ClusterSpec, device_id
 from core.costmodel import simulate
 from core.errors import PlanError
-from core.plan import Plan
+from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import ModelProfile
 from executor.measure import Measurement, relative_error
 
@@ -201,3 +201,75 @@ def fit(
 
 def _median_abs(values: Sequence[float]) -> float:
     return statistics.median(abs(v) for v in values) if values else math.nan
+
+
+def probe_plans(cluster: ClusterSpec, profile: ModelProfile, batch: int) -> list[Plan]:
+    """Plans that exercise every term of a calibration, in an order where alternate plans
+    cover every kind (so even positions can fit and odd ones be held out):
+
+    - each device type alone, at the whole batch and at a quarter of it (compute, calls);
+    - each pair of types on two nodes, two equal-layer GPipe stages (the inter-node link);
+    - one device of each type on distinct nodes as a 1F1B pipeline (bubbles, both links);
+    - a node's devices of one type as replicas of one stage, and as two stages (all-reduce,
+      the intra-node link);
+    - every device as replicas of one stage (TAPP's BSP).
+
+    Microbatches that do not divide the batch are left out; plans are distinct.
+    """
+    quarter = max(1, batch // 4)
+    one = _one_per_type(cluster)
+    L = len(profile)
+    out: list[Plan] = []
+
+    def add(stages: list[tuple[tuple[int, int], tuple[str, ...], int]], schedule: Schedule) -> None:
+        if any(batch % b for _, _, b in stages) or any(b < len(d) for _, d, b in stages):
+            return
+        plan = Plan(batch, tuple(Stage(r, d, b) for r, d, b in stages), schedule)
+        if plan not in out:
+            out.append(plan)
+
+    for device in one.values():
+        add([((0, L), (device,), batch)], Schedule.GPIPE)
+        add([((0, L), (device,), quarter)], Schedule.GPIPE)
+    types = sorted(one, key=lambda t: -cluster.device_types[t].flops)
+    for i, a in enumerate(types):
+        for b in types[i + 1 :]:
+            if cluster.device(one[a]).node != cluster.device(one[b]).node and L >= 2:
+                cuts = uniform_stages(L, 2)
+                add([(cuts[0], (one[a],), quarter), (cuts[1], (one[b],), quarter)], Schedule.GPIPE)
+    chain = _distinct_nodes([one[t] for t in types], cluster)
+    if len(chain) >= 3 and len(chain) <= L:
+        cuts = uniform_stages(L, len(chain))
+        add([(c, (d,), quarter) for c, d in zip(cuts, chain, strict=True)], Schedule.ONE_F_ONE_B)
+    for node in cluster.nodes:
+        for t, count in node.devices.items():
+            if count >= 2:
+                pair = (device_id(node.name, t, 0), device_id(node.name, t, 1))
+                add([((0, L), pair, batch)], Schedule.GPIPE)
+                if L >= 2:
+                    cuts = uniform_stages(L, 2)
+                    add(
+                        [(cuts[0], pair[:1], quarter), (cuts[1], pair[1:], quarter)],
+                        Schedule.GPIPE,
+                    )
+    add([((0, L), cluster.device_ids, batch)], Schedule.GPIPE)
+    return out
+
+
+def _one_per_type(cluster: ClusterSpec) -> dict[str, str]:
+    """The first device of each type, in the cluster's order."""
+    out: dict[str, str] = {}
+    for d in cluster.device_ids:
+        out.setdefault(cluster.device(d).type, d)
+    return out
+
+
+def _distinct_nodes(devices: Sequence[str], cluster: ClusterSpec) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for d in devices:
+        node = cluster.device(d).node
+        if node not in seen:
+            seen.add(node)
+            out.append(d)
+    return out
