@@ -7,6 +7,20 @@ population), the env and the planners cost a plan the same way. Rule 2b charges 
 replica's backward for adding into the step's gradients on every microbatch but its first:
 a profile times a backward into fresh gradients (:mod:`models.profiler`), and the
 accumulating one is slower (see ``bench/results/grad_accumulation.json``).
+
+Calibration (issue #18, :mod:`core.calibration`): when the cluster spec has a
+``calibration:`` block, three terms join the contract, and a spec without it (or with every
+term at its default) is costed exactly as before:
+
+- **1c.** Every layer time of type ``t`` (rule 1, measured or FLOP fallback) is multiplied by
+  ``compute_scale[t]`` (default 1), and each forward and each backward op of a replica on
+  ``t`` adds ``call_overhead[t].fwd_s`` and ``.bwd_s`` (default 0) once, whatever its share of
+  samples; F_s and Bk_s (rule 2) are the maxima over replicas of those sums (rule 2b's
+  accumulation term is added to Bk_s after, unscaled).
+- **4.** The link classes are ``calibration.network``'s where it has them (both rule 4's
+  sends and rule 8's all-reduce), else the spec's ``network``.
+- **8c.** ``batch_time = max over stages (...) + step_overhead_s`` (default 0); throughput,
+  cost per batch and per sample follow from that batch time.
 """
 
 from __future__ import annotations
