@@ -42,6 +42,10 @@ from executor.measure import Measurement, relative_error
 
 STAGE_WEIGHT = 0.5
 """Weight of a stage's per-call residuals beside a batch time's (1)."""
+PRIOR_WEIGHT = 0.001
+"""Weight of the pull towards the uncalibrated spec (scale 1, no overheads, the spec's
+links): a scale off by 0.5, or 10 ms of overhead, costs as much as a 0.1% error. It keeps
+a fit of few runs from spending terms the runs do not pin (a ridge prior)."""
 MS, MB = 1e-3, 1e6
 
 
@@ -107,6 +111,20 @@ class _Terms:
         hi.append(1e5)
         self.start = np.clip(np.array(start), lo, hi)
         self.bounds = (np.array(lo), np.array(hi))
+        # the prior: where each term sits uncalibrated, and how far counts as "10 ms" / "x2"
+        self.prior = self.start.copy()
+        self.prior_scale = np.array(
+            [*([0.5, 10.0, 10.0] * len(self.types)), *([10.0, 0.0] * len(self.links)), 10.0]
+        )
+
+    def prior_residuals(self, x: np.ndarray) -> np.ndarray:
+        """Deviation from the uncalibrated spec; bandwidth (every second link term) on a
+        log scale, a factor of 10 counting like 10 ms."""
+        out = np.empty_like(x)
+        lin = self.prior_scale > 0
+        out[lin] = (x[lin] - self.prior[lin]) / self.prior_scale[lin]
+        out[~lin] = np.log10(x[~lin] / self.prior[~lin])
+        return PRIOR_WEIGHT * out
 
     def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
         k = 3 * len(self.types)
@@ -180,12 +198,20 @@ def fit(
     base = cluster.calibrated(None)
     terms = _Terms(base, observations)
     result = least_squares(
-        lambda x: _residuals(base.calibrated(terms.calibration(x)), observations),
+        lambda x: np.concatenate(
+            [
+                _residuals(base.calibrated(terms.calibration(x)), observations),
+                terms.prior_residuals(x),
+            ]
+        ),
         terms.start,
         bounds=terms.bounds,
         x_scale="jac",
-        diff_step=1e-3,
-        max_nfev=200,
+        diff_step=1e-2,
+        ftol=1e-12,
+        xtol=1e-12,
+        gtol=1e-12,
+        max_nfev=400,
     )
     before = errors(base, observations)
     calibration = terms.calibration(result.x)

@@ -31,7 +31,9 @@ def calibrate_command(
         ),
     ] = None,
     model: Annotated[str, typer.Option(help="zoo model the probe plans train")] = "alexnet",
-    input_size: Annotated[int | None, typer.Option(help="its input height/width")] = 64,
+    input_size: Annotated[
+        int | None, typer.Option(help="its input height/width (default: the zoo's)")
+    ] = None,
     batch: Annotated[int, typer.Option(help="global batch of the probe plans")] = 32,
     steps: Annotated[int, typer.Option(help="measured steps per probe")] = 3,
     warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,

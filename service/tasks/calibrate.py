@@ -40,7 +40,7 @@ class CalibrateRequest(Request):
 
     cluster: ClusterRef
     model: str = "alexnet"
-    input_size: int | None = 64
+    input_size: int | None = None
     batch: int = 32
     steps: int = 3
     warmup: int = 1

@@ -74,12 +74,13 @@ def test_fit_recovers_the_terms_that_made_the_measurements() -> None:
     result = fit(cluster(), fitted, {"source": "test"})
     cal = result.calibration
     assert max(abs(e) for e in result.errors_before) > 0.2  # there was something to fit
+    # a weak prior towards the spec costs a little exactness (PRIOR_WEIGHT)
     assert max(abs(e) for e in result.errors_after) < 1e-3
     assert max(abs(e) for e in errors(cluster().calibrated(cal), held_out)) < 1e-3
-    assert cal.scale("fast") == pytest.approx(1.3, rel=1e-3)
-    assert cal.overhead("slow").bwd_s == pytest.approx(9e-3, rel=1e-2)
-    assert cal.step_overhead_s == pytest.approx(0.01, rel=1e-2)
-    assert cal.network["inter_node"][1] == pytest.approx(8000.0, rel=1e-2)
+    assert cal.scale("fast") == pytest.approx(1.3, rel=2e-2)
+    assert cal.overhead("slow").bwd_s == pytest.approx(9e-3, rel=0.1)
+    assert cal.step_overhead_s == pytest.approx(0.01, rel=0.1)
+    assert cal.network["inter_node"][1] == pytest.approx(8000.0, rel=0.05)
     assert cal.fit["source"] == "test" and cal.fit["runs"] == len(fitted)
 
 
