@@ -75,6 +75,47 @@ class Observation:
         )
 
 
+def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> Observation:
+    """An :class:`Observation` from a measured run's document (``pipeplan run --json``: its
+    ``plan`` and ``measured``, a :class:`~executor.measure.Measurement` as a dict); errors
+    name the field and the value."""
+    if not isinstance(doc, dict):
+        raise PlanError(f"{where}: expected a run document (an object), got {type(doc).__name__}")
+    if "plan" not in doc or "measured" not in doc:
+        raise PlanError(
+            f"{where}: needs 'plan' and 'measured' (the output of `pipeplan run --json`)"
+        )
+    plan = Plan.from_dict(doc["plan"])
+    measured = doc["measured"]
+    stages = measured.get("stages") if isinstance(measured, dict) else None
+    if not isinstance(stages, list) or len(stages) != plan.num_stages:
+        raise PlanError(
+            f"{where}.measured.stages: expected {plan.num_stages} stages (one per stage of the "
+            f"plan), got {stages!r:.80}"
+        )
+    batch_time = measured.get("batch_time_s")
+    if isinstance(batch_time, bool) or not isinstance(batch_time, int | float) or batch_time <= 0:
+        raise PlanError(f"{where}.measured.batch_time_s: must be a number > 0, got {batch_time!r}")
+    per_call: list[tuple[float, float]] = []
+    for s, st in enumerate(stages):
+        m = plan.microbatches(s)
+        try:
+            per_call.append((float(st["forward_s"]) / m, float(st["backward_s"]) / m))
+        except (KeyError, TypeError, ValueError):
+            raise PlanError(
+                f"{where}.measured.stages[{s}]: needs numbers forward_s and backward_s, "
+                f"got {st!r:.80}"
+            ) from None
+    plan.validate(profile, None)
+    return Observation(
+        plan,
+        profile,
+        float(batch_time),
+        tuple(f for f, _ in per_call),
+        tuple(b for _, b in per_call),
+    )
+
+
 @dataclass(frozen=True)
 class Fit:
     """A fitted calibration and how well it matches the observations it was fitted to."""

@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from service.cli.console import ConsoleReporter, clean_errors, cluster_ref, echo_json, out
+from core._io import read_document
+from service.cli.console import (
+    ConsoleReporter,
+    clean_errors,
+    cluster_ref,
+    document,
+    echo_json,
+    out,
+)
 from service.render_runs import describe_plan
 from service.tasks.calibrate import CalibrateRequest, CalibrationReport, calibrate
 
@@ -46,6 +54,18 @@ def calibrate_command(
             "`pipeplan cluster up` started",
         ),
     ] = None,
+    runs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--runs",
+            help="fit to runs already measured (`pipeplan run --json` outputs; repeat the "
+            "flag) instead of running probes; needs --profile",
+        ),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="with --runs: the profile.json they are predicted from"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Fit link latency and bandwidth, per-type compute scale and call overheads and a
@@ -53,6 +73,8 @@ def calibrate_command(
     the cost model then uses."""
     request = CalibrateRequest(
         cluster=cluster_ref(cluster),
+        runs=[read_document(p) for p in runs] if runs else None,
+        profile=document(profile),
         model=model,
         input_size=input_size,
         batch=batch,
@@ -84,7 +106,7 @@ def probe_table(report: CalibrationReport) -> Table:
         table.add_row(
             f"{p.plan.schedule.value} {describe_plan(p.plan)}",
             "held out" if p.held_out else "fit",
-            f"{p.measurement.batch_time_s * 1e3:.1f}",
+            f"{p.batch_time_s * 1e3:.1f}",
             f"{before:+.1%}",
             f"{after:+.1%}",
         )

@@ -23,22 +23,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.cluster import ClusterSpec
+from core.errors import PipeplanError
 from core.plan import Plan
 from core.profile import ModelProfile
-from executor.calibrate import Fit, Observation, errors, fit, probe_plans
+from executor.calibrate import Fit, Observation, errors, fit, observation_of_run, probe_plans
 from executor.emulation import EMULATED_NOTE
-from executor.measure import Measurement
 from executor.pipeline import RunConfig
 from executor.pipeline import run as run_plan
-from service.tasks.common import ClusterRef, Request, RequestError, cluster_spec
+from service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
 from service.tasks.live import live_cluster, measure_on_cluster, model_source
 from service.tasks.progress import QUIET, Reporter
 
 
 class CalibrateRequest(Request):
-    """The cluster to calibrate and the model its probe plans train."""
+    """The cluster to calibrate and the model its probe plans train; or, with ``runs``,
+    runs already measured on it (``pipeplan run --json`` documents, predicted from
+    ``profile``): then nothing runs and no Ray starts."""
 
     cluster: ClusterRef
+    runs: list[Document] | None = None
+    profile: Document | None = None
     model: str = "alexnet"
     input_size: int | None = None
     batch: int = 32
@@ -50,10 +54,11 @@ class CalibrateRequest(Request):
 
 @dataclass(frozen=True)
 class ProbeRun:
-    """One probe plan, measured, and whether the held-out verdict used it."""
+    """One probe plan (or a run given), measured, and whether the fit left it out."""
 
     plan: Plan
-    measurement: Measurement
+    batch_time_s: float
+    batch_time_std_s: float
     held_out: bool
 
 
@@ -101,8 +106,8 @@ class CalibrationReport:
                 {
                     "plan": p.plan.to_dict(),
                     "held_out": p.held_out,
-                    "measured_s": p.measurement.batch_time_s,
-                    "measured_std_s": p.measurement.batch_time_std_s,
+                    "measured_s": p.batch_time_s,
+                    "measured_std_s": p.batch_time_std_s,
                     "error_before": b,
                     "error_after_held_out_fit": h,
                     "error_after": a,
@@ -120,6 +125,8 @@ class CalibrationReport:
 def calibrate(request: CalibrateRequest, reporter: Reporter = QUIET) -> CalibrationReport:
     """Measure the probes, fit, hold out, refit (module docstring)."""
     t0 = time.perf_counter()
+    if request.runs is not None:
+        return _from_runs(request, t0)
     if request.batch < 1:
         raise RequestError(f"batch: must be >= 1, got {request.batch}")
     config = RunConfig(steps=request.steps, warmup=request.warmup, seed=request.seed)
@@ -130,13 +137,42 @@ def calibrate(request: CalibrateRequest, reporter: Reporter = QUIET) -> Calibrat
         types = sorted(live.device_types)
         profile = measure_on_cluster(source, live, reporter, types, request.batch)
         plans = probe_plans(live, profile, request.batch)
-        probes = []
+        probes, observations = [], []
         for i, plan in enumerate(plans):
             with reporter.step(f"probe {i + 1}/{len(plans)}: {_describe(plan)}"):
-                measured = run_plan(plan, source, live, config)
-            probes.append(ProbeRun(plan, measured, held_out=i % 2 == 1))
-    observations = [Observation.of(p.measurement, profile) for p in probes]
-    return _report(live, request.model, profile, probes, observations, t0)
+                m = run_plan(plan, source, live, config)
+            probes.append(ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i % 2 == 1))
+            observations.append(Observation.of(m, profile))
+    return _report(live, request.model, profile, probes, observations, t0, emulated=m.emulated)
+
+
+def _from_runs(request: CalibrateRequest, t0: float) -> CalibrationReport:
+    """Fit to runs already measured (every other one held out); nothing runs."""
+    if request.profile is None:
+        raise RequestError("profile: required with runs (the profile the runs are predicted from)")
+    if not request.runs:
+        raise RequestError("runs: empty; give at least one measured run")
+    spec = cluster_spec(request.cluster).calibrated(None)
+    profile = ModelProfile.from_dict(request.profile)
+    observations = [
+        observation_of_run(doc, profile, f"runs[{i}]") for i, doc in enumerate(request.runs)
+    ]
+    for i, o in enumerate(observations):
+        try:
+            o.plan.validate(profile, spec)
+        except PipeplanError as e:
+            raise RequestError(f"runs[{i}].plan: {e}") from None
+    probes = [
+        ProbeRun(o.plan, o.batch_time_s, float(_std(doc)), held_out=i % 2 == 1)
+        for i, (o, doc) in enumerate(zip(observations, request.runs, strict=True))
+    ]
+    emulated = any(bool(doc.get("emulated")) for doc in request.runs)
+    return _report(spec, profile.name, profile, probes, observations, t0, emulated=emulated)
+
+
+def _std(doc: Document) -> float:
+    value = doc["measured"].get("batch_time_std_s", 0.0)
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def _report(
@@ -146,6 +182,8 @@ def _report(
     probes: list[ProbeRun],
     observations: list[Observation],
     t0: float,
+    *,
+    emulated: bool,
 ) -> CalibrationReport:
     fitted = [o for o, p in zip(observations, probes, strict=True) if not p.held_out]
     partial = fit(live, fitted)
@@ -171,7 +209,7 @@ def _report(
         before=before,
         after_held_out_fit=after_held,
         after=errors(calibrated, observations),
-        emulated=any(p.measurement.emulated for p in probes),
+        emulated=emulated,
         wall_s=time.perf_counter() - t0,
     )
 
