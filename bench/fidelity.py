@@ -65,7 +65,7 @@ from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import ModelProfile
-from executor.calibrate import Observation, fit
+from executor.calibrate import Observation, fit, observation_of_run
 from executor.emulation import EMULATED_NOTE
 from executor.emulation import slowdown as type_slowdown
 from executor.local_cluster import LocalCluster
@@ -287,6 +287,16 @@ class Result:
             "predicted_comm_fraction": p.comm_fraction,
             "measured_s": self.measured_s if m else None,
             "measured_runs_s": [run.batch_time_s for run in self.runs],
+            "measured_runs": [
+                {
+                    "batch_time_s": run.batch_time_s,
+                    "stages": [
+                        {"forward_s": st.forward_s, "backward_s": st.backward_s}
+                        for st in run.stages
+                    ],
+                }
+                for run in self.runs
+            ],
             "measured_spread": self.spread if m else None,
             "measured_std_s": m.batch_time_std_s if m else None,
             "measured_steps_s": list(m.batch_times_s) if m else None,
@@ -433,6 +443,42 @@ def calibrate_held_out(
     return fits
 
 
+def reanalyse(path: Path) -> None:
+    """Leave-one-model-out calibration again, from a saved run's JSON (no Ray): each plan's
+    error uncalibrated and calibrated on the other models' runs, and the medians."""
+    doc = json.loads(path.read_text())
+    spec = ClusterSpec.from_dict(doc["cluster"]).calibrated(None)
+    profiles = {k: ModelProfile.from_dict(v) for k, v in doc["profile_documents"].items()}
+    rows = [r for r in doc["results"] if r.get("measured_runs")]
+    observations = {
+        id(r): [
+            observation_of_run({"plan": r["plan"], "measured": m}, profiles[r["model"]])
+            for m in r["measured_runs"]
+        ]
+        for r in rows
+    }
+    before, after = [], []
+    for model in sorted({r["model"] for r in rows}):
+        others = [o for r in rows if r["model"] != model for o in observations[id(r)]]
+        calibrated = spec.calibrated(fit(spec, others).calibration)
+        for r in rows:
+            if r["model"] != model:
+                continue
+            plan = Plan.from_dict(r["plan"])
+            e0 = relative_error(r["predicted_s"], r["measured_s"])
+            e1 = relative_error(
+                simulate(plan, profiles[model], calibrated).batch_time_s, r["measured_s"]
+            )
+            before.append(abs(e0))
+            after.append(abs(e1))
+            print(f"{model:<12} {r['plan_name']:<16} {e0 * 100:+6.1f}%  {e1 * 100:+6.1f}%")
+    print(
+        f"median |error| {statistics.median(before) * 100:.1f}% -> "
+        f"{statistics.median(after) * 100:.1f}% (held-out calibration); worst "
+        f"{max(before) * 100:.1f}% -> {max(after) * 100:.1f}%"
+    )
+
+
 def inflation(results: list[Result]) -> tuple[float, float]:
     """Median of measured / profiled real compute per stage, one-actor and multi-actor plans."""
     one: list[float] = []
@@ -554,7 +600,15 @@ def main() -> None:
     )
     add_cluster_options(ap)
     ap.add_argument("--quick", action="store_true", help="alexnet and the GPT, 3 plans each")
+    ap.add_argument(
+        "--reanalyse",
+        default=None,
+        help="a saved fidelity JSON: redo the held-out calibration from it (no Ray) and exit",
+    )
     a = ap.parse_args()
+    if a.reanalyse:
+        reanalyse(Path(a.reanalyse))
+        return
     from rich.console import Console
 
     models, plans = model_keys(ap, a.models), a.plans.split(",")
@@ -663,6 +717,7 @@ def main() -> None:
         "load_average_start_end": [load_start, os.getloadavg()[0]],
         "wall_s": wall,
         "profiles": profiles,
+        "profile_documents": {k: p.to_dict() for k, p in measured_profiles.items()},
         "results": [r.to_dict() for r in results],
     }
     out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
