@@ -25,7 +25,7 @@ PLANNERS: dict[str, str] = {
     "pipedream_dp": "agents.baselines.pipedream_dp:PipeDreamDPPlanner",
     "dp": "agents.baselines.dp:DPPlanner",
     "brute": "agents.baselines.brute:BrutePlanner",
-    "genetic": "agents.baselines.genetic:GeneticPlanner",
+    "genetic": "agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
     "bayes": "agents.baselines.bayes:BayesPlanner",
     "tapp": "agents.tapp.planner:TAPPPlanner",
     "ppo": "agents.rllib_ppo:PPOPlanner",
