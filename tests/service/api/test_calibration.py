@@ -26,6 +26,7 @@ from service.api.schemas import EventIn, EventType, JobKind
 from service.api.store import Store
 from service.tasks.events import EventReporter
 from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
+from service.tasks.run import measured_run
 from tests.service.api.conftest import FakeBackend
 from tests.service.api.test_store import _postgres_url
 
@@ -274,6 +275,23 @@ def test_the_reporter_sends_a_profile_once_per_job() -> None:
         emitted[1][OBSERVATION_KEY]["profile_sha256"]
         == emitted[0][OBSERVATION_KEY]["profile_sha256"]
     )
+
+
+def test_a_run_reports_its_plan_as_a_measured_evaluation_with_its_observation(
+    app_client: TestClient, fake_backend: FakeBackend
+) -> None:
+    plan = plans()[2]
+    live = cluster().calibrated(TRUTH)  # a job's cluster the service had calibrated
+    m = measured(plan, live)
+    detail = measured_run(m, simulate(plan, profile(), live), profile(), live)
+    assert detail["source"] == "measured" and detail["calibrated"] is True
+    observation = detail[OBSERVATION_KEY]
+    assert "calibration" not in observation["cluster"]  # filed under the uncalibrated spec
+    assert observation["forward_s"][0] == pytest.approx(m.stages[0].forward_s / 4)  # per call
+    job = new_job(app_client, fake_backend)
+    data = {"plan": plan.to_dict(), "value": m.batch_time_s, **detail}
+    r = post(app_client, fake_backend, job["id"], {"seq": 0, "type": "evaluation", "data": data})
+    assert r.status_code == 200, r.text
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
