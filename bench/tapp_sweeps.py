@@ -55,7 +55,7 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan
 from core.profile import ModelProfile
-from executor.emulation import EMULATED_NOTE, emulated_timings
+from executor.emulation import EMULATED_NOTE, emulated_timings, slowdown
 from executor.local_cluster import LocalCluster
 from executor.measure import Measurement
 from executor.measured_profile import call_sizes
@@ -142,24 +142,33 @@ def point(
     return {"sweep": sweep, "x": x, "batch": batch, "cluster": spec.to_dict(), "rows": rows}
 
 
-def measure_point(doc: dict[str, Any], key: str, steps: int, seed: int, console: Any) -> None:
-    """Run each method's plan of a point on the live cluster; fills the measured fields."""
+def measure_point(
+    doc: dict[str, Any],
+    key: str,
+    steps: int,
+    seed: int,
+    done: dict[str, Measurement],
+    console: Any,
+) -> None:
+    """Run each method's plan of a point on the live cluster; fills the measured fields. A
+    plan already run on the same emulated cluster (``done``, by plan and cluster; the power
+    sweep's factor 1 is a point of the batch sweep) is not run again."""
     spec = ClusterSpec.from_dict(doc["cluster"])
     config = RunConfig(
         steps=steps, warmup=1, optimizer=OPTIMIZER, data="digits", seed=seed, timeout_s=600
     )
-    done: dict[str, Measurement] = {}
+    emulated = json.dumps({t: slowdown(spec, t) for t in sorted(spec.device_types)})
     for method, r in doc["rows"].items():
         plan = Plan.from_dict(r["plan"])
-        twin = next((k for k, m in done.items() if m.plan == plan), None)
+        same = json.dumps(r["plan"], sort_keys=True) + emulated
         t0 = time.perf_counter()
         try:
-            m = done[twin] if twin else run(plan, MODELS[key].source, spec, config)
+            m = done[same] if same in done else run(plan, MODELS[key].source, spec, config)
         except Exception as e:  # a failed plan is a point with its error
             r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             console.print(f"  {method}: ERROR {r['error']}")
             continue
-        done[method] = m
+        done[same] = m
         r["measured_s"], r["measured_std_s"] = m.batch_time_s, m.batch_time_std_s
         r["measured_throughput"] = doc["batch"] / m.batch_time_s
         console.print(
@@ -274,10 +283,11 @@ def main() -> None:
         label = MODELS[a.measure].label
         with LocalCluster(spec, object_store_mb=STORE_MB) as cluster:
             console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
+            done: dict[str, Measurement] = {}
             for p in docs[label]:
                 name = f"{p['sweep']}:{p['x']:g}"
                 if wanted is None or name in wanted:
-                    measure_point(p, a.measure, a.train_steps, a.seed, console)
+                    measure_point(p, a.measure, a.train_steps, a.seed, done, console)
                     measured_points.append(name)
     for sweep, what in (("batch", "global batch"), ("power", f"{fastest} flops x")):
         print_sweep(docs, sweep, what, console)
