@@ -27,7 +27,7 @@ PLANNERS: dict[str, str] = {
     "brute": "agents.baselines.brute:BrutePlanner",
     "genetic": "agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
     "bayes": "agents.baselines.bayes:BayesPlanner",
-    "tapp": "agents.tapp.planner:TAPPPlanner",
+    "tapp": "agents.provision.tapp_kinds:TAPPPlanner",  # kind-level on catalogues
     "ppo": "agents.rllib_ppo:PPOPlanner",
     "provision_dp": "agents.provision.exact:ProvisionDPPlanner",
     "heterps_cpu_gpu": "agents.provision.cpu_gpu:CpuGpuPlanner",
