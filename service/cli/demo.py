@@ -59,6 +59,24 @@ def speedup_line(done: Demo) -> str:
     )
 
 
+def fidelity_line(done: Demo) -> str:
+    """How well the cost model predicted this run, and whether it was calibrated."""
+    f = done.fidelity()
+    if f["median_abs_error"] is None:
+        return "cost model: nothing measured"
+    fit = f["calibration_fit"] or {}
+    how = (
+        f"calibrated ({fit.get('runs', '?')} runs, {fit.get('date', 'undated')})"
+        if f["calibrated"]
+        else "uncalibrated (`pipeplan calibrate --cluster ...` fits one)"
+    )
+    best = f["best_error"]
+    return (
+        f"cost model {how}: median |error| {f['median_abs_error']:.1%} over {f['plans']} "
+        f"measured plans" + ("" if best is None else f", best plan {best:+.1%}")
+    )
+
+
 @clean_errors
 def demo_command(
     model: Annotated[str, typer.Option(help="zoo model to profile, plan and run")] = "alexnet",
@@ -93,6 +111,7 @@ def demo_command(
         if r.error:
             typer.echo(f"{r.planner}: {r.error}")
     typer.echo(speedup_line(done))
+    typer.echo(fidelity_line(done))
     if gantt is not None:
         typer.echo(
             f"Gantt chart of the best plan ({done.best.planner if done.best else '-'}): {gantt}"

@@ -27,6 +27,7 @@ types are slowed by sleeping). How long it takes: see bench/results and the READ
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from agents.problem import Budget, InfeasibleError, Objective, PlanResult, Probl
 from agents.registry import make_planner
 from core.costmodel import simulate
 from core.plan import Plan, Stage
+from executor.measure import relative_error
 from executor.measured_reward import MeasuredReward, Outcome, plan_key
 from executor.model import ModelSource
 from executor.pipeline import RunConfig
@@ -119,6 +121,35 @@ class Demo:
         return any(r.outcome and r.outcome.measurement and r.outcome.measurement.emulated
                    for r in self.rows)  # fmt: skip
 
+    def errors(self) -> dict[str, float]:
+        """Each measured plan's ``(predicted - measured) / measured``, by planner (a plan
+        several planners chose counts once, under the first)."""
+        out: dict[str, float] = {}
+        seen: set[str] = set()
+        for r in self.rows:
+            m = r.outcome.measurement if r.outcome is not None else None
+            if r.result is None or m is None or plan_key(r.result.plan) in seen:
+                continue
+            seen.add(plan_key(r.result.plan))
+            out[r.planner] = relative_error(r.result.estimate.batch_time_s, m.batch_time_s)
+        return out
+
+    def fidelity(self) -> dict[str, Any]:
+        """How well the cost model predicted this run: calibrated or not, the median
+        ``|error|`` over the distinct plans measured, and the best plan's error."""
+        errors = self.errors()
+        best = self.best
+        cal = self.problem.cluster.calibration
+        return {
+            "calibrated": cal is not None,
+            "calibration_fit": dict(cal.fit) if cal is not None else None,
+            "median_abs_error": statistics.median(abs(e) for e in errors.values())
+            if errors
+            else None,
+            "best_error": errors.get(best.planner) if best is not None else None,
+            "plans": len(errors),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """``demo.json``: every row's plan, prediction and measurement."""
         docs = []
@@ -139,6 +170,7 @@ class Demo:
             "reference": REFERENCE,
             "speedup_over_reference": self.speedup(REFERENCE),
             "speedup_over_single_device": self.speedup(SINGLE),
+            "fidelity": self.fidelity(),
             "seconds": self.seconds,
             "rows": docs,
         }

@@ -48,6 +48,15 @@ def test_demo_runs_the_main_job(
     assert len(Plan.from_dict(rows["bsp-all"]["plan"]).stages[0].devices) == 6
     assert len(Plan.from_dict(rows["single-device"]["plan"]).stages[0].devices) == 1
     assert "faster than single-device" in printed
+    fidelity = doc["fidelity"]  # the preset ships uncalibrated
+    assert fidelity["calibrated"] is False and fidelity["plans"] >= 2
+    errors = [
+        abs(r["predicted"]["batch_time_s"] - r["measured"]["batch_time_s"])
+        / r["measured"]["batch_time_s"]
+        for r in rows.values()
+    ]
+    assert min(errors) - 1e-12 <= fidelity["median_abs_error"] <= max(errors) + 1e-12
+    assert "cost model uncalibrated" in printed and "best plan" in printed
     assert rows["bsp-all"]["measured"]["note"].startswith("EMULATED")  # slow devices in it
     assert (out / "best.gantt.png").stat().st_size > 0
     assert (out / "digits_cnn.profile.json").exists()
