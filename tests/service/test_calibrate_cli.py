@@ -12,7 +12,7 @@ import pytest
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan
-from tests.executor.test_calibrate import TRUTH, cluster, plans, profile
+from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.runner import run_cli as cli
 
 
