@@ -1,6 +1,6 @@
 # pipeplan: `make demo` runs the main job end to end (start the local emulated cluster, measure a
 # profile, plan with exact/learned planners and baselines, run them for real, print the table,
-# draw the Gantt chart, stop the cluster: ~1-2 minutes); `make test` runs the tests.
+# draw the Gantt chart, stop the cluster: ~3 minutes); `make test` runs the tests.
 # Both create .venv when it is missing and install the project into it. `make serve` runs the
 # service (pipeplan serve: REST API on 127.0.0.1:8321, jobs as Ray Jobs on an embedded
 # local-hetero cluster, stopped with it; SERVE_ARGS adds flags, e.g. --port 8400).
@@ -9,9 +9,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= build/demo
 MODEL ?= alexnet
-INPUT_SIZE ?= 64
+INPUT_SIZE ?= 224
 BATCH ?= 32
-CLUSTER ?= examples/clusters/local-hetero.yaml
+CLUSTER ?= examples/clusters/local-pipeline.yaml
 SERVE_ARGS ?=
 
 .PHONY: install test demo serve lint bench clean

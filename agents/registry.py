@@ -25,9 +25,9 @@ PLANNERS: dict[str, str] = {
     "pipedream_dp": "agents.baselines.pipedream_dp:PipeDreamDPPlanner",
     "dp": "agents.baselines.dp:DPPlanner",
     "brute": "agents.baselines.brute:BrutePlanner",
-    "genetic": "agents.baselines.genetic:GeneticPlanner",
+    "genetic": "agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
     "bayes": "agents.baselines.bayes:BayesPlanner",
-    "tapp": "agents.tapp.planner:TAPPPlanner",
+    "tapp": "agents.provision.tapp_kinds:TAPPPlanner",  # kind-level on catalogues
     "ppo": "agents.rllib_ppo:PPOPlanner",
     "provision_dp": "agents.provision.exact:ProvisionDPPlanner",
     "heterps_cpu_gpu": "agents.provision.cpu_gpu:CpuGpuPlanner",

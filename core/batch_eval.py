@@ -258,6 +258,7 @@ class BatchEvaluator:
                 last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
             warmups = population_warmups(mb, B)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
+        batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.held_microbatches(schedule, b, B, warmups)
         memory = rules.memory_bytes(params, tb.acts(start, end), b / r, held)
         capacity = _over_replicas(np.minimum, np.where(valid, tb.dev_capacity[dev], np.inf))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from core import _io, rules
+from core.calibration import Calibration
 from core.errors import FormatError
 from core.limits import MAX_DEVICES_PER_NODE, MAX_NODES, check_limit
 
@@ -145,6 +146,9 @@ class ClusterSpec:
     many times slower than the machine's core, every other type in proportion, so that
     waiting for a core on a busy machine is absorbed by the emulation instead of adding to
     it (``emulation: {headroom: 1.5}`` in the file; 1 = the fastest type is the core)."""
+    calibration: Calibration | None = None
+    """What measured runs taught the cost model about this cluster (:mod:`core.calibration`):
+    compute scales and call overheads per type, fitted links, a per-step overhead."""
     _devices: Mapping[DeviceId, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +168,8 @@ class ClusterSpec:
         if not devices:
             raise FormatError(f"cluster {self.name!r}: no devices on any node")
         object.__setattr__(self, "_devices", _io.FrozenMap(devices))
+        if self.calibration is not None:
+            self.calibration.check_types(self.device_types)
 
     # --- devices ------------------------------------------------------------------------------
 
@@ -187,7 +193,34 @@ class ClusterSpec:
     def link(self, a: Iterable[DeviceId], b: Iterable[DeviceId]) -> Link:
         """Inter-node if any pair of the two sets crosses nodes, else intra-node."""
         nodes = {self.device(d).node for d in a} | {self.device(d).node for d in b}
-        return self.network.inter_node if len(nodes) > 1 else self.network.intra_node
+        return self.links.inter_node if len(nodes) > 1 else self.links.intra_node
+
+    @property
+    def links(self) -> Network:
+        """The link classes the cost model uses: the calibration's fitted ones where it has
+        them, else the spec's ``network``."""
+        fitted = self.calibration.network if self.calibration is not None else {}
+        if not fitted:
+            return self.network
+        return Network(
+            intra_node=Link(*fitted["intra_node"])
+            if "intra_node" in fitted
+            else self.network.intra_node,
+            inter_node=Link(*fitted["inter_node"])
+            if "inter_node" in fitted
+            else self.network.inter_node,
+        )
+
+    def calibrated(self, calibration: Calibration | None) -> ClusterSpec:
+        """This cluster with another calibration (None: uncalibrated)."""
+        return ClusterSpec(
+            self.name,
+            self.device_types,
+            self.nodes,
+            self.network,
+            self.emulation_headroom,
+            calibration,
+        )
 
     def fastest_flops(self) -> float:
         used = {d.type for d in self._devices.values()}
@@ -217,7 +250,10 @@ class ClusterSpec:
                     "latency_us": net.inter_node.latency_us,
                 },
             },
-        } | ({"emulation": {"headroom": self.emulation_headroom}} if self.emulated_slower else {})
+        } | (
+            ({"emulation": {"headroom": self.emulation_headroom}} if self.emulated_slower else {})
+            | ({"calibration": self.calibration.to_dict()} if self.calibration else {})
+        )
 
     @property
     def emulated_slower(self) -> bool:
@@ -266,7 +302,15 @@ class ClusterSpec:
         if not isinstance(emulation, Mapping):
             raise FormatError(f"cluster.emulation: expected an object, got {emulation!r}")
         headroom = _io.number(emulation, "headroom", "emulation", 1.0, minimum=1.0)
-        return cls(name, types, tuple(nodes), network, headroom)
+        calibration = _io.field(doc, "calibration", "cluster", None)
+        return cls(
+            name,
+            types,
+            tuple(nodes),
+            network,
+            headroom,
+            None if calibration is None else Calibration.from_dict(calibration),
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterSpec:

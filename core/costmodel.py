@@ -8,6 +8,20 @@ replica's backward for adding into the step's gradients on every microbatch but 
 a profile times a backward into fresh gradients (:mod:`models.profiler`), and the
 accumulating one is slower (see ``bench/results/grad_accumulation.json``).
 
+Calibration (issue #18, :mod:`core.calibration`): when the cluster spec has a
+``calibration:`` block, three terms join the contract, and a spec without it (or with every
+term at its default) is costed exactly as before:
+
+- **1c.** Every layer time of type ``t`` (rule 1, measured or FLOP fallback) is multiplied by
+  ``compute_scale[t]`` (default 1), and each forward and each backward op of a replica on
+  ``t`` adds ``call_overhead[t].fwd_s`` and ``.bwd_s`` (default 0) once, whatever its share of
+  samples; F_s and Bk_s (rule 2) are the maxima over replicas of those sums (rule 2b's
+  accumulation term is added to Bk_s after, unscaled).
+- **4.** The link classes are ``calibration.network``'s where it has them (both rule 4's
+  sends and rule 8's all-reduce), else the spec's ``network``.
+- **8c.** ``batch_time = max over stages (...) + step_overhead_s`` (default 0); throughput,
+  cost per batch and per sample follow from that batch time.
+
 Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
 every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:
 
@@ -162,11 +176,16 @@ class _Simulation:
             else [0] * S
         )
         self.update = [self._update(s) for s in range(S)]
-        self.fwd = [self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample) for s in range(S)]
+        self.fwd = [
+            self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call)
+            for s in range(S)
+        ]
         self.bwd = [self._backward(s, self.b[s]) for s in range(S)]
         # the last microbatch's times (the same numbers when it is a full one)
         self.fwd_last = [
-            self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample, self.n_last[s])
+            self._stage_time(
+                s, tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call, self.n_last[s]
+            )
             for s in range(S)
         ]
         self.bwd_last = [self._backward(s, self.n_last[s]) for s in range(S)]
@@ -183,26 +202,31 @@ class _Simulation:
         self.transfer = [0.0] * S
 
     def _stage_time(
-        self, s: int, fixed: np.ndarray, per_sample: np.ndarray, samples: int | None = None
+        self,
+        s: int,
+        fixed: np.ndarray,
+        per_sample: np.ndarray,
+        call: np.ndarray,
+        samples: int | None = None,
     ) -> float:
         """Rule 2: max over replicas of the summed layer times for a ``n / r_s`` share of a
-        microbatch of ``n`` samples (``b_s`` unless given)."""
+        microbatch of ``n`` samples (``b_s`` unless given), plus the replica type's call
+        overhead (rule 1c)."""
         stage = self.plan.stages[s]
         n = (stage.microbatch if samples is None else samples) / stage.replicas
         best = 0.0
         for d in stage.devices:
             t = self.tables.type_index[self.cluster.device(d).type]
             layers = slice(stage.start, stage.end)
-            best = max(
-                best, sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
-            )
+            layer_sum = sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
+            best = max(best, layer_sum + float(call[t]))
         return best
 
     def _backward(self, s: int, samples: int) -> float:
         """Rule 2 and 2b: the backward of ``samples`` samples plus its share of accumulation."""
         tables = self.tables
         return self._stage_time(
-            s, tables.bwd_fixed, tables.bwd_per_sample, samples
+            s, tables.bwd_fixed, tables.bwd_per_sample, tables.bwd_call, samples
         ) + rules.accumulation_s(self.update[s], self.m[s])
 
     def _update(self, s: int) -> float:
@@ -333,7 +357,7 @@ class _Simulation:
         plan, cluster = self.plan, self.cluster
         problems: list[str] = []
         stages = [self._stage(s, problems) for s in range(self.S)]
-        batch_time = max(st.end_s for st in stages)
+        batch_time = max(st.end_s for st in stages) + self.tables.step_overhead
         price = sum(cluster.device_type(d).price_per_hour for d in plan.devices)
         comm, comp = sum(self.transfer), sum(st.compute_s for st in stages)
         cost_batch = price * batch_time / SECONDS_PER_HOUR

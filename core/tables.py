@@ -44,9 +44,10 @@ class LayerCosts:
     bwd_per_sample: FloatArray
 
 
-def layer_costs(profile: ModelProfile, dtype: DeviceType) -> LayerCosts:
+def layer_costs(profile: ModelProfile, dtype: DeviceType, scale: float = 1.0) -> LayerCosts:
     """Rule 1: measured timings where the profile has them, else ``flops / device flops``
-    forward and :data:`~core.rules.BACKWARD_FLOPS_RATIO` times that backward."""
+    forward and :data:`~core.rules.BACKWARD_FLOPS_RATIO` times that backward; rule 1c:
+    every time times the calibrated compute ``scale`` of the type."""
     rows = []
     for layer in profile.layers:
         t = layer.timings.get(dtype.name)
@@ -55,7 +56,7 @@ def layer_costs(profile: ModelProfile, dtype: DeviceType) -> LayerCosts:
         else:
             fwd = rules.flops_forward_s(layer.flops, dtype.flops)
             rows.append((0.0, fwd, 0.0, rules.BACKWARD_FLOPS_RATIO * fwd))
-    a = np.array(rows, dtype=np.float64).reshape(len(profile), 4)
+    a = np.array(rows, dtype=np.float64).reshape(len(profile), 4) * scale
     return LayerCosts(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy())
 
 
@@ -112,12 +113,22 @@ class CostTables:
         self.type_index = {t: i for i, t in enumerate(self.types)}
         self._layers(profile, cluster)
         self._devices(cluster)
-        net = cluster.network
+        net = cluster.links
         self.link_lat = np.array([net.intra_node.latency_s, net.inter_node.latency_s])
         self.link_bps = np.array([net.intra_node.bytes_per_s, net.inter_node.bytes_per_s])
 
     def _layers(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
-        costs = [layer_costs(profile, cluster.device_types[t]) for t in self.types]
+        cal = cluster.calibration
+        scale = [cal.scale(t) if cal else 1.0 for t in self.types]
+        costs = [
+            layer_costs(profile, cluster.device_types[t], k)
+            for t, k in zip(self.types, scale, strict=True)
+        ]
+        # rule 1c: seconds added to each forward and each backward call of a replica, (T,)
+        calls = [cal.overhead(t) if cal else None for t in self.types]
+        self.fwd_call = np.array([c.fwd_s if c else 0.0 for c in calls])
+        self.bwd_call = np.array([c.bwd_s if c else 0.0 for c in calls])
+        self.step_overhead = cal.step_overhead_s if cal else 0.0
         L = len(profile)
         self.fwd_fixed = np.stack([c.fwd_fixed for c in costs]).reshape(-1, L)
         self.fwd_per_sample = np.stack([c.fwd_per_sample for c in costs]).reshape(-1, L)
@@ -159,9 +170,12 @@ class CostTables:
 
     # --- range sums: (T, L+1, L+1), [t, a, b] = layers a .. b-1, for populations -----------
 
+    # The fixed parts include rule 1c's call overhead of the type for every non-empty range:
+    # a range is one stage's call.
+
     @cached_property
     def fwd_fixed_range(self) -> FloatArray:
-        return np.stack([range_sums(v) for v in self.fwd_fixed])
+        return _with_call(np.stack([range_sums(v) for v in self.fwd_fixed]), self.fwd_call)
 
     @cached_property
     def fwd_per_sample_range(self) -> FloatArray:
@@ -169,7 +183,7 @@ class CostTables:
 
     @cached_property
     def bwd_fixed_range(self) -> FloatArray:
-        return np.stack([range_sums(v) for v in self.bwd_fixed])
+        return _with_call(np.stack([range_sums(v) for v in self.bwd_fixed]), self.bwd_call)
 
     @cached_property
     def bwd_per_sample_range(self) -> FloatArray:
@@ -202,11 +216,19 @@ class CostTables:
         end: IntArray | int,
         samples: FloatArray | float,
     ) -> FloatArray:
-        """Rule 1 for forward + backward of layers ``[start, end)`` on type ``t`` and
-        ``samples`` samples, from the prefix sums."""
+        """Rules 1 and 1c for forward + backward of layers ``[start, end)`` on type ``t`` and
+        ``samples`` samples, from the prefix sums (one call each way)."""
         fixed = self.fb_fixed_prefix[t, end] - self.fb_fixed_prefix[t, start]
+        fixed = fixed + self.fwd_call[t] + self.bwd_call[t]
         per = self.fb_per_sample_prefix[t, end] - self.fb_per_sample_prefix[t, start]
         return rules.compute_s(fixed, per, samples)
+
+
+def _with_call(ranges: FloatArray, call: FloatArray) -> FloatArray:
+    """``ranges[t, a, b] + call[t]`` where ``b > a`` (a stage), unchanged elsewhere."""
+    n = ranges.shape[-1]
+    stage = np.triu(np.ones((n, n), dtype=bool), k=1)
+    return np.where(stage[None], ranges + call[:, None, None], ranges)
 
 
 def _between(prefix: FloatArray) -> FloatArray:

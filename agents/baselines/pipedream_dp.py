@@ -127,7 +127,7 @@ class PipeDreamDPPlanner(Planner):
     def search(self, problem: Problem, search: Search) -> None:
         tb, cluster = search.evaluator.tables, problem.cluster
         t = tb.type_index[assumed_type(problem, self.config.assume)]
-        net = cluster.network
+        net = cluster.links
         link = net.intra_node if len(cluster.nodes) == 1 else net.inter_node
         N = len(cluster.device_ids)
         params = np.diff(tb.params_prefix)

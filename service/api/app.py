@@ -2,7 +2,9 @@
 routes (the dashboard's pages and its static files among them), the limits, the metrics and
 the error handlers.
 
-On start (lifespan) the tables are created and every unfinished job is reconciled with the
+On start (lifespan) the tables are created, the calibrator's thread starts (it refits the
+clusters whose runs arrived since their last fit, :mod:`service.api.calibration`), and every
+unfinished job is reconciled with the
 backend (API.md, "Delivery and restarts"): still running -> keep waiting; finished without a
 ``result`` event -> ``failed`` with the backend's message and the log tail. The same
 reconcile runs every ``reconcile_every_s`` while the service is up, so a job whose driver
@@ -26,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from core.errors import PipeplanError
 from service.api.backend import BackendState, JobsBackend
+from service.api.calibration import Calibrator
 from service.api.deps import AppContext
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.ray_jobs import RayJobsBackend
@@ -93,6 +96,7 @@ async def _keep_reconciling(context: AppContext) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     context: AppContext = app.state.context
     await run_in_threadpool(context.store.create_tables)
+    await run_in_threadpool(context.calibrator.start)
     s = context.settings
     await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
     task = asyncio.create_task(_keep_reconciling(context)) if s.reconcile_every_s > 0 else None
@@ -103,6 +107,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await run_in_threadpool(context.calibrator.stop)
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -163,6 +168,7 @@ def create_app(
         store=store,
         backend=backend or default_backend(settings),
         metrics=Metrics(store.counts),
+        calibrator=Calibrator(store),
     )
     app = FastAPI(
         title="pipeplan",

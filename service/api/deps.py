@@ -14,6 +14,7 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from service.api.backend import JobsBackend
+from service.api.calibration import Calibrator
 from service.api.metrics import Metrics
 from service.api.settings import ApiToken, Settings
 from service.api.store import Store
@@ -23,13 +24,15 @@ MAX_TOKEN_HASHES = 10_000
 
 @dataclass
 class AppContext:
-    """The service's parts: settings, the API token, the store, the backend, metrics."""
+    """The service's parts: settings, the API token, the store, the backend, metrics, and
+    the calibrator that refits clusters from the runs their jobs measured."""
 
     settings: Settings
     token: ApiToken
     store: Store
     backend: JobsBackend
     metrics: Metrics
+    calibrator: Calibrator
     token_hashes: dict[str, str] = field(default_factory=dict)
     """Job id -> its token's hash, as read from the store (they never change)."""
 
@@ -62,7 +65,12 @@ async def get_metrics(context: ContextDep) -> Metrics:
     return context.metrics
 
 
+async def get_calibrator(context: ContextDep) -> Calibrator:
+    return context.calibrator
+
+
 StoreDep = Annotated[Store, Depends(get_store)]
+CalibratorDep = Annotated[Calibrator, Depends(get_calibrator)]
 BackendDep = Annotated[JobsBackend, Depends(get_backend)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

@@ -72,6 +72,9 @@ class JobCreate(BaseModel):
     kind: JobKind
     spec: dict[str, Any]
     name: str | None = Field(default=None, max_length=200)
+    calibration: bool = True
+    """Whether the job predicts with its cluster's calibration from use, where there is one
+    that applies (:mod:`service.api.calibration`); false: the spec exactly as given."""
 
 
 class Job(BaseModel):
@@ -197,6 +200,44 @@ class ClusterInfo(BaseModel):
 
     name: str
     cluster: dict[str, Any]
+
+
+class HeldOut(BaseModel):
+    """How a calibration fares on observations its fit did not see: the method (``newest
+    quarter``, ``leave-one-out`` or ``none``), how many, and the median and largest
+    |batch-time error| before (the spec as given) and after (calibrated)."""
+
+    method: str
+    plans: int
+    median_abs_error_before: float | None = None
+    median_abs_error_after: float | None = None
+    max_abs_error_before: float | None = None
+    max_abs_error_after: float | None = None
+
+
+class ClusterCalibration(BaseModel):
+    """``GET /v1/clusters/{name}/calibration``: the calibration the service fitted from the
+    plans its jobs measured on the cluster ``name`` (the spec of hash ``spec_sha256``,
+    uncalibrated). ``state``: ``fitted``, ``pending`` (runs arrived, the first fit is on its
+    way) or ``failed`` (``error`` says why; a previous fit is kept). ``applied``: whether new
+    jobs on the cluster predict with it (``why``)."""
+
+    cluster: str
+    spec_sha256: str
+    state: str
+    observations: int
+    last_observed_at: datetime
+    runs: int | None = None
+    """Observations the fit read (the newest, at most 200)."""
+    fitted_at: datetime | None = None
+    stale: bool = False
+    """Runs arrived since the fit (a new one is on its way)."""
+    applied: bool = False
+    why: str | None = None
+    calibration: dict[str, Any] | None = None
+    """The ``calibration:`` block (``../shared/DESIGN.md``'s cluster format)."""
+    held_out: HeldOut | None = None
+    error: str | None = None
 
 
 class Health(BaseModel):

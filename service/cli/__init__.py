@@ -11,7 +11,8 @@ request, calling one use-case (:mod:`service.tasks`) and rendering the result.
 - :mod:`~service.cli.job`: ``job run`` (the entrypoint of a service job's Ray Job);
 - :mod:`~service.cli.submit`: ``submit KIND`` (a job for the service);
 - :mod:`~service.cli.jobs`: ``jobs ls|show|logs|cancel|events`` (the service's jobs);
-- :mod:`~service.cli.deploy`: ``deploy render`` (the cluster-dependent parts of deploy/).
+- :mod:`~service.cli.deploy`: ``deploy render`` (the cluster-dependent parts of deploy/);
+- :mod:`~service.cli.provision`: ``provision``; :mod:`~service.cli.calibrate`: ``calibrate``.
 
 Every error is one line on stderr and a non-zero exit code; no tracebacks.
 """
@@ -24,6 +25,7 @@ import typer
 from typer._click import exceptions as click_errors
 
 from service.cli import (
+    calibrate,
     cluster,
     demo,
     deploy,
@@ -49,6 +51,7 @@ app = typer.Typer(
 for _group in (profile, simulate, plan, run, cluster, demo, serve, job, submit, jobs, deploy):
     _group.register(app)
 provision.register(app)
+calibrate.register(app)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from executor.emulation import EMULATED_NOTE
 from service.cli.console import ConsoleReporter, clean_errors, cluster_ref, out, say
 from service.gantt import draw_gantt
 from service.render_runs import demo_table
-from service.tasks.demo import REFERENCE, Demo, DemoRequest, demo
+from service.tasks.demo import REFERENCE, SINGLE, Demo, DemoRequest, demo
 
 OutOpt = Annotated[Path, typer.Option("--out", help="where to write the results")]
 
@@ -43,11 +43,45 @@ def write_files(done: Demo, out_dir: Path) -> Path | None:
     return gantt
 
 
+def speedup_line(done: Demo) -> str:
+    """The best planned plan's measured speed-ups over the best single device and BSP."""
+    best = done.best
+    if best is None or best.result is None:
+        return "no planned plan"
+    parts = []
+    for label in (SINGLE, REFERENCE):
+        x = done.speedup(label)
+        parts.append(f"{'-' if x is None else format(x, '.2f')}x faster than {label}")
+    stages = len(best.result.plan.stages)
+    return (
+        f"best planned plan ({best.planner}, {stages} stage{'s' if stages > 1 else ''}), "
+        f"measured: {', '.join(parts)}" + (" (EMULATED)" if done.emulated else "")
+    )
+
+
+def fidelity_line(done: Demo) -> str:
+    """How well the cost model predicted this run, and whether it was calibrated."""
+    f = done.fidelity()
+    if f["median_abs_error"] is None:
+        return "cost model: nothing measured"
+    fit = f["calibration_fit"] or {}
+    how = (
+        f"calibrated ({fit.get('runs', '?')} runs, {fit.get('date', 'undated')})"
+        if f["calibrated"]
+        else "uncalibrated (`pipeplan calibrate --cluster ...` fits one)"
+    )
+    best = f["best_error"]
+    return (
+        f"cost model {how}: median |error| {f['median_abs_error']:.1%} over {f['plans']} "
+        f"measured plans" + ("" if best is None else f", best plan {best:+.1%}")
+    )
+
+
 @clean_errors
 def demo_command(
     model: Annotated[str, typer.Option(help="zoo model to profile, plan and run")] = "alexnet",
-    input_size: Annotated[int | None, typer.Option(help="input height/width")] = 64,
-    cluster: Annotated[str, typer.Option(help="cluster.yaml or a preset name")] = "local-hetero",
+    input_size: Annotated[int | None, typer.Option(help="input height/width")] = 224,
+    cluster: Annotated[str, typer.Option(help="cluster.yaml or a preset name")] = "local-pipeline",
     batch: Annotated[int, typer.Option(help="global batch")] = 32,
     microbatches: Annotated[
         int | None, typer.Option(help="fix the number of microbatches (default: planners choose)")
@@ -76,6 +110,8 @@ def demo_command(
     for r in done.rows:
         if r.error:
             typer.echo(f"{r.planner}: {r.error}")
+    typer.echo(speedup_line(done))
+    typer.echo(fidelity_line(done))
     if gantt is not None:
         typer.echo(
             f"Gantt chart of the best plan ({done.best.planner if done.best else '-'}): {gantt}"

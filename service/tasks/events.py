@@ -6,9 +6,12 @@ Inside a Ray Job (``pipeplan job run``), a use-case reports through an
 
 - ``progress`` ``{evaluations, best_value, elapsed_s, search}`` from a search's callback, at
   most every :data:`PROGRESS_EVERY_S` (and always the last one of a search);
-- ``evaluation`` ``{plan, value, source, batch_time_s?, predicted_batch_time_s?, search}``
-  for every plan a search valued (:meth:`~service.tasks.progress.Reporter.evaluated`; a
-  measured plan carries the cost model's prediction beside its measured time);
+- ``evaluation`` ``{plan, value, source, batch_time_s?, predicted_batch_time_s?,
+  calibrated?, observation?, search}`` for every plan a search valued
+  (:meth:`~service.tasks.progress.Reporter.evaluated`; a measured plan carries the cost
+  model's prediction beside its measured time, and its ``observation`` for the service's
+  calibration, :mod:`service.tasks.observations`: a profile's document goes out with the
+  job's first observation that uses it, later ones name it by ``profile_sha256`` only);
 - ``measurement``, ``result`` and ``error``, posted by the entrypoint.
 
 Delivery (:class:`EventChannel`): every event gets the next ``seq`` (0, 1, 2 ...) and goes
@@ -46,6 +49,7 @@ from agents.search import Progress
 from core.batch_eval import PlanBatch
 from core.cluster import ClusterSpec
 from core.plan import Plan, Schedule
+from service.tasks.observations import OBSERVATION_KEY
 from service.tasks.progress import Reporter
 
 PROGRESS_EVERY_S = 0.1
@@ -255,6 +259,7 @@ class EventReporter(Reporter):
     ) -> None:
         self.channel, self.context, self.source, self.echo = channel, context, source, echo
         self._search = ""
+        self._profiles_sent: set[str] = set()
 
     @contextmanager
     def step(self, text: str) -> Iterator[None]:
@@ -307,7 +312,19 @@ class EventReporter(Reporter):
             }
             if time_is_value:
                 data["batch_time_s"] = data["value"]
-            self.channel.emit("evaluation", data | dict(more))
+            self.channel.emit("evaluation", data | self._once(more))
+
+    def _once(self, detail: Mapping[str, Any]) -> dict[str, Any]:
+        """``detail`` with its observation's profile document left out when this job has
+        sent that profile before (its ``profile_sha256`` names it)."""
+        out = dict(detail)
+        observation = out.get(OBSERVATION_KEY)
+        if isinstance(observation, Mapping) and "profile" in observation:
+            sha = str(observation.get("profile_sha256"))
+            if sha in self._profiles_sent:
+                out[OBSERVATION_KEY] = {k: v for k, v in observation.items() if k != "profile"}
+            self._profiles_sent.add(sha)
+        return out
 
     def measurement(self, data: dict[str, Any]) -> None:
         """A run measured on the cluster (the entrypoint posts them)."""

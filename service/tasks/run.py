@@ -7,24 +7,31 @@ input size). The prediction uses ``profile``, or else a profile measured on the 
 first, for the device types the plan uses, at the batch sizes its stages run. A plan that
 cannot be is refused before Ray starts (against the profile and spec given), and a plan the
 live cluster cannot run before any actor starts.
+
+The measured run is reported as one measured evaluation (``reporter.evaluated``) carrying
+its observation, so that a service job's run feeds the cluster's calibration.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
+
+import numpy as np
 
 from core.cluster import ClusterSpec, parse_device_id
-from core.costmodel import simulate
+from core.costmodel import Estimate, simulate
 from core.plan import Plan
 from core.profile import ModelProfile
 from executor.live_cluster import live_nodes
-from executor.measure import Comparison, publish_errors
+from executor.measure import Comparison, Measurement, publish_errors
 from executor.model import ModelSource
 from executor.pinning import check_feasible
 from executor.pipeline import RunConfig
 from executor.pipeline import run as run_plan
 from service.tasks.common import ClusterRef, Document, Request, cluster_spec
 from service.tasks.live import live_cluster, measure_on_cluster, model_source
+from service.tasks.observations import OBSERVATION_KEY, observation_doc
 from service.tasks.progress import QUIET, Reporter
 
 
@@ -67,6 +74,21 @@ def _predict(
     return measured, "profile measured on the cluster"
 
 
+def measured_run(
+    measurement: Measurement, estimate: Estimate, profile: ModelProfile, cluster: ClusterSpec
+) -> dict[str, Any]:
+    """What the run's ``evaluation`` event carries beside its plan and value: the measured
+    and predicted batch times, whether the prediction was calibrated, and the observation
+    the service refits the cluster's calibration with (:mod:`service.tasks.observations`)."""
+    return {
+        "source": "measured",
+        "batch_time_s": measurement.batch_time_s,
+        "predicted_batch_time_s": estimate.batch_time_s,
+        "calibrated": cluster.calibration is not None,
+        OBSERVATION_KEY: observation_doc(measurement, profile, cluster),
+    }
+
+
 def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
     """Run the plan; the measurement beside the prediction (``to_dict()``: the document)."""
     plan = Plan.from_dict(request.plan)
@@ -91,4 +113,6 @@ def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
         with reporter.step(f"running the plan: {request.warmup} warm-up + {request.steps} steps"):
             measurement = run_plan(plan, source, live, config)
         publish_errors(estimate, measurement, "run")  # while connected: Ray's metrics
+    detail = measured_run(measurement, estimate, prof, live)
+    reporter.evaluated([plan], np.array([measurement.batch_time_s]), [detail])
     return Comparison(source.name, live.name, profile_from, estimate, measurement)

@@ -33,6 +33,7 @@ from core.errors import PipeplanError
 from core.plan import Plan
 from executor.measured_reward import MeasuredReward
 from service.tasks.live import live_cluster, model_source
+from service.tasks.observations import OBSERVATION_KEY, observation_doc
 from service.tasks.progress import Reporter
 
 MEASURED_PLANNERS = ("tapp", "ppo")
@@ -140,9 +141,15 @@ def predicted_batch_time(plan: Plan, problem: Problem, cluster: ClusterSpec) -> 
 
 def measured_detail(plan: Plan, problem: Problem, reward: MeasuredReward) -> dict[str, Any]:
     """What an evaluation event of a measured plan carries beside its value: the measured
-    mean batch time and the cost model's prediction of it."""
+    mean batch time, the cost model's prediction of it (and whether the cluster it used was
+    calibrated), and the observation the service refits the cluster's calibration with
+    (:mod:`service.tasks.observations`; only for a plan that ran)."""
     m = reward.measurement(plan)
-    return {
+    detail: dict[str, Any] = {
         "batch_time_s": None if m is None else m.batch_time_s,
         "predicted_batch_time_s": predicted_batch_time(plan, problem, reward.cluster),
+        "calibrated": reward.cluster.calibration is not None,
     }
+    if m is not None:
+        detail[OBSERVATION_KEY] = observation_doc(m, problem.profile, reward.cluster)
+    return detail

@@ -6,6 +6,10 @@ The spec is the service's ``cluster`` setting (``--cluster``: a preset or a file
 the embedded Ray cluster is started from. The live nodes come from the jobs backend when
 it can describe its cluster (:class:`~service.api.backend.ClusterSource`: the Ray Jobs
 backend reads Ray's dashboard); another backend shows none.
+
+The calibration from use (:mod:`service.api.calibration`): for the service's spec first,
+then every other cluster the jobs measured plans on, the current calibration beside the
+spec's own terms, how many runs it read and its held-out error before and after.
 """
 
 from __future__ import annotations
@@ -13,11 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.calibration import LINK_CLASSES, Calibration
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from service.api.backend import ClusterSource, ClusterState, JobsBackend, NodeState
+from service.api.calibration import view
+from service.api.schemas import ClusterCalibration
 from service.api.settings import Settings
+from service.api.store import Store
 from service.tasks.common import cluster_spec
+from service.tasks.observations import spec_sha256
+
+MAX_CALIBRATIONS_SHOWN = 20
 
 RAY_PAGES = (("overview", "#/overview"), ("jobs", "#/jobs"), ("actors", "#/actors"),
              ("cluster", "#/cluster"), ("metrics", "#/metrics"))  # fmt: skip
@@ -38,6 +49,84 @@ class DeviceTypeRow:
 
 
 @dataclass(frozen=True)
+class TypeTerms:
+    """One device type's fitted terms."""
+
+    name: str
+    scale: float
+    fwd_s: float
+    bwd_s: float
+
+
+@dataclass(frozen=True)
+class LinkTerms:
+    """One link class: the spec's and the fitted bandwidth (Gbit/s) and latency (µs)."""
+
+    name: str
+    spec_gbps: float
+    spec_us: float
+    fitted_gbps: float | None
+    fitted_us: float | None
+
+
+@dataclass(frozen=True)
+class CalibrationPanel:
+    """A cluster's calibration from use, as the page draws it."""
+
+    info: ClusterCalibration
+    this_service: bool
+    """Whether it is the calibration of the service's own spec."""
+    types: tuple[TypeTerms, ...]
+    links: tuple[LinkTerms, ...]
+    step_overhead_s: float | None
+
+    @property
+    def anchor(self) -> str:
+        return f"calibration-{self.info.cluster}"
+
+
+def calibration_panel(info: ClusterCalibration, spec: ClusterSpec, ours: bool) -> CalibrationPanel:
+    """The terms of ``info``'s calibration beside ``spec``'s (uncalibrated) links."""
+    cal = Calibration.from_dict(info.calibration) if info.calibration else None
+    types: tuple[TypeTerms, ...] = ()
+    if cal is not None:
+        types = tuple(
+            TypeTerms(t, cal.scale(t), cal.overhead(t).fwd_s, cal.overhead(t).bwd_s)
+            for t in sorted(set(cal.compute_scale) | set(cal.call_overhead))
+        )
+    links = []
+    for k in LINK_CLASSES:
+        link = getattr(spec.network, k)
+        fitted = cal.network.get(k) if cal is not None else None
+        links.append(
+            LinkTerms(
+                k,
+                link.bandwidth_gbps,
+                link.latency_us,
+                fitted[0] if fitted else None,
+                fitted[1] if fitted else None,
+            )
+        )
+    return CalibrationPanel(
+        info, ours, types, tuple(links), cal.step_overhead_s if cal is not None else None
+    )
+
+
+def calibrations(store: Store, spec: ClusterSpec | None) -> list[CalibrationPanel]:
+    """The service spec's calibration first (when there is one), then the others."""
+    ours = (spec.name, spec_sha256(spec)) if spec is not None else None
+    panels = []
+    for record in store.calibrations(MAX_CALIBRATIONS_SHOWN):
+        try:
+            recorded = ClusterSpec.from_dict(record.spec)
+        except PipeplanError:
+            continue  # a spec this version cannot read is not drawn
+        this = (record.name, record.spec_sha256) == ours
+        panels.append(calibration_panel(view(record), recorded, this))
+    return sorted(panels, key=lambda p: not p.this_service)
+
+
+@dataclass(frozen=True)
 class ClusterView:
     spec_ref: str
     embedded: bool
@@ -48,6 +137,11 @@ class ClusterView:
     state: ClusterState | None
     """None: the backend cannot describe its cluster."""
     dashboard_url: str | None
+    calibrations: tuple[CalibrationPanel, ...] = ()
+
+    @property
+    def own_calibration(self) -> CalibrationPanel | None:
+        return next((p for p in self.calibrations if p.this_service), None)
 
     @property
     def live_nodes(self) -> tuple[NodeState, ...]:
@@ -97,8 +191,11 @@ def load_spec(ref: str) -> ClusterSpec:
     return ClusterSpec.load(path) if path.is_file() else cluster_spec(ref)
 
 
-def cluster_view(settings: Settings, backend: JobsBackend) -> ClusterView:
-    """What the cluster page shows now (asks Ray's dashboard, when there is one)."""
+def cluster_view(
+    settings: Settings, backend: JobsBackend, store: Store | None = None
+) -> ClusterView:
+    """What the cluster page shows now (asks Ray's dashboard, when there is one; the
+    calibrations when given the ``store``)."""
     spec, error = None, None
     try:
         spec = load_spec(settings.cluster)
@@ -113,4 +210,5 @@ def cluster_view(settings: Settings, backend: JobsBackend) -> ClusterView:
         spec_error=error,
         state=source.cluster_state() if source is not None else None,
         dashboard_url=source.dashboard_url() if source is not None else None,
+        calibrations=tuple(calibrations(store, spec)) if store is not None else (),
     )

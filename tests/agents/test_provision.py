@@ -11,6 +11,7 @@ import pytest
 
 from agents.baselines.dp import bottleneck
 from agents.baselines.dp_table import StageModel
+from agents.baselines.genetic import GeneticPlanner as DeviceGenetic
 from agents.problem import Budget, Objective, Problem
 from agents.provision.exact import ProvisionDPConfig, solve
 from agents.provision.kinds import Catalogue
@@ -138,10 +139,19 @@ def test_permuting_the_catalogue_gives_the_same_answer(order: tuple[int, ...]) -
     assert a.nodes == b.nodes and a.devices == b.devices
 
 
-@pytest.mark.parametrize("planner", ["provision_dp", "heterps_cpu_gpu", "heterps_rl", "greedy"])
+SHORT = {
+    "heterps_rl": {"iterations": 8, "batch": 16},
+    "genetic": {"generations": 20},
+    "tapp": {"iterations": 8, "batch_size": 16},
+}
+
+
+@pytest.mark.parametrize(
+    "planner", ["provision_dp", "heterps_cpu_gpu", "heterps_rl", "greedy", "genetic", "tapp"]
+)
 def test_planners_give_feasible_plans_on_a_catalogue(planner: str) -> None:
     p = problem(small_catalogue(), 60.0)
-    options = {"iterations": 8, "batch": 16} if planner == "heterps_rl" else {}
+    options = SHORT.get(planner, {})
     result = make_planner(planner, **options).plan(p)
     result.plan.validate(p.profile, p.cluster)
     est = simulate(result.plan, p.profile, p.cluster)
@@ -176,3 +186,39 @@ def test_provision_dp_on_the_preset_catalogue_is_fast_and_meets_the_target() -> 
     result = make_planner("provision_dp").plan(p)
     assert result.wall_time_s < 20
     assert result.estimate.throughput >= 400.0
+
+
+@pytest.mark.parametrize("planner", ["genetic", "tapp"])
+def test_genetic_and_tapp_search_by_kind_on_a_catalogue(planner: str) -> None:
+    """On a catalogue under the cost objective both search kind-level plans: each stage on
+    every device of one type of whole nodes of one kind, the first free nodes of that kind
+    (so that plans equal up to renaming identical nodes are one); near the exact answer,
+    and seeded."""
+    p = problem(small_catalogue(), 60.0)
+    first = make_planner(planner, **SHORT[planner]).plan(p)
+    again = make_planner(planner, **SHORT[planner]).plan(p)
+    assert first.plan == again.plan and first.value == again.value
+    taken: dict[str, int] = {}
+    for stage in first.plan.stages:
+        devs = [p.cluster.device(d) for d in stage.devices]
+        nodes = sorted({d.node for d in devs}, key=lambda n: int(n.rsplit("-", 1)[1]))
+        kinds = {n.rsplit("-", 1)[0] for n in nodes}
+        assert len(kinds) == 1 and len({d.type for d in devs}) == 1
+        kind = kinds.pop()
+        start = taken.get(kind, 0)
+        assert nodes == [f"{kind}-{k}" for k in range(start, start + len(nodes))]
+        taken[kind] = start + len(nodes)
+        per_node = p.cluster.nodes[[n.name for n in p.cluster.nodes].index(nodes[0])].devices
+        assert len(devs) == len(nodes) * per_node[devs[0].type]
+    exact = make_planner("provision_dp").plan(p)
+    assert first.value <= 1.05 * exact.value
+
+
+def test_genetic_and_tapp_stay_device_level_off_catalogues() -> None:
+    """On a cluster without ``count`` the registry's genetic is the device-level one."""
+    cluster = ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")
+    p = Problem(chain(4), cluster, Objective.COST, global_batch=8, min_throughput=1.0,
+                budget=Budget(evaluations=300, seconds=None))  # fmt: skip
+    ours = make_planner("genetic").plan(p)
+    theirs = DeviceGenetic().plan(p)
+    assert ours.plan == theirs.plan and ours.value == theirs.value

@@ -25,6 +25,11 @@ How the rules were read where the text leaves room (each marked "reading" below)
 - Rule 8: "slowest replica" for the update is the one with the lowest memory bandwidth; the
   all-reduce ``bw`` is the link class's bytes per second (``gbps * 1e9 / 8``), its latency in
   seconds; the link class is intra-node when every replica is on one node.
+- Rule 1c (calibration, issue #18): with a ``calibration`` block, every layer time of type t
+  is multiplied by ``compute_scale[t]`` (default 1) and each replica's forward / backward
+  op adds ``call_overhead[t].fwd_s`` / ``.bwd_s`` once (so F_s and Bk_s include it); rule 4's
+  link classes are the calibration's fitted ones where it has them; rule 8c adds
+  ``step_overhead_s`` to the batch time (after the max over stages).
 - Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches (equal
   divisors); in general the samples of its first ``min(w_s + 1, M_s)`` microbatches.
 - Rules 5-7 with remainders (issue #16): ``M_s = ceil(B / b_s)``; microbatch j holds
@@ -98,11 +103,25 @@ def stage_compute(
     layers = profile.layers[stage.start : stage.end]
     fwd = []
     bwd = []
+    cal = cluster.calibration
     for device in stage.devices:
         dtype = cluster.device_types[cluster.device(device).type]
-        fwd.append(sum(layer_forward(layer, dtype, share) for layer in layers))
-        bwd.append(sum(layer_backward(layer, dtype, share) for layer in layers))
+        scale = cal.compute_scale.get(dtype.name, 1.0) if cal else 1.0
+        call = cal.call_overhead.get(dtype.name) if cal else None
+        f = scale * sum(layer_forward(layer, dtype, share) for layer in layers)
+        b = scale * sum(layer_backward(layer, dtype, share) for layer in layers)
+        fwd.append(f + (call.fwd_s if call else 0.0))
+        bwd.append(b + (call.bwd_s if call else 0.0))
     return max(fwd), max(bwd)
+
+
+def link_class(cluster: ClusterSpec, name: str) -> Link:
+    """A link class, the calibration's fitted one when it has it (rule 4, rule 1c)."""
+    cal = cluster.calibration
+    if cal is not None and name in cal.network:
+        bandwidth, latency = cal.network[name]
+        return Link(bandwidth, latency)
+    return getattr(cluster.network, name)
 
 
 # --- rules 3 and 4: boundaries and links ----------------------------------------------------
@@ -121,7 +140,7 @@ def boundary_bytes(plan: Plan, profile: ModelProfile, s: int) -> float:
 
 def link_between(cluster: ClusterSpec, a: tuple[str, ...], b: tuple[str, ...]) -> Link:
     crosses = any(cluster.device(x).node != cluster.device(y).node for x in a for y in b)
-    return cluster.network.inter_node if crosses else cluster.network.intra_node
+    return link_class(cluster, "inter_node" if crosses else "intra_node")
 
 
 def transfer_time(link: Link, per_sample_bytes: float, n: float) -> float:
@@ -284,12 +303,14 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
         allreduce = 0.0
         if r > 1:
             nodes = {cluster.device(d).node for d in stage.devices}
-            link = cluster.network.intra_node if len(nodes) == 1 else cluster.network.inter_node
+            link = link_class(cluster, "intra_node" if len(nodes) == 1 else "inter_node")
             bw = link.bandwidth_gbps * 1e9 / 8
             allreduce = 2 * (r - 1) / r * params / bw + 2 * (r - 1) * link.latency_us * 1e-6
         last_backward_end = max(op_times[(s, "B", j)][1] for j in range(M[s]))
         stage_end.append(last_backward_end + update + allreduce)
-    batch_time = max(stage_end)
+    batch_time = max(stage_end) + (
+        cluster.calibration.step_overhead_s if cluster.calibration else 0
+    )
 
     # --- rule 9: memory -----------------------------------------------------------------------
     memory = []

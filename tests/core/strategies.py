@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from core.calibration import Calibration, CallOverhead
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.plan import Plan, Schedule, Stage
 from core.profile import LayerProfile, LayerTiming, ModelProfile
@@ -66,7 +67,25 @@ def clusters(draw: st.DrawFn) -> ClusterSpec:
         Link(draw(st.floats(1, 200)), draw(st.floats(0, 20))),
         Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))),
     )
-    return ClusterSpec("random", types, tuple(nodes), net)
+    return ClusterSpec("random", types, tuple(nodes), net, calibration=draw(calibrations()))
+
+
+@st.composite
+def calibrations(draw: st.DrawFn) -> Calibration | None:
+    """None, or a calibration of some of the types and link classes (rule 1c)."""
+    if not draw(st.booleans()):
+        return None
+    scaled = draw(st.sets(st.sampled_from(TYPES)))
+    called = draw(st.sets(st.sampled_from(TYPES)))
+    fitted = draw(st.sets(st.sampled_from(("intra_node", "inter_node"))))
+    return Calibration(
+        compute_scale={t: draw(st.floats(0.5, 2.0)) for t in scaled},
+        call_overhead={
+            t: CallOverhead(draw(st.floats(0, 5e-3)), draw(st.floats(0, 5e-3))) for t in called
+        },
+        network={k: (draw(st.floats(0.1, 100)), draw(st.floats(0, 500))) for k in fitted},
+        step_overhead_s=draw(st.floats(0, 1e-2)),
+    )
 
 
 def divisors(n: int) -> list[int]:

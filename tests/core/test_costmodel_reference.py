@@ -117,7 +117,29 @@ def cluster_docs(draw: st.DrawFn) -> Doc:
     write_empty = draw(st.booleans())  # "network: {}" and no "network" both mean defaults
     if network or write_empty:
         cluster["network"] = network
+    if draw(st.booleans()):  # rule 1c: a calibration of some types and link classes
+        cluster["calibration"] = _calibration_doc(draw)
     return cluster
+
+
+def _calibration_doc(draw: st.DrawFn) -> Doc:
+    doc: Doc = {
+        "compute_scale": {t: draw(st.floats(0.5, 2.0)) for t in TYPES if draw(st.booleans())},
+        "call_overhead": {
+            t: {"fwd_s": draw(st.floats(0, 5e-3)), "bwd_s": draw(st.floats(0, 5e-3))}
+            for t in TYPES
+            if draw(st.booleans())
+        },
+        "step_overhead_s": draw(st.floats(0, 1e-2)),
+    }
+    links = {
+        k: {"bandwidth_gbps": draw(st.floats(0.1, 100)), "latency_us": draw(st.floats(0, 500))}
+        for k in ("intra_node", "inter_node")
+        if draw(st.booleans())
+    }
+    if links:
+        doc["network"] = links
+    return doc
 
 
 def _divisors(n: int) -> list[int]:

@@ -207,3 +207,45 @@ def test_workers_cost_plans_on_the_cluster_with_the_same_answer(  # type: ignore
     parallel = json.loads(out)
     assert parallel["plan"] == alone["plan"]
     assert parallel["evaluations"] == alone["evaluations"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_calibrate_fits_the_cluster_and_writes_the_spec(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, files, address, tmp_path
+) -> None:
+    out = tmp_path / "small.calibrated.yaml"
+    # fmt: off
+    code, text, err = cli(
+        monkeypatch, capsys, "calibrate", "--cluster", str(files["cluster"]), "--address",
+        address, "--model", "digits_cnn", "--batch", "16", "--steps", "1", "--warmup", "1",
+        "--out", str(out), "--json",
+    )
+    # fmt: on
+    assert code == 0, err
+    report = json.loads(text)
+    # fast and mid alone at 16 and 4 samples, and the two as a pipeline: 2 of 5 held out
+    assert [p["held_out"] for p in report["probes"]] == [False, True, False, True, False]
+    assert all(p["measured_s"] > 0 for p in report["probes"])
+    assert report["summary"]["held_out_plans"] == 2
+    spec = ClusterSpec.load(out)
+    assert spec.calibration is not None and set(spec.calibration.compute_scale) == {"fast", "mid"}
+    assert spec.calibration.fit["runs"] == 5
+    assert "inter_node" in spec.calibration.network  # the pipeline crossed nodes
+    assert spec.calibrated(None).to_dict() == SMALL.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cluster", "nope"], "nope"),
+        (["--cluster", "local-hetero", "--batch", "0"], "batch: must be >= 1, got 0"),
+        (["--cluster", "local-hetero", "--model", "nope"], "model: unknown 'nope'"),
+        (["--cluster", "local-hetero", "--steps", "0"], "steps"),
+    ],
+)
+def test_calibrate_refuses_bad_input_before_starting_ray(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, no_state, args, message
+) -> None:
+    code, out, err = cli(monkeypatch, capsys, "calibrate", *args)
+    assert code == 2 and message in err and not out

@@ -1,20 +1,29 @@
 """What a spec can name: ``/v1/planners`` (with their options and defaults), ``/v1/models``
-(the zoo) and ``/v1/clusters`` (the presets and their documents)."""
+(the zoo) and ``/v1/clusters`` (the presets and their documents); and what the service
+learnt of a cluster from use: ``/v1/clusters/{name}/calibration``."""
 
 from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from agents.problem import ProblemError
 from agents.registry import PLANNERS, planner_class
 from core.cluster import ClusterSpec
 from models import zoo
 from service.api.auth import ApiAuth
-from service.api.schemas import ClusterInfo, ModelInfo, PlannerInfo, error_responses
+from service.api.calibration import preset_sha256, view
+from service.api.deps import StoreDep
+from service.api.schemas import (
+    ClusterCalibration,
+    ClusterInfo,
+    ModelInfo,
+    PlannerInfo,
+    error_responses,
+)
 from service.tasks.common import PRESETS_DIR, presets
 
 router = APIRouter(prefix="/v1", tags=["catalog"], responses=error_responses(401, 403))
@@ -71,3 +80,28 @@ def list_clusters(_: ApiAuth) -> list[ClusterInfo]:
         ClusterInfo(name=name, cluster=ClusterSpec.load(PRESETS_DIR / f"{name}.yaml").to_dict())
         for name in presets()
     ]
+
+
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+@router.get("/clusters/{name}/calibration", responses=error_responses(404, 422))
+def cluster_calibration(
+    name: Annotated[str, Path(min_length=1, max_length=200)],
+    _: ApiAuth,
+    store: StoreDep,
+    spec_sha256: Annotated[str | None, Query(pattern=SHA256)] = None,
+) -> ClusterCalibration:
+    """The calibration the service fitted from the runs its jobs measured on the cluster
+    ``name``: of the spec whose uncalibrated document hashes to ``spec_sha256``; by default,
+    a preset's current spec, else the spec of that name observed last. 404 when no run was
+    measured on it."""
+    sha = spec_sha256 or preset_sha256(name)
+    record = store.calibration(name, sha)
+    if record is None:
+        which = f" (spec {sha[:12]})" if sha else ""
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"cluster {name!r}{which}: no calibration yet (no run measured on it)",
+        )
+    return view(record)

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import COOKIE, CSRF_HEADER, is_api_token
 from service.api.backend import ClusterSource
+from service.api.calibration import MIN_RUNS
 from service.api.deps import AppContext, ContextDep
 from service.api.routes.events import SEQ_MAX
 from service.api.routes.jobs import JobId
@@ -175,10 +176,12 @@ def plan_fragment(
 
 @router.get("/cluster", response_class=HTMLResponse)
 def cluster_page(request: Request, context: ContextDep) -> Response:
-    """Device types, the nodes alive and what they use, links to Ray's dashboard."""
+    """Device types, the nodes alive and what they use, links to Ray's dashboard, and the
+    calibrations the service fitted from the runs its jobs measured."""
     if not signed_in(request, context):
         return login_page(request, _stale_cookie(request))
-    return _page(request, "cluster.html", {"view": cluster_view(context.settings, context.backend)})
+    view = cluster_view(context.settings, context.backend, context.store)
+    return _page(request, "cluster.html", {"view": view, "min_runs": MIN_RUNS})
 
 
 @router.get("/cluster/nodes", response_class=HTMLResponse)

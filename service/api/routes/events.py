@@ -13,7 +13,8 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiAuth, JobAuth
-from service.api.deps import MetricsDep, SettingsDep, StoreDep
+from service.api.calibration import parse_observations
+from service.api.deps import CalibratorDep, MetricsDep, SettingsDep, StoreDep
 from service.api.routes.jobs import JobId
 from service.api.schemas import Event, EventAck, EventPost, error_responses
 from service.api.store import Store
@@ -85,6 +86,7 @@ def post_event(
     _: JobAuth,
     store: StoreDep,
     metrics: MetricsDep,
+    calibrator: CalibratorDep,
 ) -> EventAck | list[EventAck]:
     """The control endpoint: store each event once (a repeated seq is acknowledged with
     ``stored: false``); ``result`` and ``error`` end the job; 409 once it has ended.
@@ -92,9 +94,16 @@ def post_event(
     The body is one event, or a batch of up to ``MAX_BATCH`` events (a JSON array; each seq
     once, an ending event last), stored in one transaction and answered with one
     acknowledgement per event, in order: a job whose search outruns the network sends what
-    has queued in one request."""
+    has queued in one request.
+
+    A measured plan's ``observation`` (in an ``evaluation`` event) is checked before
+    anything is stored (422 naming the field), stored with its event, and its cluster's
+    calibration refitted in the background (:mod:`service.api.calibration`)."""
     batch = posted if isinstance(posted, list) else [posted]
-    stored = store.add_events(job_id, batch)
+    observations = parse_observations(batch, store)
+    stored = store.add_events(job_id, batch, observations)
+    new_seqs = {e.seq for e, new in zip(batch, stored, strict=True) if new}
+    calibrator.observed({o.key for seq, o in observations.items() if seq in new_seqs})
     for event, new in zip(batch, stored, strict=True):
         if new:
             metrics.events.labels(event.type.value).inc()

@@ -9,6 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.api.auth import ApiAuth, JobAuth, hash_token, new_job_token
 from service.api.backend import JobsBackend, Submission
+from service.api.calibration import calibrated_job
 from service.api.deps import BackendDep, SettingsDep, StoreDep
 from service.api.schemas import Job, JobCreate, JobKind, JobPage, JobState, error_responses
 from service.api.store import Store
@@ -38,9 +39,11 @@ def submit(create: JobCreate, store: Store, backend: JobsBackend, server_url: st
 def create_job(
     create: JobCreate, _: ApiAuth, store: StoreDep, backend: BackendDep, settings: SettingsDep
 ) -> Job:
-    """Validate the spec completely, store the job and submit it (API.md, "Jobs")."""
+    """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
+    ``cluster`` becomes the calibrated spec where the service has a calibration for it that
+    applies, unless ``calibration`` is false (:mod:`service.api.calibration`)."""
     validate_job(create)
-    return submit(create, store, backend, settings.public_url)
+    return submit(calibrated_job(create, store), store, backend, settings.public_url)
 
 
 @router.get("")

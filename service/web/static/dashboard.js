@@ -88,6 +88,14 @@ const pp = (() => {
     const cluster = typeof spec.cluster === "string" ? spec.cluster
       : spec.cluster && spec.cluster.name ? spec.cluster.name
       : spec.address ? `live (${spec.address})` : "-";
+    // whether the job's predictions use a calibration (the service's from use, or the
+    // request's own): its cluster document then holds a calibration block
+    const calibration = spec.cluster && typeof spec.cluster === "object" ? spec.cluster.calibration : null;
+    const fit = (calibration && calibration.fit) || {};
+    const predicts = searches || job.kind === "run";
+    const predictions = !predicts ? "-" : !calibration ? "uncalibrated spec"
+      : fit.source === "service" ? `calibrated from ${fit.runs} runs (fitted ${fit.fitted_at || "?"})`
+      : "calibrated (the request's own)";
     const model = spec.model || (spec.profile && spec.profile.name) || "-";
     const planner = spec.planner || (Array.isArray(spec.planners) ? spec.planners.join(", ")
       : job.kind === "compare" ? "default set" : "-");
@@ -109,7 +117,7 @@ const pp = (() => {
     const start = job.started_at ? Date.parse(job.started_at) : null;
     const end = job.finished_at ? Date.parse(job.finished_at) : Date.now();
     return {
-      model, cluster, planner, objective: objective || "-", best, bestLabel,
+      model, cluster, planner, objective: objective || "-", best, bestLabel, predictions,
       evaluations: evaluations === null ? "-" : String(evaluations),
       started: fmtTime(job.started_at),
       duration: start === null ? "-" : fmtDuration((end - start) / 1000),

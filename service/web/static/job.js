@@ -62,6 +62,7 @@
       fact("kind", j.kind, "fact-kind"),
       fact("model", s.model, "fact-model"),
       fact("cluster", s.cluster, "fact-cluster"),
+      fact("predictions", s.predictions, "fact-predictions"),
       fact("planner", s.planner, "fact-planner"),
       fact("objective", s.objective, "fact-objective"),
       fact("best value", s.bestLabel, "fact-best"),

@@ -1,0 +1,159 @@
+"""A cluster's calibration: what measured runs taught the cost model about this cluster.
+
+``pipeplan calibrate`` fits it (:mod:`executor.calibrate`) and writes it into the cluster
+spec as a ``calibration:`` block; the cost model then uses it (DESIGN.md's contract, rules
+1c, 4 and 8c):
+
+- ``compute_scale[TYPE]``: a replica's forward and backward on ``TYPE`` last ``scale x`` the
+  sum of their layers' times (rule 1). Layers are profiled one at a time; a stage runs them
+  in one call, so the sum can miss (timer and cache effects, cores shared with other stages).
+- ``call_overhead[TYPE] = {fwd, bwd}``: seconds added to every forward and every backward
+  a replica of ``TYPE`` runs: what a stage call costs beyond its layers (the actor call,
+  unpacking the input and cloning it for its gradient, packing the output).
+- ``network``: the two link classes, fitted (rule 4); the spec's own ``network`` is kept
+  beside it, for reference, and is what an uncalibrated copy uses.
+- ``step_overhead_s``: seconds added to every batch time (rule 8c): the driver's part of a
+  step (putting the batch, submitting every operation, collecting the results).
+- ``fit``: a free-form record of how it was fitted (runs, held-out errors, date), shown to
+  people and never read by the cost model.
+
+A spec without the block, or with every term at its default (scale 1, overheads 0, the
+spec's network), costs plans exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core import _io
+from core.errors import FormatError
+
+MIN_SCALE, MAX_SCALE = 0.1, 10.0
+"""Bounds of a compute scale: outside them a fit is wrong, not a cluster."""
+
+
+@dataclass(frozen=True)
+class CallOverhead:
+    """Seconds added to each forward and each backward of one replica."""
+
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted terms of one cluster (module docstring). Links are in the spec's units:
+    Gbit/s and microseconds."""
+
+    compute_scale: Mapping[str, float] = field(default_factory=dict)
+    call_overhead: Mapping[str, CallOverhead] = field(default_factory=dict)
+    network: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Link class (``intra_node``, ``inter_node``) -> (bandwidth_gbps, latency_us)."""
+    step_overhead_s: float = 0.0
+    fit: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_scale", _io.FrozenMap(dict(self.compute_scale)))
+        object.__setattr__(self, "call_overhead", _io.FrozenMap(dict(self.call_overhead)))
+        object.__setattr__(self, "network", _io.FrozenMap(dict(self.network)))
+        for t, s in self.compute_scale.items():
+            if not MIN_SCALE <= s <= MAX_SCALE:
+                raise FormatError(
+                    f"calibration.compute_scale.{t}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
+                    f"got {s!r}"
+                )
+        for key in self.network:
+            if key not in LINK_CLASSES:
+                raise FormatError(
+                    f"calibration.network: unknown link class {key!r} "
+                    f"(known: {', '.join(LINK_CLASSES)})"
+                )
+
+    def scale(self, device_type: str) -> float:
+        return float(self.compute_scale.get(device_type, 1.0))
+
+    def overhead(self, device_type: str) -> CallOverhead:
+        return self.call_overhead.get(device_type, CallOverhead())
+
+    def check_types(self, known: Mapping[str, Any]) -> None:
+        """Every type named must be one of the cluster's."""
+        for where, names in (
+            ("compute_scale", self.compute_scale),
+            ("call_overhead", self.call_overhead),
+        ):
+            for t in names:
+                if t not in known:
+                    raise FormatError(
+                        f"calibration.{where}: unknown device type {t!r} "
+                        f"(known: {', '.join(sorted(known))})"
+                    )
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "compute_scale": dict(self.compute_scale),
+            "call_overhead": {
+                t: {"fwd_s": o.fwd_s, "bwd_s": o.bwd_s} for t, o in self.call_overhead.items()
+            },
+            "step_overhead_s": self.step_overhead_s,
+        }
+        if self.network:
+            doc["network"] = {
+                k: {"bandwidth_gbps": bw, "latency_us": lat}
+                for k, (bw, lat) in self.network.items()
+            }
+        if self.fit:
+            doc["fit"] = dict(self.fit)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Calibration:
+        where = "calibration"
+        if not isinstance(doc, Mapping):
+            raise FormatError(f"{where}: expected an object, got {doc!r}")
+        unknown = sorted(set(doc) - KEYS)
+        if unknown:
+            raise FormatError(
+                f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})"
+            )
+        scales = _mapping(doc, "compute_scale")
+        overheads = _mapping(doc, "call_overhead")
+        links = _mapping(doc, "network")
+        fit = _mapping(doc, "fit")
+        for key in links:
+            if key not in LINK_CLASSES:
+                raise FormatError(
+                    f"{where}.network: unknown link class {key!r} (known: {', '.join(LINK_CLASSES)})"
+                )
+        return cls(
+            compute_scale={str(t): _io.number(scales, t, f"{where}.compute_scale") for t in scales},
+            call_overhead={
+                str(t): CallOverhead(
+                    _io.number(o, "fwd_s", f"{where}.call_overhead.{t}", 0.0),
+                    _io.number(o, "bwd_s", f"{where}.call_overhead.{t}", 0.0),
+                )
+                for t, o in overheads.items()
+            },
+            network={str(k): _link(v, f"{where}.network.{k}") for k, v in links.items()},
+            step_overhead_s=_io.number(doc, "step_overhead_s", where, 0.0),
+            fit=dict(fit),
+        )
+
+
+LINK_CLASSES = ("intra_node", "inter_node")
+KEYS = frozenset({"compute_scale", "call_overhead", "network", "step_overhead_s", "fit"})
+
+
+def _mapping(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = doc.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise FormatError(f"calibration.{key}: expected an object, got {value!r}")
+    return value
+
+
+def _link(doc: Any, where: str) -> tuple[float, float]:
+    bandwidth = _io.number(doc, "bandwidth_gbps", where)
+    if not bandwidth > 0:
+        raise FormatError(f"{where}.bandwidth_gbps: must be > 0, got {bandwidth!r}")
+    return bandwidth, _io.number(doc, "latency_us", where)

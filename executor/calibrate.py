@@ -1,0 +1,342 @@
+"""Fit a cluster's calibration (:mod:`core.calibration`) to measured runs, by least squares.
+
+An :class:`Observation` is one measured plan with the profile it was predicted from: the
+measured batch time and, per stage, the busiest replica's forward and backward per call.
+:func:`fit` finds the terms that make the cost model agree with them:
+
+- per device type: a compute scale and a call overhead for forwards and for backwards;
+- per link class that the observed plans use: latency and bandwidth;
+- one step overhead.
+
+It minimises, with :func:`scipy.optimize.least_squares` (bounded, trust-region), the
+relative errors of every observation's batch time and of every stage's forward and
+backward per call, all from :func:`core.costmodel.simulate` on the calibrated cluster, so the
+fit is judged by the model the planners use, schedule, bubbles and sends included. The
+per-stage terms pin the per-type compute (many rows, well posed); the batch times pin what
+only a whole step shows (links, the driver's overhead). A type or a link class that no
+observation uses keeps its spec values.
+
+:func:`errors` gives each observation's batch-time error under a cluster, to compare a fit
+with the uncalibrated spec on plans the fit did not see.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from core import rules
+from core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibration, CallOverhead
+from core.cluster import ClusterSpec, device_id
+from core.costmodel import simulate
+from core.errors import PlanError
+from core.plan import Plan, Schedule, Stage, uniform_stages
+from core.profile import ModelProfile
+from executor.measure import Measurement, relative_error
+
+STAGE_WEIGHT = 0.5
+"""Weight of a stage's per-call residuals beside a batch time's (1)."""
+PRIOR_WEIGHT = 0.001
+"""Weight of the pull towards the uncalibrated spec (scale 1, no overheads, the spec's
+links): a scale off by 0.5, or 10 ms of overhead, costs as much as a 0.1% error. It keeps
+a fit of few runs from spending terms the runs do not pin (a ridge prior)."""
+MS, MB = 1e-3, 1e6
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured plan: what the fit reads of it."""
+
+    plan: Plan
+    profile: ModelProfile
+    batch_time_s: float
+    forward_s: tuple[float, ...]
+    """Per stage, the busiest replica's mean forward per call."""
+    backward_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, measurement: Measurement, profile: ModelProfile) -> Observation:
+        plan = measurement.plan
+        m = [plan.microbatches(s) for s in range(plan.num_stages)]
+        return cls(
+            plan=plan,
+            profile=profile,
+            batch_time_s=measurement.batch_time_s,
+            forward_s=tuple(st.forward_s / k for st, k in zip(measurement.stages, m, strict=True)),
+            backward_s=tuple(
+                st.backward_s / k for st, k in zip(measurement.stages, m, strict=True)
+            ),
+        )
+
+
+def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> Observation:
+    """An :class:`Observation` from a measured run's document (``pipeplan run --json``: its
+    ``plan`` and ``measured``, a :class:`~executor.measure.Measurement` as a dict); errors
+    name the field and the value."""
+    if not isinstance(doc, dict):
+        raise PlanError(f"{where}: expected a run document (an object), got {type(doc).__name__}")
+    if "plan" not in doc or "measured" not in doc:
+        raise PlanError(
+            f"{where}: needs 'plan' and 'measured' (the output of `pipeplan run --json`)"
+        )
+    plan = Plan.from_dict(doc["plan"])
+    measured = doc["measured"]
+    stages = measured.get("stages") if isinstance(measured, dict) else None
+    if not isinstance(stages, list) or len(stages) != plan.num_stages:
+        raise PlanError(
+            f"{where}.measured.stages: expected {plan.num_stages} stages (one per stage of the "
+            f"plan), got {stages!r:.80}"
+        )
+    batch_time = measured.get("batch_time_s")
+    if isinstance(batch_time, bool) or not isinstance(batch_time, int | float) or batch_time <= 0:
+        raise PlanError(f"{where}.measured.batch_time_s: must be a number > 0, got {batch_time!r}")
+    per_call: list[tuple[float, float]] = []
+    for s, st in enumerate(stages):
+        m = plan.microbatches(s)
+        try:
+            per_call.append((float(st["forward_s"]) / m, float(st["backward_s"]) / m))
+        except (KeyError, TypeError, ValueError):
+            raise PlanError(
+                f"{where}.measured.stages[{s}]: needs numbers forward_s and backward_s, "
+                f"got {st!r:.80}"
+            ) from None
+    plan.validate(profile, None)
+    return Observation(
+        plan,
+        profile,
+        float(batch_time),
+        tuple(f for f, _ in per_call),
+        tuple(b for _, b in per_call),
+    )
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted calibration and how well it matches the observations it was fitted to."""
+
+    calibration: Calibration
+    errors_before: tuple[float, ...]
+    errors_after: tuple[float, ...]
+    evaluations: int
+
+
+class _Terms:
+    """The fitted parameters as one vector, in units near 1 (ms, ms per MB)."""
+
+    def __init__(self, cluster: ClusterSpec, observations: Sequence[Observation]) -> None:
+        used = {cluster.device(d).type for o in observations for d in o.plan.devices}
+        self.types = sorted(used)
+        self.links = [k for k in LINK_CLASSES if _uses(cluster, observations, k)]
+        self.cluster = cluster
+        net = cluster.links
+        start: list[float] = []
+        lo: list[float] = []
+        hi: list[float] = []
+        for _ in self.types:  # scale, fwd overhead (ms), bwd overhead (ms)
+            start += [1.0, 0.0, 0.0]
+            lo += [MIN_SCALE, 0.0, 0.0]
+            hi += [MAX_SCALE, 1e4, 1e4]
+        for k in self.links:  # latency (ms), ms per MB
+            link = getattr(net, k)
+            start += [link.latency_s / MS, MB / link.bytes_per_s / MS]
+            lo += [0.0, 1e-6]
+            hi += [1e4, 1e4]
+        start.append(0.0)  # step overhead (ms)
+        lo.append(0.0)
+        hi.append(1e5)
+        self.start = np.clip(np.array(start), lo, hi)
+        self.bounds = (np.array(lo), np.array(hi))
+        # the prior: where each term sits uncalibrated, and how far counts as "10 ms" / "x2"
+        self.prior = self.start.copy()
+        self.prior_scale = np.array(
+            [*([0.5, 10.0, 10.0] * len(self.types)), *([10.0, 0.0] * len(self.links)), 10.0]
+        )
+
+    def prior_residuals(self, x: np.ndarray) -> np.ndarray:
+        """Deviation from the uncalibrated spec; bandwidth (every second link term) on a
+        log scale, a factor of 10 counting like 10 ms."""
+        out = np.empty_like(x)
+        lin = self.prior_scale > 0
+        out[lin] = (x[lin] - self.prior[lin]) / self.prior_scale[lin]
+        out[~lin] = np.log10(x[~lin] / self.prior[~lin])
+        return PRIOR_WEIGHT * out
+
+    def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
+        k = 3 * len(self.types)
+        per_type = x[:k].reshape(-1, 3)
+        links = x[k:-1].reshape(-1, 2)
+        return Calibration(
+            compute_scale={t: float(v[0]) for t, v in zip(self.types, per_type, strict=True)},
+            call_overhead={
+                t: CallOverhead(float(v[1]) * MS, float(v[2]) * MS)
+                for t, v in zip(self.types, per_type, strict=True)
+            },
+            network={
+                name: (_gbps(MB / (v[1] * MS)), float(v[0] * MS / rules.US))
+                for name, v in zip(self.links, links, strict=True)
+            },
+            step_overhead_s=float(x[-1]) * MS,
+            fit=fit or {},
+        )
+
+
+def _gbps(bytes_per_s: float) -> float:
+    return float(bytes_per_s * rules.BITS_PER_BYTE / rules.GB)
+
+
+def _uses(cluster: ClusterSpec, observations: Sequence[Observation], link: str) -> bool:
+    """Whether any observed plan sends over (or all-reduces across) this link class."""
+    inter = link == "inter_node"
+    for o in observations:
+        stages = o.plan.stages
+        pairs = [(a.devices, b.devices) for a, b in zip(stages, stages[1:], strict=False)]
+        pairs += [(s.devices, s.devices) for s in stages if s.replicas > 1]
+        for a, b in pairs:
+            nodes = {cluster.device(d).node for d in (*a, *b)}
+            if (len(nodes) > 1) == inter:
+                return True
+    return False
+
+
+def _residuals(cluster: ClusterSpec, observations: Sequence[Observation]) -> np.ndarray:
+    out: list[float] = []
+    for o in observations:
+        est = simulate(o.plan, o.profile, cluster)
+        out.append(relative_error(est.batch_time_s, o.batch_time_s))
+        for st, f, b in zip(est.stages, o.forward_s, o.backward_s, strict=True):
+            if f > 0:
+                out.append(STAGE_WEIGHT * relative_error(st.forward_s, f))
+            if b > 0:
+                out.append(STAGE_WEIGHT * relative_error(st.backward_s, b))
+    return np.array(out)
+
+
+def errors(cluster: ClusterSpec, observations: Sequence[Observation]) -> tuple[float, ...]:
+    """Each observation's batch-time error ``(predicted - measured) / measured`` on ``cluster``."""
+    return tuple(
+        relative_error(simulate(o.plan, o.profile, cluster).batch_time_s, o.batch_time_s)
+        for o in observations
+    )
+
+
+def fit(
+    cluster: ClusterSpec, observations: Sequence[Observation], record: dict[str, Any] | None = None
+) -> Fit:
+    """The calibration of ``cluster`` (its uncalibrated spec is the start) that best explains
+    ``observations``; ``record`` goes into the calibration's ``fit`` block."""
+    if not observations:
+        raise PlanError("calibrate: no measured runs to fit")
+    for i, o in enumerate(observations):
+        if not (o.batch_time_s > 0 and math.isfinite(o.batch_time_s)):
+            raise PlanError(f"observations[{i}].batch_time_s: must be > 0, got {o.batch_time_s!r}")
+        o.plan.validate(o.profile, cluster)
+    base = cluster.calibrated(None)
+    terms = _Terms(base, observations)
+    result = least_squares(
+        lambda x: np.concatenate(
+            [
+                _residuals(base.calibrated(terms.calibration(x)), observations),
+                terms.prior_residuals(x),
+            ]
+        ),
+        terms.start,
+        bounds=terms.bounds,
+        x_scale="jac",
+        diff_step=1e-2,
+        ftol=1e-12,
+        xtol=1e-12,
+        gtol=1e-12,
+        max_nfev=400,
+    )
+    before = errors(base, observations)
+    calibration = terms.calibration(result.x)
+    after = errors(base.calibrated(calibration), observations)
+    summary = dict(record or {})
+    summary.update(
+        runs=len(observations),
+        fitted_median_abs_error_before=_median_abs(before),
+        fitted_median_abs_error_after=_median_abs(after),
+    )
+    return Fit(terms.calibration(result.x, summary), before, after, int(result.nfev))
+
+
+def _median_abs(values: Sequence[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else math.nan
+
+
+def probe_plans(cluster: ClusterSpec, profile: ModelProfile, batch: int) -> list[Plan]:
+    """Plans that exercise every term of a calibration, in an order where alternate plans
+    cover every kind (so even positions can fit and odd ones be held out):
+
+    - each device type alone, at the whole batch and at a quarter of it (compute, calls);
+    - each pair of types on two nodes, two equal-layer GPipe stages (the inter-node link);
+    - one device of each type on distinct nodes as a 1F1B pipeline (bubbles, both links);
+    - a node's devices of one type as replicas of one stage, and as two stages (all-reduce,
+      the intra-node link);
+    - every device as replicas of one stage (TAPP's BSP).
+
+    Microbatches that do not divide the batch are left out; plans are distinct.
+    """
+    quarter = max(1, batch // 4)
+    one = _one_per_type(cluster)
+    L = len(profile)
+    out: list[Plan] = []
+
+    def add(stages: list[tuple[tuple[int, int], tuple[str, ...], int]], schedule: Schedule) -> None:
+        if any(batch % b for _, _, b in stages) or any(b < len(d) for _, d, b in stages):
+            return
+        plan = Plan(batch, tuple(Stage(r, d, b) for r, d, b in stages), schedule)
+        if plan not in out:
+            out.append(plan)
+
+    for device in one.values():
+        add([((0, L), (device,), batch)], Schedule.GPIPE)
+        add([((0, L), (device,), quarter)], Schedule.GPIPE)
+    types = sorted(one, key=lambda t: -cluster.device_types[t].flops)
+    for i, a in enumerate(types):
+        for b in types[i + 1 :]:
+            if cluster.device(one[a]).node != cluster.device(one[b]).node and L >= 2:
+                cuts = uniform_stages(L, 2)
+                add([(cuts[0], (one[a],), quarter), (cuts[1], (one[b],), quarter)], Schedule.GPIPE)
+    chain = _distinct_nodes([one[t] for t in types], cluster)
+    if len(chain) >= 3 and len(chain) <= L:
+        cuts = uniform_stages(L, len(chain))
+        add([(c, (d,), quarter) for c, d in zip(cuts, chain, strict=True)], Schedule.ONE_F_ONE_B)
+    for node in cluster.nodes:
+        for t, count in node.devices.items():
+            if count >= 2:
+                pair = (device_id(node.name, t, 0), device_id(node.name, t, 1))
+                add([((0, L), pair, batch)], Schedule.GPIPE)
+                if L >= 2:
+                    cuts = uniform_stages(L, 2)
+                    add(
+                        [(cuts[0], pair[:1], quarter), (cuts[1], pair[1:], quarter)],
+                        Schedule.GPIPE,
+                    )
+    add([((0, L), cluster.device_ids, batch)], Schedule.GPIPE)
+    return out
+
+
+def _one_per_type(cluster: ClusterSpec) -> dict[str, str]:
+    """The first device of each type, in the cluster's order."""
+    out: dict[str, str] = {}
+    for d in cluster.device_ids:
+        out.setdefault(cluster.device(d).type, d)
+    return out
+
+
+def _distinct_nodes(devices: Sequence[str], cluster: ClusterSpec) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for d in devices:
+        node = cluster.device(d).node
+        if node not in seen:
+            seen.add(node)
+            out.append(d)
+    return out

@@ -1,0 +1,420 @@
+"""Calibration from use: the service refits a cluster's calibration from the plans its jobs
+measure, and new jobs on that cluster predict with it (README, "Calibration from use").
+
+- **Observations.** A ``run`` job and a measured search post each measured plan as an
+  ``evaluation`` event carrying an ``observation`` (:mod:`service.tasks.observations`).
+  :func:`parse_observations` checks it before anything is stored (422 naming the field and
+  the value); the store keeps it with its event, in the same transaction, filed under the
+  cluster's name and the hash of its **uncalibrated** spec (a changed spec starts over),
+  once per job and plan.
+- **The fit.** :class:`Calibrator` refits a cluster in a background thread after new
+  observations arrive (the event endpoint never waits for it), from its newest
+  :data:`MAX_RUNS` observations, with :func:`executor.calibrate.fit`. Its verdict is a
+  **held-out** error: with :data:`HOLD_OUT_FROM` observations or more, the fit on all but the
+  newest quarter is judged on that quarter (the plans the cluster will be asked about next
+  are more like the newest); with fewer, leave-one-out. The calibration kept is then fitted
+  on every observation. A fit that fails keeps the previous one and says why.
+- **Use.** A new ``plan``, ``compare`` or ``run`` job whose ``cluster`` (a preset or a
+  document without a ``calibration:`` block) has a calibration that is **applied** gets the
+  calibrated spec as its ``cluster`` document, so its predictions use it; ``"calibration":
+  false`` in ``POST /v1/jobs`` keeps the spec as given. A calibration is applied once it has
+  :data:`MIN_RUNS` observations and its held-out error after is no worse than before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from core.calibration import Calibration
+from core.cluster import ClusterSpec
+from core.errors import PipeplanError
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.calibrate import Observation, errors, fit
+from service.api.schemas import (
+    ClusterCalibration,
+    EventIn,
+    EventType,
+    HeldOut,
+    JobCreate,
+    JobKind,
+)
+from service.api.store import CalibrationRecord, ObservationRow, Store, StoredObservation
+from service.api.validation import check_cluster_limits, check_plan_limits, check_profile_limits
+from service.tasks.common import RequestError, cluster_spec, presets
+from service.tasks.observations import OBSERVATION_KEY, document_sha256, spec_sha256
+
+log = logging.getLogger("pipeplan.service.calibration")
+
+MAX_RUNS = 200
+"""The most observations one fit reads: a cluster's newest."""
+MIN_RUNS = 3
+"""Observations a calibration needs before new jobs use it."""
+HOLD_OUT_FROM = 4
+"""From this many observations the newest quarter is held out; below, leave-one-out."""
+CALIBRATED_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
+"""The job kinds whose predictions a calibration changes."""
+OBSERVED = frozenset({EventType.EVALUATION, EventType.MEASUREMENT})
+"""The events whose data may hold an observation."""
+OBSERVATION_KEYS = frozenset(
+    {"cluster", "profile", "profile_sha256", "batch_time_s", "forward_s", "backward_s", "emulated"}
+)
+
+Key = tuple[str, str]
+"""A calibrated cluster: its name and the hash of its uncalibrated spec."""
+
+
+# --- observations in events -------------------------------------------------------------------
+
+
+def _number(value: Any, where: str, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"{where}: expected a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise RequestError(f"{where}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def _times(doc: Mapping[str, Any], key: str, where: str, stages: int) -> tuple[float, ...]:
+    value = doc.get(key)
+    if not isinstance(value, list):
+        raise RequestError(f"{where}.{key}: expected a list of seconds, got {value!r}")
+    if len(value) != stages:
+        raise RequestError(
+            f"{where}.{key}: {len(value)} values for a plan of {stages} stages, got {value!r}"
+        )
+    return tuple(_number(v, f"{where}.{key}[{i}]") for i, v in enumerate(value))
+
+
+def _core(where: str, e: PipeplanError) -> RequestError:
+    return RequestError(f"{where}: {e}")
+
+
+def _one(
+    data: Mapping[str, Any], where: str, profiles: dict[str, ModelProfile], store: Store
+) -> ObservationRow:
+    doc = data[OBSERVATION_KEY]
+    at = f"{where}.{OBSERVATION_KEY}"
+    if not isinstance(doc, Mapping):
+        raise RequestError(f"{at}: expected an object, got {doc!r}")
+    unknown = sorted(set(doc) - OBSERVATION_KEYS)
+    if unknown:
+        known = ", ".join(sorted(OBSERVATION_KEYS))
+        raise RequestError(f"{at}: unknown key {unknown[0]!r} (known: {known})")
+    check_cluster_limits(doc.get("cluster"), f"{at}.cluster")
+    check_profile_limits(doc.get("profile"), f"{at}.profile")
+    check_plan_limits(data.get("plan"), f"{where}.plan")
+    if not isinstance(doc.get("cluster"), Mapping):
+        raise RequestError(f"{at}.cluster: expected a cluster document, got {doc.get('cluster')!r}")
+    try:
+        spec = ClusterSpec.from_dict(doc["cluster"]).calibrated(None)
+    except PipeplanError as e:
+        raise _core(f"{at}.cluster", e) from None
+    sha = doc.get("profile_sha256")
+    if not isinstance(sha, str) or len(sha) != 64:
+        raise RequestError(f"{at}.profile_sha256: expected a sha256 in hex, got {sha!r}")
+    profile_doc = doc.get("profile")
+    if profile_doc is not None:
+        if document_sha256(profile_doc) != sha:
+            raise RequestError(f"{at}.profile_sha256: not the hash of its profile, got {sha!r}")
+        try:
+            profiles[sha] = ModelProfile.from_dict(profile_doc)
+        except PipeplanError as e:
+            raise _core(f"{at}.profile", e) from None
+    elif sha not in profiles:
+        found = store.profile_doc(sha)
+        if found is None:
+            raise RequestError(
+                f"{at}.profile_sha256: no profile of that hash was sent before, got {sha!r}"
+            )
+        profiles[sha] = ModelProfile.from_dict(found)
+    try:
+        plan = Plan.from_dict(data.get("plan"))
+        plan.validate(profiles[sha], spec)
+    except PipeplanError as e:
+        raise _core(f"{where}.plan", e) from None
+    emulated = doc.get("emulated", False)
+    if not isinstance(emulated, bool):
+        raise RequestError(f"{at}.emulated: expected true or false, got {emulated!r}")
+    plan_doc = plan.to_dict()
+    return ObservationRow(
+        cluster_name=spec.name,
+        spec_sha256=spec_sha256(spec),
+        spec=spec.to_dict(),
+        profile_sha256=sha,
+        profile=None if profile_doc is None else dict(profile_doc),
+        plan_sha256=document_sha256(plan_doc),
+        plan=plan_doc,
+        batch_time_s=_number(doc.get("batch_time_s"), f"{at}.batch_time_s", positive=True),
+        forward_s=_times(doc, "forward_s", at, plan.num_stages),
+        backward_s=_times(doc, "backward_s", at, plan.num_stages),
+        emulated=emulated,
+    )
+
+
+def parse_observations(posted: Sequence[EventIn], store: Store) -> dict[int, ObservationRow]:
+    """The observations of a posted batch (``evaluation`` and ``measurement`` events whose
+    data holds one), by seq, checked completely; :class:`RequestError` naming the field and
+    the value otherwise (``data.observation.X`` for one event, ``events[i].data...`` in a
+    batch). A profile named by hash only must have come earlier in the batch or be stored."""
+    out: dict[int, ObservationRow] = {}
+    profiles: dict[str, ModelProfile] = {}
+    order = sorted(range(len(posted)), key=lambda i: posted[i].seq)
+    for i in order:
+        p = posted[i]
+        if p.type not in OBSERVED or p.data.get(OBSERVATION_KEY) is None:
+            continue
+        where = "data" if len(posted) == 1 else f"events[{i}].data"
+        out[p.seq] = _one(p.data, where, profiles, store)
+    return out
+
+
+# --- the fit ----------------------------------------------------------------------------------
+
+
+def _median_abs(values: Sequence[float]) -> float | None:
+    return statistics.median(abs(v) for v in values) if values else None
+
+
+def _max_abs(values: Sequence[float]) -> float | None:
+    return max(abs(v) for v in values) if values else None
+
+
+def held_out(
+    spec: ClusterSpec, observations: Sequence[Observation]
+) -> tuple[str, list[float], list[float]]:
+    """How the fit is judged, and each held-out observation's batch-time error before (the
+    spec as given) and after (the calibration fitted without it): the newest quarter with
+    :data:`HOLD_OUT_FROM` or more, else leave-one-out (none with one observation)."""
+    n = len(observations)
+    if n >= HOLD_OUT_FROM:
+        k = math.ceil(n / 4)
+        train, test = observations[:-k], observations[-k:]
+        partial = fit(spec, train).calibration
+        return (
+            "newest quarter",
+            list(errors(spec, test)),
+            list(errors(spec.calibrated(partial), test)),
+        )
+    if n < 2:
+        return "none", [], []
+    before: list[float] = []
+    after: list[float] = []
+    for i, o in enumerate(observations):
+        rest = [x for j, x in enumerate(observations) if j != i]
+        partial = fit(spec, rest).calibration
+        before += errors(spec, [o])
+        after += errors(spec.calibrated(partial), [o])
+    return "leave-one-out", before, after
+
+
+def fit_record(spec: ClusterSpec, stored: Sequence[StoredObservation]) -> dict[str, Any]:
+    """The fit of ``spec`` to ``stored`` (oldest first) as the service keeps it: the
+    calibration (its ``fit`` block says how it was made) and the held-out verdict."""
+    observations = [
+        Observation(
+            Plan.from_dict(s.plan),
+            ModelProfile.from_dict(s.profile),
+            s.batch_time_s,
+            s.forward_s,
+            s.backward_s,
+        )
+        for s in stored
+    ]
+    method, before, after = held_out(spec, observations)
+    fitted_at = datetime.now(UTC).isoformat(timespec="seconds")
+    summary: dict[str, Any] = {
+        "source": "service",
+        "fitted_at": fitted_at,
+        "emulated_runs": sum(s.emulated for s in stored),
+        "jobs": len({s.job_id for s in stored}),
+        "held_out_method": method,
+        "held_out_plans": len(before),
+        "held_out_median_abs_error_before": _median_abs(before),
+        "held_out_median_abs_error_after": _median_abs(after),
+        "held_out_max_abs_error_before": _max_abs(before),
+        "held_out_max_abs_error_after": _max_abs(after),
+    }
+    t0 = time.perf_counter()
+    final = fit(spec, observations, summary)
+    seconds = time.perf_counter() - t0
+    verdict_before = summary["held_out_median_abs_error_before"]
+    verdict_after = summary["held_out_median_abs_error_after"]
+    applied, why = _applied(len(observations), verdict_before, verdict_after)
+    return {
+        "calibration": final.calibration.to_dict(),
+        "runs": len(observations),
+        "applied": applied,
+        "why": why,
+        "fit_seconds": seconds,
+    }
+
+
+def _applied(runs: int, before: float | None, after: float | None) -> tuple[bool, str]:
+    if runs < MIN_RUNS:
+        return False, f"{runs} runs: new jobs use it from {MIN_RUNS}"
+    if before is None or after is None or after > before:
+        return False, "its held-out error is worse than the spec's: new jobs do not use it"
+    return True, "new jobs on this cluster predict with it"
+
+
+class Calibrator:
+    """Refits clusters in one background thread (module docstring). :meth:`observed` asks
+    for a refit and returns at once; several requests for one cluster while a fit runs make
+    one more fit."""
+
+    def __init__(self, store: Store, max_runs: int = MAX_RUNS) -> None:
+        self.store, self.max_runs = store, max_runs
+        self._pending: list[Key] = []
+        self._busy = False
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread, and refit every cluster whose fit is older than its runs."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="calibrator", daemon=True)
+            self._thread.start()
+        self.observed((r.name, r.spec_sha256) for r in self.store.calibrations() if r.stale)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=60)
+
+    def observed(self, keys: Iterable[Key]) -> None:
+        """New observations of these clusters: refit them (in the background)."""
+        with self._cond:
+            for key in keys:
+                if key not in self._pending:
+                    self._pending.append(key)
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until no fit is pending or running (tests); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                key = self._pending.pop(0)
+                self._busy = True
+            try:
+                self.refit(key)
+            except Exception:  # a broken fit is logged; the thread goes on
+                log.exception("calibration: refit of %s", key)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def refit(self, key: Key, force: bool = False) -> CalibrationRecord | None:
+        """Fit the cluster ``key`` now, in this thread, and store the fit (unless no run
+        arrived since the last one and not ``force``)."""
+        name, sha = key
+        record = self.store.calibration(name, sha)
+        if record is None or not (force or record.stale):
+            return record
+        stored = self.store.observations(name, sha, self.max_runs)
+        through = max((s.num for s in stored), default=record.last_observation)
+        try:
+            spec = ClusterSpec.from_dict(record.spec)
+            doc = fit_record(spec, stored)
+        except PipeplanError as e:
+            self.store.save_fit(name, sha, None, through, error=str(e))
+        else:
+            self.store.save_fit(name, sha, doc, through)
+        return self.store.calibration(name, sha)
+
+
+# --- use --------------------------------------------------------------------------------------
+
+
+def current(record: CalibrationRecord | None) -> Calibration | None:
+    """The record's calibration when new jobs use it (module docstring), else None."""
+    if record is None or not record.fit or not record.fit.get("applied"):
+        return None
+    return Calibration.from_dict(record.fit["calibration"])
+
+
+def calibrated_job(create: JobCreate, store: Store) -> JobCreate:
+    """``create`` with its ``cluster`` replaced by the calibrated spec's document where a
+    calibration applies (module docstring); as it is otherwise."""
+    if not create.calibration or create.kind not in CALIBRATED_KINDS:
+        return create
+    ref = create.spec.get("cluster")
+    if ref is None:
+        return create
+    spec = cluster_spec(ref)
+    if spec.calibration is not None:  # the request's own calibration wins
+        return create
+    calibration = current(store.calibration(spec.name, spec_sha256(spec)))
+    if calibration is None:
+        return create
+    doc = spec.calibrated(calibration).to_dict()
+    return create.model_copy(update={"spec": create.spec | {"cluster": doc}})
+
+
+def preset_sha256(name: str) -> str | None:
+    """The hash of the preset ``name``'s spec (None: not a preset)."""
+    if name not in presets():
+        return None
+    return spec_sha256(cluster_spec(name))
+
+
+def view(record: CalibrationRecord) -> ClusterCalibration:
+    """The record as ``GET /v1/clusters/{name}/calibration`` answers it."""
+    fit_doc = record.fit or {}
+    calibration = fit_doc.get("calibration")
+    summary = (calibration or {}).get("fit", {})
+    state = "failed" if record.fit_error else ("fitted" if calibration else "pending")
+    held = None
+    if summary:
+        held = HeldOut(
+            method=str(summary.get("held_out_method", "none")),
+            plans=int(summary.get("held_out_plans", 0)),
+            median_abs_error_before=summary.get("held_out_median_abs_error_before"),
+            median_abs_error_after=summary.get("held_out_median_abs_error_after"),
+            max_abs_error_before=summary.get("held_out_max_abs_error_before"),
+            max_abs_error_after=summary.get("held_out_max_abs_error_after"),
+        )
+    return ClusterCalibration(
+        cluster=record.name,
+        spec_sha256=record.spec_sha256,
+        state=state,
+        observations=record.observations,
+        last_observed_at=record.last_observed_at,
+        runs=fit_doc.get("runs"),
+        fitted_at=record.fitted_at if calibration else None,
+        stale=record.stale,
+        applied=bool(fit_doc.get("applied")),
+        why=fit_doc.get("why"),
+        calibration=calibration,
+        held_out=held,
+        error=record.fit_error,
+    )

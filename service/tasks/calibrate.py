@@ -1,0 +1,225 @@
+"""The ``calibrate`` use-case: fit a cluster's calibration from runs measured on it, and say
+how much it helps on plans the fit did not see.
+
+1. On the cluster (started for the spec, or joined at ``address``): measure the model's
+   profile on every device type, at a quarter of the batch and the whole batch.
+2. Run the probe plans (:func:`executor.calibrate.probe_plans`: every type alone, pipelines
+   across nodes, replicas within a node, every device) for real.
+3. Fit the calibration (:func:`executor.calibrate.fit`) on the even-numbered probes; the
+   odd-numbered ones are held out: their errors before (the spec as given) and after (with
+   the calibration) are the report's verdict.
+4. Refit on every probe, so the calibration written uses all that was measured, and return
+   the cluster spec with its ``calibration:`` block (the ``fit`` record holds the held-out
+   errors and when it was made).
+
+Numbers from an emulated cluster are EMULATED.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core.cluster import ClusterSpec
+from core.errors import PipeplanError
+from core.plan import Plan
+from core.profile import ModelProfile
+from executor.calibrate import Fit, Observation, errors, fit, observation_of_run, probe_plans
+from executor.emulation import EMULATED_NOTE
+from executor.pipeline import RunConfig
+from executor.pipeline import run as run_plan
+from service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
+from service.tasks.live import live_cluster, measure_on_cluster, model_source
+from service.tasks.progress import QUIET, Reporter
+
+
+class CalibrateRequest(Request):
+    """The cluster to calibrate and the model its probe plans train; or, with ``runs``,
+    runs already measured on it (``pipeplan run --json`` documents, predicted from
+    ``profile``): then nothing runs and no Ray starts."""
+
+    cluster: ClusterRef
+    runs: list[Document] | None = None
+    profile: Document | None = None
+    model: str = "alexnet"
+    input_size: int | None = None
+    batch: int = 32
+    steps: int = 3
+    warmup: int = 1
+    seed: int = 0
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe plan (or a run given), measured, and whether the fit left it out."""
+
+    plan: Plan
+    batch_time_s: float
+    batch_time_std_s: float
+    held_out: bool
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """The calibrated spec, the probes, and the errors before and after calibration."""
+
+    cluster: ClusterSpec
+    model: str
+    probes: tuple[ProbeRun, ...]
+    before: tuple[float, ...]
+    """Each probe's batch-time error on the spec as given."""
+    after_held_out_fit: tuple[float, ...]
+    """Each probe's error with the calibration fitted on the even probes only."""
+    after: tuple[float, ...]
+    """Each probe's error with the calibration written (fitted on every probe)."""
+    emulated: bool
+    wall_s: float
+
+    def held_out(self, values: tuple[float, ...]) -> list[float]:
+        return [v for v, p in zip(values, self.probes, strict=True) if p.held_out]
+
+    def summary(self) -> dict[str, float]:
+        def med(values: list[float]) -> float:
+            return statistics.median(abs(v) for v in values) if values else float("nan")
+
+        def worst(values: list[float]) -> float:
+            return max((abs(v) for v in values), default=float("nan"))
+
+        before, after = self.held_out(self.before), self.held_out(self.after_held_out_fit)
+        return {
+            "held_out_plans": float(len(before)),
+            "held_out_median_abs_error_before": med(before),
+            "held_out_median_abs_error_after": med(after),
+            "held_out_max_abs_error_before": worst(before),
+            "held_out_max_abs_error_after": worst(after),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "cluster": self.cluster.to_dict(),
+            "summary": self.summary(),
+            "probes": [
+                {
+                    "plan": p.plan.to_dict(),
+                    "held_out": p.held_out,
+                    "measured_s": p.batch_time_s,
+                    "measured_std_s": p.batch_time_std_s,
+                    "error_before": b,
+                    "error_after_held_out_fit": h,
+                    "error_after": a,
+                }
+                for p, b, h, a in zip(
+                    self.probes, self.before, self.after_held_out_fit, self.after, strict=True
+                )
+            ],
+            "emulated": self.emulated,
+            "note": EMULATED_NOTE if self.emulated else "measured on real devices",
+            "wall_s": self.wall_s,
+        }
+
+
+def calibrate(request: CalibrateRequest, reporter: Reporter = QUIET) -> CalibrationReport:
+    """Measure the probes, fit, hold out, refit (module docstring)."""
+    t0 = time.perf_counter()
+    if request.runs is not None:
+        return _from_runs(request, t0)
+    if request.batch < 1:
+        raise RequestError(f"batch: must be >= 1, got {request.batch}")
+    config = RunConfig(steps=request.steps, warmup=request.warmup, seed=request.seed)
+    spec = cluster_spec(request.cluster).calibrated(None)
+    source = model_source(request.model, request.input_size, None, request.seed)
+    with live_cluster(spec, request.address, reporter) as live:
+        live = live.calibrated(None)
+        types = sorted(live.device_types)
+        profile = measure_on_cluster(source, live, reporter, types, request.batch)
+        plans = probe_plans(live, profile, request.batch)
+        probes, observations = [], []
+        for i, plan in enumerate(plans):
+            with reporter.step(f"probe {i + 1}/{len(plans)}: {_describe(plan)}"):
+                m = run_plan(plan, source, live, config)
+            probes.append(ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i % 2 == 1))
+            observations.append(Observation.of(m, profile))
+    return _report(live, request.model, profile, probes, observations, t0, emulated=m.emulated)
+
+
+def _from_runs(request: CalibrateRequest, t0: float) -> CalibrationReport:
+    """Fit to runs already measured (every other one held out); nothing runs."""
+    if request.profile is None:
+        raise RequestError("profile: required with runs (the profile the runs are predicted from)")
+    if not request.runs:
+        raise RequestError("runs: empty; give at least one measured run")
+    spec = cluster_spec(request.cluster).calibrated(None)
+    profile = ModelProfile.from_dict(request.profile)
+    observations = [
+        observation_of_run(doc, profile, f"runs[{i}]") for i, doc in enumerate(request.runs)
+    ]
+    for i, o in enumerate(observations):
+        try:
+            o.plan.validate(profile, spec)
+        except PipeplanError as e:
+            raise RequestError(f"runs[{i}].plan: {e}") from None
+    probes = [
+        ProbeRun(o.plan, o.batch_time_s, float(_std(doc)), held_out=i % 2 == 1)
+        for i, (o, doc) in enumerate(zip(observations, request.runs, strict=True))
+    ]
+    emulated = any(bool(doc.get("emulated")) for doc in request.runs)
+    return _report(spec, profile.name, profile, probes, observations, t0, emulated=emulated)
+
+
+def _std(doc: Document) -> float:
+    value = doc["measured"].get("batch_time_std_s", 0.0)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _report(
+    live: ClusterSpec,
+    model: str,
+    profile: ModelProfile,
+    probes: list[ProbeRun],
+    observations: list[Observation],
+    t0: float,
+    *,
+    emulated: bool,
+) -> CalibrationReport:
+    fitted = [o for o, p in zip(observations, probes, strict=True) if not p.held_out]
+    partial = fit(live, fitted)
+    after_held = errors(live.calibrated(partial.calibration), observations)
+    held = [e for e, p in zip(after_held, probes, strict=True) if p.held_out]
+    before = errors(live, observations)
+    record = {
+        "model": model,
+        "profile": profile.name,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "held_out_plans": len(held),
+        "held_out_median_abs_error_before": _median_abs(
+            [e for e, p in zip(before, probes, strict=True) if p.held_out]
+        ),
+        "held_out_median_abs_error_after": _median_abs(held),
+    }
+    final: Fit = fit(live, observations, record)
+    calibrated = live.calibrated(final.calibration)
+    return CalibrationReport(
+        cluster=calibrated,
+        model=model,
+        probes=tuple(probes),
+        before=before,
+        after_held_out_fit=after_held,
+        after=errors(calibrated, observations),
+        emulated=emulated,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def _median_abs(values: list[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else float("nan")
+
+
+def _describe(plan: Plan) -> str:
+    stages = " | ".join(
+        f"{list(s.layers)} on {'+'.join(s.devices)} b{s.microbatch}" for s in plan.stages
+    )
+    return f"{plan.schedule.value} {stages}"

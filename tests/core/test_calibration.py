@@ -1,0 +1,103 @@
+"""A cluster's calibration: its format, its errors and its terms in the cost model (rule 1c)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.batch_eval import BatchEvaluator, PlanBatch
+from core.calibration import Calibration, CallOverhead
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.errors import FormatError
+from core.plan import Plan, Stage
+
+from .test_costmodel import chain, cluster
+
+CALIBRATION = Calibration(
+    compute_scale={"a": 2.0},
+    call_overhead={"a": CallOverhead(1e-3, 2e-3)},
+    network={"inter_node": (8.0, 1000.0)},
+    step_overhead_s=5e-3,
+    fit={"runs": 3},
+)
+
+
+def calibrated() -> ClusterSpec:
+    return cluster().calibrated(CALIBRATION)
+
+
+def test_one_stage_on_paper() -> None:
+    """B=4, b=2 (M=2) on n0/a:0, 4 layers of 1e6 FLOPs at 1e9 FLOP/s: F = 8 ms, backward
+    16 ms; scale 2 -> 16 and 32 ms; + call overheads 1 and 2 ms -> 17 and 34 ms. Update
+    4 x 4000 / 1e11 = 0.16 us, accumulation (M-1)/M of it on each backward (0.08 us).
+    Batch: 2 x 17 + 2 x (34 ms + 0.08 us) + 0.16 us + step 5 ms."""
+    plan = Plan(4, (Stage((0, 4), ("n0/a:0",), 2),))
+    est = simulate(plan, chain(4), calibrated())
+    assert est.stages[0].forward_s == pytest.approx(0.017, rel=1e-12)
+    assert est.stages[0].backward_s == pytest.approx(0.034 + 8e-8, rel=1e-12)
+    assert est.batch_time_s == pytest.approx(0.034 + 0.068 + 16e-8 + 16e-8 + 0.005, rel=1e-12)
+    plain = simulate(plan, chain(4), cluster())
+    assert plain.batch_time_s == pytest.approx(0.016 + 0.032 + 32e-8, rel=1e-12)
+
+
+def test_fitted_link_replaces_the_spec_network() -> None:
+    """Two stages across nodes: each send is 1 ms + 100 B x 2 / 1e9 B/s (8 Gbit/s)."""
+    spec = calibrated()
+    assert spec.link(["n0/a:0"], ["n1/a:0"]).latency_us == 1000.0
+    assert spec.link(["n0/a:0"], ["n0/a:1"]) == spec.network.intra_node  # not fitted: kept
+    plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)))
+    est = simulate(plan, chain(4), spec)
+    assert est.stages[0].transfer_s == pytest.approx(2 * (1e-3 + 200 / 1e9), rel=1e-12)
+
+
+def test_batch_eval_uses_the_calibration() -> None:
+    spec = calibrated()
+    plans = [
+        Plan(8, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0", "n1/b:0"), 4))),
+        Plan(8, (Stage((0, 1), ("n1/b:0",), 8), Stage((1, 4), ("n0/a:0", "n0/a:1"), 2))),
+    ]
+    result = BatchEvaluator(chain(4), spec).evaluate(PlanBatch.from_plans(plans, spec), 8)
+    for i, plan in enumerate(plans):
+        assert result.batch_time_s[i] == pytest.approx(
+            simulate(plan, chain(4), spec).batch_time_s, rel=1e-9
+        )
+
+
+def test_round_trip_through_the_document() -> None:
+    spec = calibrated()
+    again = ClusterSpec.from_dict(spec.to_dict())
+    assert again.calibration == CALIBRATION
+    assert again.to_dict() == spec.to_dict()
+    assert "calibration" not in cluster().to_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"compute_scale": {"zz": 1.0}}, "calibration.compute_scale: unknown device type 'zz'"),
+        ({"compute_scale": {"a": 40.0}}, "calibration.compute_scale.a: must be in [0.1, 10]"),
+        ({"call_overhead": {"a": {"fwd_s": -1}}}, "calibration.call_overhead.a.fwd_s: must be"),
+        ({"call_overhead": {"b": "x"}}, "calibration.call_overhead.b"),
+        ({"network": {"wan": {}}}, "calibration.network: unknown link class 'wan'"),
+        (
+            {"network": {"inter_node": {"bandwidth_gbps": 0, "latency_us": 1}}},
+            "calibration.network.inter_node.bandwidth_gbps: must be > 0, got 0",
+        ),
+        ({"step_overhead_s": "soon"}, "calibration.step_overhead_s: expected a number"),
+        ({"scale": 1}, "calibration: unknown key 'scale'"),
+    ],
+)
+def test_bad_calibration_is_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
+    doc = cluster().to_dict()
+    doc["calibration"] = change
+    with pytest.raises(FormatError) as err:
+        ClusterSpec.from_dict(doc)
+    assert message in str(err.value)
+
+
+def test_calibration_must_be_an_object() -> None:
+    doc = cluster().to_dict() | {"calibration": [1]}
+    with pytest.raises(FormatError, match=r"calibration: expected an object, got \[1\]"):
+        ClusterSpec.from_dict(doc)

@@ -1,0 +1,280 @@
+"""Calibration from use: measured plans posted as events feed the cluster's calibration, its
+held-out error improves, new jobs predict with it, the API and the cluster page show it, and
+bad observations are refused naming the field. No Ray: the "measurements" are the cost
+model's own answers under a known calibration (as in tests/executor/test_calibrate.py); the
+fit is real."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from core.cluster import ClusterSpec
+from core.costmodel import simulate
+from core.plan import Plan
+from executor.measure import Measurement, StageMeasurement
+from service.api.calibration import MIN_RUNS, Calibrator, parse_observations
+from service.api.schemas import EventIn, EventType, JobKind
+from service.api.store import Store
+from service.tasks.events import EventReporter
+from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
+from service.tasks.run import measured_run
+from tests.calibration_cases import TRUTH, cluster, plans, profile
+from tests.service.api.conftest import FakeBackend
+from tests.service.api.test_store import _postgres_url
+
+
+def measured(plan: Plan, truth: ClusterSpec) -> Measurement:
+    """``plan`` "measured" on ``truth``: the cost model's answer under its calibration."""
+    est = simulate(plan, profile(), truth)
+    stages = tuple(
+        StageMeasurement(
+            i, s.layers, s.devices, s.microbatch,
+            e.forward_s * plan.microbatches(i), e.backward_s * plan.microbatches(i),
+            0.0, 0.0, 0.0, 0.0, 0.0,
+        )
+        for i, (s, e) in enumerate(zip(plan.stages, est.stages, strict=True))
+    )  # fmt: skip
+    t = est.batch_time_s
+    return Measurement(
+        plan, 3, 1, (t,), t, 0.0, t, t, plan.global_batch / t, 0.0, stages, (2.3,), (0.1,),
+        True, (),
+    )  # fmt: skip
+
+
+def evaluation(plan: Plan, truth: ClusterSpec) -> dict[str, Any]:
+    """An evaluation event's data for ``plan`` as a measured search posts it."""
+    m = measured(plan, truth)
+    return {
+        "plan": plan.to_dict(),
+        "value": m.batch_time_s,
+        "source": "measured",
+        "batch_time_s": m.batch_time_s,
+        OBSERVATION_KEY: observation_doc(m, profile(), cluster()),
+    }
+
+
+def new_job(client: TestClient, fake_backend: FakeBackend, **extra: Any) -> dict[str, Any]:
+    spec = {"cluster": cluster().to_dict(), "profile": profile().to_dict(), "planner": "dp",
+            "batch": 16}  # fmt: skip
+    r = client.post("/v1/jobs", json={"kind": "plan", "spec": spec, **extra})
+    assert r.status_code == 201, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def post(client: TestClient, fake_backend: FakeBackend, job_id: str, body: Any) -> Any:
+    token = fake_backend.token_of(job_id)
+    return client.post(
+        f"/v1/jobs/{job_id}/events", json=body, headers={"Authorization": f"Bearer {token}"}
+    )
+
+
+def calibrator(app: FastAPI) -> Calibrator:
+    c: Calibrator = app.state.context.calibrator
+    return c
+
+
+def feed(client: TestClient, app: FastAPI, fake_backend: FakeBackend, chosen: list[Plan]) -> str:
+    """Post ``chosen`` as one job's measured evaluations (each profile once); the job id."""
+    job = new_job(client, fake_backend)
+    truth = cluster().calibrated(TRUTH)
+    sent: set[str] = set()
+    for seq, plan in enumerate(chosen):
+        data = evaluation(plan, truth)
+        sha = data[OBSERVATION_KEY]["profile_sha256"]
+        if sha in sent:
+            del data[OBSERVATION_KEY]["profile"]
+        sent.add(sha)
+        r = post(client, fake_backend, job["id"], {"seq": seq, "type": "evaluation", "data": data})
+        assert r.status_code == 200, r.text
+    assert calibrator(app).wait_idle(120)
+    return str(job["id"])
+
+
+def test_runs_feed_a_calibration_that_improves_held_out_error_and_new_jobs_use_it(
+    app_client: TestClient, app: FastAPI, fake_backend: FakeBackend
+) -> None:
+    assert app_client.get("/v1/clusters/c/calibration").status_code == 404
+    feed(app_client, app, fake_backend, plans())
+    r = app_client.get("/v1/clusters/c/calibration")
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["state"] == "fitted" and doc["observations"] == len(plans())
+    assert doc["runs"] == len(plans()) and not doc["stale"]
+    assert doc["spec_sha256"] == spec_sha256(cluster())
+    held = doc["held_out"]
+    assert held["method"] == "newest quarter" and held["plans"] == 3
+    assert held["median_abs_error_before"] > 0.1  # there was something to fit
+    assert held["median_abs_error_after"] < min(0.03, held["median_abs_error_before"] / 4)
+    assert doc["applied"] is True
+    assert doc["calibration"]["compute_scale"]["fast"] == pytest.approx(1.3, rel=0.05)
+    assert doc["calibration"]["fit"]["source"] == "service"
+
+    calibrated = new_job(app_client, fake_backend)["spec"]["cluster"]
+    spec = ClusterSpec.from_dict(calibrated)
+    assert spec.calibration is not None
+    assert spec.calibration.scale("fast") == pytest.approx(1.3, rel=0.05)
+    assert spec_sha256(spec) == doc["spec_sha256"]  # the same cluster, calibrated
+    as_given = new_job(app_client, fake_backend, calibration=False)["spec"]["cluster"]
+    assert "calibration" not in as_given
+
+
+def test_a_few_runs_are_judged_leave_one_out_and_not_yet_used(
+    app_client: TestClient, app: FastAPI, fake_backend: FakeBackend
+) -> None:
+    feed(app_client, app, fake_backend, plans()[: MIN_RUNS - 1])
+    doc = app_client.get("/v1/clusters/c/calibration").json()
+    assert doc["state"] == "fitted" and doc["held_out"]["method"] == "leave-one-out"
+    assert doc["applied"] is False and f"from {MIN_RUNS}" in doc["why"]
+    assert "calibration" not in new_job(app_client, fake_backend)["spec"]["cluster"]
+
+
+def test_a_changed_spec_starts_over_and_a_plan_counts_once_per_job(
+    app_client: TestClient, app: FastAPI, fake_backend: FakeBackend
+) -> None:
+    job = feed(app_client, app, fake_backend, plans()[:2])
+    again = evaluation(plans()[0], cluster().calibrated(TRUTH))
+    assert post(app_client, fake_backend, job, {"seq": 10, "type": "evaluation",
+                                                "data": again}).status_code == 200  # fmt: skip
+    assert calibrator(app).wait_idle(60)
+    assert app_client.get("/v1/clusters/c/calibration").json()["observations"] == 2
+    other = cluster().to_dict()
+    other["network"]["inter_node"]["latency_us"] = 10.0
+    sha = spec_sha256(ClusterSpec.from_dict(other))
+    r = app_client.get("/v1/clusters/c/calibration", params={"spec_sha256": sha})
+    assert r.status_code == 404 and "no calibration yet" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda o: o.pop("batch_time_s"), "data.observation.batch_time_s"),
+        (lambda o: o.update(batch_time_s=-1.0), "data.observation.batch_time_s"),
+        (lambda o: o.update(forward_s=[0.1, 0.2, 0.3]), "data.observation.forward_s"),
+        (lambda o: o.update(backward_s=["x"]), "data.observation.backward_s[0]"),
+        (lambda o: o.update(profile_sha256="0" * 64), "data.observation.profile_sha256"),
+        (lambda o: o.pop("profile"), "data.observation.profile_sha256"),
+        (lambda o: o.update(cluster={"name": "c"}), "data.observation.cluster"),
+        (lambda o: o.update(emulated="yes"), "data.observation.emulated"),
+        (lambda o: o.update(extra=1), "data.observation: unknown key 'extra'"),
+    ],
+)
+def test_a_bad_observation_is_refused_naming_the_field(
+    app_client: TestClient, fake_backend: FakeBackend, change: Any, field: str
+) -> None:
+    job = new_job(app_client, fake_backend)
+    data = evaluation(plans()[0], cluster().calibrated(TRUTH))
+    change(data[OBSERVATION_KEY])
+    r = post(app_client, fake_backend, job["id"], {"seq": 0, "type": "evaluation", "data": data})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(field), r.json()["detail"]
+    assert app_client.get(f"/v1/jobs/{job['id']}/events").json() == []  # nothing stored
+
+
+def test_a_batch_names_the_event_and_may_name_a_profile_sent_earlier_in_it(
+    app_client: TestClient, app: FastAPI, fake_backend: FakeBackend
+) -> None:
+    job = new_job(app_client, fake_backend)
+    truth = cluster().calibrated(TRUTH)
+    first, second = evaluation(plans()[0], truth), evaluation(plans()[1], truth)
+    del second[OBSERVATION_KEY]["profile"]
+    bad = {**second, "plan": {**second["plan"], "global_batch": 0}}
+    batch = [{"seq": 0, "type": "evaluation", "data": first},
+             {"seq": 1, "type": "evaluation", "data": bad}]  # fmt: skip
+    r = post(app_client, fake_backend, job["id"], batch)
+    assert r.status_code == 422 and r.json()["detail"].startswith("events[1].data.plan")
+    batch[1]["data"] = second
+    r = post(app_client, fake_backend, job["id"], batch)
+    assert r.status_code == 200 and [a["stored"] for a in r.json()] == [True, True]
+    assert calibrator(app).wait_idle(60)
+    assert app_client.get("/v1/clusters/c/calibration").json()["observations"] == 2
+
+
+def test_the_cluster_page_shows_the_calibration_and_its_error(
+    app_client: TestClient, app: FastAPI, fake_backend: FakeBackend
+) -> None:
+    page = app_client.get("/cluster").text
+    assert 'id="calibration"' in page and "No run measured" in page
+    feed(app_client, app, fake_backend, plans())
+    page = app_client.get("/cluster").text
+    assert 'id="calibration-c"' in page
+    shown = ("compute scale", "fwd overhead", "inter_node", "step overhead", "11 runs",
+             "newest quarter", "held-out", "new jobs on this cluster predict with it")  # fmt: skip
+    for text in shown:
+        assert text in page, text
+
+
+def test_the_reporter_sends_a_profile_once_per_job() -> None:
+    emitted: list[dict[str, Any]] = []
+
+    class Channel:
+        def emit(self, type_: str, data: dict[str, Any]) -> int:
+            emitted.append(data)
+            return len(emitted) - 1
+
+    reporter = EventReporter(Channel(), source="measured")  # type: ignore[arg-type]
+    truth = cluster().calibrated(TRUTH)
+    for plan in plans()[:2]:
+        data = evaluation(plan, truth)
+        reporter.evaluated([plan], [data["value"]], [{OBSERVATION_KEY: data[OBSERVATION_KEY]}])  # type: ignore[arg-type]
+    assert "profile" in emitted[0][OBSERVATION_KEY]
+    assert "profile" not in emitted[1][OBSERVATION_KEY]
+    assert (
+        emitted[1][OBSERVATION_KEY]["profile_sha256"]
+        == emitted[0][OBSERVATION_KEY]["profile_sha256"]
+    )
+
+
+def test_a_run_reports_its_plan_as_a_measured_evaluation_with_its_observation(
+    app_client: TestClient, fake_backend: FakeBackend
+) -> None:
+    plan = plans()[2]
+    live = cluster().calibrated(TRUTH)  # a job's cluster the service had calibrated
+    m = measured(plan, live)
+    detail = measured_run(m, simulate(plan, profile(), live), profile(), live)
+    assert detail["source"] == "measured" and detail["calibrated"] is True
+    observation = detail[OBSERVATION_KEY]
+    assert "calibration" not in observation["cluster"]  # filed under the uncalibrated spec
+    assert observation["forward_s"][0] == pytest.approx(m.stages[0].forward_s / 4)  # per call
+    job = new_job(app_client, fake_backend)
+    data = {"plan": plan.to_dict(), "value": m.batch_time_s, **detail}
+    r = post(app_client, fake_backend, job["id"], {"seq": 0, "type": "evaluation", "data": data})
+    assert r.status_code == 200, r.text
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    else:
+        store = Store(_postgres_url(), prefix=f"t{secrets.token_hex(4)}_")
+    store.create_tables()
+    yield store
+    if request.param == "postgresql":
+        store.drop_tables()
+    store.close()
+
+
+def test_the_store_keeps_observations_and_fits_on_either_database(db: Store) -> None:
+    job = db.create_job(JobKind.PLAN, {}, None, "hash").id
+    truth = cluster().calibrated(TRUTH)
+    posted = [
+        EventIn(seq=i, type=EventType.EVALUATION, data=evaluation(p, truth))
+        for i, p in enumerate(plans()[:4])
+    ]
+    observations = parse_observations(posted, db)
+    assert db.add_events(job, posted, observations) == [True] * 4
+    assert db.add_events(job, posted, observations) == [False] * 4  # repeats: nothing
+    record = db.calibration("c")
+    assert record is not None and record.observations == 4 and record.stale
+    refitted = Calibrator(db).refit(("c", spec_sha256(cluster())))
+    assert refitted is not None and not refitted.stale and refitted.fit is not None
+    assert refitted.fit["runs"] == 4 and refitted.fit_error is None
+    assert len(db.observations("c", spec_sha256(cluster()), 3)) == 3
