@@ -24,7 +24,14 @@ model's (simulated); none is measured here.
 
 Prints a table per preset and writes bench/results/umpipe_sweep.json and .png.
 
+``--measure 2,4,6`` instead runs a small GPT of those depths (width 256, sequence 32) on the
+local emulated cluster (``local-hetero``, EMULATED): its profile measured there
+(:func:`executor.measured_profile.measure_profile`), then DGAP's GPipe plan, the best equal
+GPipe and 1F1B plans (``dp``) and the re-chosen-microbatch ones, each predicted and run
+for real (:func:`executor.pipeline.run`); writes bench/results/umpipe_sweep_measured.json.
+
     .venv/bin/python -m bench.umpipe_sweep [--depths 1-14] [--presets cloud-mix,tapp-paper]
+    .venv/bin/python -m bench.umpipe_sweep --measure 2,4,6
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from agents.compare import Entry, run_entry
 from bench.instances import cluster, weight_reads
 from core.batch_eval import BatchEvaluator, PlanBatch
 from core.cluster import ClusterSpec
+from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
 from models import profiler, zoo
@@ -200,6 +208,59 @@ def plot(doc: Doc, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def measure_depths(depths: list[int], evaluations: int, console: Console) -> Doc:
+    """Plans of small GPTs on ``local-hetero``, predicted and run there (EMULATED)."""
+    from executor.emulation import EMULATED_NOTE
+    from executor.local_cluster import LocalCluster
+    from executor.measured_profile import measure_profile
+    from executor.model import ModelSource
+    from executor.pipeline import RunConfig, run
+
+    spec = cluster("local-hetero")
+    batch = 16
+    config = RunConfig(steps=3, warmup=1, data="synthetic", seed=SEED, timeout_s=600)
+    doc: Doc = {"note": EMULATED_NOTE, "cluster": spec.name, "global_batch": batch, "runs": {}}
+    console.print(EMULATED_NOTE)
+    with LocalCluster(spec, object_store_mb=1200):
+        for depth in depths:
+            options = {"n_layer": depth, "d_model": 256, "n_head": 4, "n_ctx": 32,
+                       "vocab_size": 4096}  # fmt: skip
+            source = ModelSource("gpt", 32, options=options)
+            prof = measure_profile(source, spec, batch_sizes=(4, 16), repeats=3)
+            budget = Budget(evaluations=evaluations, seconds=None)
+            plans: dict[str, Plan] = {}
+            for schedule in Schedule:
+                problem = Problem(prof, spec, global_batch=batch, schedule=schedule, seed=SEED,
+                                  budget=budget)  # fmt: skip
+                tag = "" if schedule is Schedule.GPIPE else "-1f1b"
+                for label, entry in (
+                    (f"dgap{tag}", Entry("genetic", "genetic")),
+                    (f"{schedule.value}-equal", Entry("dp", "dp")),
+                ):
+                    row = run_entry(entry, problem, catch_bugs=False)
+                    if row.result is not None:
+                        plans[label] = row.result.plan
+                if f"{schedule.value}-equal" in plans:
+                    plans[f"refined{tag}"] = refine(plans[f"{schedule.value}-equal"], prof, spec)[0]
+            runs: Doc = {}
+            for label, plan in plans.items():
+                predicted = simulate(plan, prof, spec).batch_time_s
+                measured = run(plan, source, spec, config)
+                runs[label] = {
+                    "plan": plan.to_dict(),
+                    "predicted_s": predicted,
+                    "measured_s": measured.batch_time_s,
+                    "measured_std_s": measured.batch_time_std_s,
+                }
+                console.print(
+                    f"gpt{depth} {label:<14} {microbatches(plan.to_dict()):<12} predicted "
+                    f"{predicted * 1e3:8.1f} ms, measured {measured.batch_time_s * 1e3:8.1f} ms "
+                    f"(EMULATED)"
+                )
+            doc["runs"][str(depth)] = runs
+    return doc
+
+
 def parse_depths(text: str) -> list[int]:
     if "-" in text:
         lo, hi = (int(x) for x in text.split("-"))
@@ -213,8 +274,16 @@ def main() -> None:
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--evaluations", type=int, default=4000, help="genetic's budget per run")
     ap.add_argument("--equal-genetic", action="store_true", help="genetic-equal beside dp")
+    ap.add_argument("--measure", default="", help="depths to run on local-hetero, e.g. 2,4,6")
     a = ap.parse_args()
     console = Console(width=180)
+    if a.measure:
+        measured = measure_depths(parse_depths(a.measure), a.evaluations, console)
+        measured.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=list(os.getloadavg()))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "umpipe_sweep_measured.json").write_text(json.dumps(measured, indent=2) + "\n")
+        print(f"wrote {RESULTS / 'umpipe_sweep_measured.json'}")
+        return
     doc: Doc = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "load_average": list(os.getloadavg()),
