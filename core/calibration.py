@@ -64,12 +64,7 @@ class Calibration:
                     f"calibration.compute_scale.{t}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
                     f"got {s!r}"
                 )
-        for key in self.network:
-            if key not in LINK_CLASSES:
-                raise FormatError(
-                    f"calibration.network: unknown link class {key!r} "
-                    f"(known: {', '.join(LINK_CLASSES)})"
-                )
+        _check_link_classes(self.network)
 
     def scale(self, device_type: str) -> float:
         return float(self.compute_scale.get(device_type, 1.0))
@@ -121,11 +116,7 @@ class Calibration:
         overheads = _mapping(doc, "call_overhead")
         links = _mapping(doc, "network")
         fit = _mapping(doc, "fit")
-        for key in links:
-            if key not in LINK_CLASSES:
-                raise FormatError(
-                    f"{where}.network: unknown link class {key!r} (known: {', '.join(LINK_CLASSES)})"
-                )
+        _check_link_classes(links)  # before parsing them, so the name comes first
         return cls(
             compute_scale={str(t): _io.number(scales, t, f"{where}.compute_scale") for t in scales},
             call_overhead={
@@ -143,6 +134,15 @@ class Calibration:
 
 LINK_CLASSES = ("intra_node", "inter_node")
 KEYS = frozenset({"compute_scale", "call_overhead", "network", "step_overhead_s", "fit"})
+
+
+def _check_link_classes(names: Mapping[str, Any]) -> None:
+    for key in names:
+        if key not in LINK_CLASSES:
+            raise FormatError(
+                f"calibration.network: unknown link class {key!r} "
+                f"(known: {', '.join(LINK_CLASSES)})"
+            )
 
 
 def _mapping(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
