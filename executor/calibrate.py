@@ -127,40 +127,37 @@ class Fit:
 
 
 class _Terms:
-    """The fitted parameters as one vector, in units near 1 (ms, ms per MB)."""
+    """The fitted parameters as one vector, in units near 1 (ms, ms per MB).
+
+    Per type: the forward and backward call overheads, and the compute scale only for a type
+    some observed profile has no timing for (rule 1's FLOP fallback): a type timed on this
+    cluster is already measured, and a scale fitted to it learns the load of the moment
+    instead (in ``bench.fidelity``, fitting it made held-out plans worse). Per link class
+    the observations use: latency and inverse bandwidth. Then the step overhead.
+    """
 
     def __init__(self, cluster: ClusterSpec, observations: Sequence[Observation]) -> None:
         used = {cluster.device(d).type for o in observations for d in o.plan.devices}
         self.types = sorted(used)
+        self.scaled = [t for t in self.types if _untimed(t, observations)]
         self.links = [k for k in LINK_CLASSES if _uses(cluster, observations, k)]
-        self.cluster = cluster
         net = cluster.links
-        start: list[float] = []
-        lo: list[float] = []
-        hi: list[float] = []
-        for _ in self.types:  # scale, fwd overhead (ms), bwd overhead (ms)
-            start += [1.0, 0.0, 0.0]
-            lo += [MIN_SCALE, 0.0, 0.0]
-            hi += [MAX_SCALE, 1e4, 1e4]
-        for k in self.links:  # latency (ms), ms per MB
+        rows: list[tuple[float, float, float, float]] = []  # start, lo, hi, prior scale
+        rows += [(1.0, MIN_SCALE, MAX_SCALE, 0.5)] * len(self.scaled)
+        rows += [(0.0, 0.0, 1e4, 10.0)] * (2 * len(self.types))  # fwd, bwd overhead (ms)
+        for k in self.links:  # latency (ms), ms per MB (prior scale 0: on a log scale)
             link = getattr(net, k)
-            start += [link.latency_s / MS, MB / link.bytes_per_s / MS]
-            lo += [0.0, 1e-6]
-            hi += [1e4, 1e4]
-        start.append(0.0)  # step overhead (ms)
-        lo.append(0.0)
-        hi.append(1e5)
-        self.start = np.clip(np.array(start), lo, hi)
-        self.bounds = (np.array(lo), np.array(hi))
-        # the prior: where each term sits uncalibrated, and how far counts as "10 ms" / "x2"
-        self.prior = self.start.copy()
-        self.prior_scale = np.array(
-            [*([0.5, 10.0, 10.0] * len(self.types)), *([10.0, 0.0] * len(self.links)), 10.0]
-        )
+            rows += [(link.latency_s / MS, 0.0, 1e4, 10.0)]
+            rows += [(MB / link.bytes_per_s / MS, 1e-6, 1e4, 0.0)]
+        rows.append((0.0, 0.0, 1e5, 10.0))  # step overhead (ms)
+        start, lo, hi, scale = (np.array(c) for c in zip(*rows, strict=True))
+        self.start = np.clip(start, lo, hi)
+        self.bounds = (lo, hi)
+        self.prior, self.prior_scale = self.start.copy(), scale
 
     def prior_residuals(self, x: np.ndarray) -> np.ndarray:
-        """Deviation from the uncalibrated spec; bandwidth (every second link term) on a
-        log scale, a factor of 10 counting like 10 ms."""
+        """Deviation from the uncalibrated spec; bandwidth on a log scale, a factor of 10
+        counting like 10 ms."""
         out = np.empty_like(x)
         lin = self.prior_scale > 0
         out[lin] = (x[lin] - self.prior[lin]) / self.prior_scale[lin]
@@ -168,14 +165,14 @@ class _Terms:
         return PRIOR_WEIGHT * out
 
     def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
-        k = 3 * len(self.types)
-        per_type = x[:k].reshape(-1, 3)
-        links = x[k:-1].reshape(-1, 2)
+        n, T = len(self.scaled), len(self.types)
+        calls = x[n : n + 2 * T].reshape(-1, 2)
+        links = x[n + 2 * T : -1].reshape(-1, 2)
         return Calibration(
-            compute_scale={t: float(v[0]) for t, v in zip(self.types, per_type, strict=True)},
+            compute_scale={t: float(v) for t, v in zip(self.scaled, x[:n], strict=True)},
             call_overhead={
-                t: CallOverhead(float(v[1]) * MS, float(v[2]) * MS)
-                for t, v in zip(self.types, per_type, strict=True)
+                t: CallOverhead(float(v[0]) * MS, float(v[1]) * MS)
+                for t, v in zip(self.types, calls, strict=True)
             },
             network={
                 name: (_gbps(MB / (v[1] * MS)), float(v[0] * MS / rules.US))
@@ -184,6 +181,11 @@ class _Terms:
             step_overhead_s=float(x[-1]) * MS,
             fit=fit or {},
         )
+
+
+def _untimed(device_type: str, observations: Sequence[Observation]) -> bool:
+    """Whether some observed profile costs a layer on ``device_type`` by its FLOPs."""
+    return any(device_type not in layer.timings for o in observations for layer in o.profile.layers)
 
 
 def _gbps(bytes_per_s: float) -> float:

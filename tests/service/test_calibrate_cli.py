@@ -60,7 +60,7 @@ def test_runs_are_fitted_and_judged_on_the_ones_left_out(monkeypatch, capsys, fi
     spec = ClusterSpec.load(out)
     assert spec.calibration is not None
     assert spec.calibration.fit["runs"] == len(files["runs"])
-    assert spec.calibration.scale("fast") == pytest.approx(1.3, rel=0.02)
+    assert spec.calibration.scale("slow") == pytest.approx(1.3, rel=0.02)
     code, text, _ = cli(
         monkeypatch, capsys, "calibrate", "--cluster", str(files["cluster"]), "--profile",
         str(files["profile"]), *args, "--out", str(out),

@@ -114,13 +114,13 @@ def test_runs_feed_a_calibration_that_improves_held_out_error_and_new_jobs_use_i
     assert held["median_abs_error_before"] > 0.1  # there was something to fit
     assert held["median_abs_error_after"] < min(0.03, held["median_abs_error_before"] / 4)
     assert doc["applied"] is True
-    assert doc["calibration"]["compute_scale"]["fast"] == pytest.approx(1.3, rel=0.05)
+    assert doc["calibration"]["compute_scale"]["slow"] == pytest.approx(1.3, rel=0.05)
     assert doc["calibration"]["fit"]["source"] == "service"
 
     calibrated = new_job(app_client, fake_backend)["spec"]["cluster"]
     spec = ClusterSpec.from_dict(calibrated)
     assert spec.calibration is not None
-    assert spec.calibration.scale("fast") == pytest.approx(1.3, rel=0.05)
+    assert spec.calibration.scale("slow") == pytest.approx(1.3, rel=0.05)
     assert spec_sha256(spec) == doc["spec_sha256"]  # the same cluster, calibrated
     as_given = new_job(app_client, fake_backend, calibration=False)["spec"]["cluster"]
     assert "calibration" not in as_given
