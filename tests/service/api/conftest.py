@@ -4,10 +4,12 @@ memory), settings with a known token and a SQLite store in ``tmp_path``, the app
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -114,3 +116,37 @@ def anon_client(app: FastAPI) -> Iterator[TestClient]:
     """A client of the app with no token."""
     with TestClient(app) as client:
         yield client
+
+
+# --- the job store on either database -------------------------------------------------------
+
+PG_USERS = ("postgres", "root")
+
+
+def _postgres_url() -> str:
+    """The URL of the test database, or skip saying why there is none."""
+    reasons = []
+    for user in PG_USERS:
+        try:
+            with psycopg.connect(
+                host="127.0.0.1", port=5432, dbname="test", user=user, connect_timeout=3
+            ):
+                return f"postgresql+psycopg://{user}@127.0.0.1:5432/test"
+        except psycopg.Error as e:
+            reasons.append(f"{user}: {str(e).strip().splitlines()[0]}")
+    pytest.skip(
+        "PostgreSQL at 127.0.0.1:5432 (database test) does not answer: " + "; ".join(reasons)
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    else:
+        store = Store(_postgres_url(), prefix=f"t{secrets.token_hex(4)}_")
+    store.create_tables()
+    yield store
+    if request.param == "postgresql":
+        store.drop_tables()
+    store.close()

@@ -6,9 +6,6 @@ fit is real."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +24,6 @@ from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sh
 from service.tasks.run import measured_run
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.api.conftest import FakeBackend
-from tests.service.api.test_store import _postgres_url
 
 
 def measured(plan: Plan, truth: ClusterSpec) -> Measurement:
@@ -247,19 +243,6 @@ def test_a_run_reports_its_plan_as_a_measured_evaluation_with_its_observation(
     data = {"plan": plan.to_dict(), "value": m.batch_time_s, **detail}
     r = post(app_client, fake_backend, job["id"], {"seq": 0, "type": "evaluation", "data": data})
     assert r.status_code == 200, r.text
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    else:
-        store = Store(_postgres_url(), prefix=f"t{secrets.token_hex(4)}_")
-    store.create_tables()
-    yield store
-    if request.param == "postgresql":
-        store.drop_tables()
-    store.close()
 
 
 def test_the_store_keeps_observations_and_fits_on_either_database(db: Store) -> None:

@@ -4,47 +4,12 @@ and drop them."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import psycopg
 import pytest
 
 from service.api.schemas import EventIn, EventType, JobKind, JobState
 from service.api.store import BadCursor, JobFinished, JobNotFound, Store
-
-PG_USERS = ("postgres", "root")
-
-
-def _postgres_url() -> str:
-    """The URL of the test database, or skip saying why there is none."""
-    reasons = []
-    for user in PG_USERS:
-        try:
-            with psycopg.connect(
-                host="127.0.0.1", port=5432, dbname="test", user=user, connect_timeout=3
-            ):
-                return f"postgresql+psycopg://{user}@127.0.0.1:5432/test"
-        except psycopg.Error as e:
-            reasons.append(f"{user}: {str(e).strip().splitlines()[0]}")
-    pytest.skip(
-        "PostgreSQL at 127.0.0.1:5432 (database test) does not answer: " + "; ".join(reasons)
-    )
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    else:
-        store = Store(_postgres_url(), prefix=f"t{secrets.token_hex(4)}_")
-    store.create_tables()
-    yield store
-    if request.param == "postgresql":
-        store.drop_tables()
-    store.close()
 
 
 def _job(db: Store, kind: JobKind = JobKind.PLAN) -> str:
