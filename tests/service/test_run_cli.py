@@ -224,15 +224,17 @@ def test_calibrate_fits_the_cluster_and_writes_the_spec(  # type: ignore[no-unty
     # fmt: on
     assert code == 0, err
     report = json.loads(text)
-    # fast and mid alone at 16 and 4 samples, and the two as a pipeline: 2 of 5 held out
-    assert [p["held_out"] for p in report["probes"]] == [False, True, False, True, False]
+    # fast and mid alone at 16 and 4 samples, the two as a pipeline and as replicas of one
+    # stage (BSP): 3 of 6 held out
+    assert [p["held_out"] for p in report["probes"]] == [False, True] * 3
+    assert len(Plan.from_dict(report["probes"][-1]["plan"]).stages[0].devices) == 2
     assert all(p["measured_s"] > 0 for p in report["probes"])
-    assert report["summary"]["held_out_plans"] == 2
+    assert report["summary"]["held_out_plans"] == 3
     spec = ClusterSpec.load(out)
     assert spec.calibration is not None
     assert set(spec.calibration.call_overhead) == {"fast", "mid"}
     assert spec.calibration.compute_scale == {}  # the profile was measured on the cluster
-    assert spec.calibration.fit["runs"] == 5
+    assert spec.calibration.fit["runs"] == 6
     assert "inter_node" in spec.calibration.network  # the pipeline crossed nodes
     assert spec.calibrated(None).to_dict() == SMALL.to_dict()
 
