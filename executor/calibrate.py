@@ -262,13 +262,14 @@ def fit(
     summary = dict(record or {})
     summary.update(
         runs=len(observations),
-        fitted_median_abs_error_before=_median_abs(before),
-        fitted_median_abs_error_after=_median_abs(after),
+        fitted_median_abs_error_before=median_abs(before),
+        fitted_median_abs_error_after=median_abs(after),
     )
     return Fit(terms.calibration(result.x, summary), before, after, int(result.nfev))
 
 
-def _median_abs(values: Sequence[float]) -> float:
+def median_abs(values: Sequence[float]) -> float:
+    """Median of ``|values|`` (nan when empty)."""
     return statistics.median(abs(v) for v in values) if values else math.nan
 
 

@@ -17,8 +17,8 @@ Numbers from an emulated cluster are EMULATED.
 
 from __future__ import annotations
 
-import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,15 @@ from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.plan import Plan
 from core.profile import ModelProfile
-from executor.calibrate import Fit, Observation, errors, fit, observation_of_run, probe_plans
+from executor.calibrate import (
+    Fit,
+    Observation,
+    errors,
+    fit,
+    median_abs,
+    observation_of_run,
+    probe_plans,
+)
 from executor.emulation import EMULATED_NOTE
 from executor.pipeline import RunConfig
 from executor.pipeline import run as run_plan
@@ -82,20 +90,7 @@ class CalibrationReport:
         return [v for v, p in zip(values, self.probes, strict=True) if p.held_out]
 
     def summary(self) -> dict[str, float]:
-        def med(values: list[float]) -> float:
-            return statistics.median(abs(v) for v in values) if values else float("nan")
-
-        def worst(values: list[float]) -> float:
-            return max((abs(v) for v in values), default=float("nan"))
-
-        before, after = self.held_out(self.before), self.held_out(self.after_held_out_fit)
-        return {
-            "held_out_plans": float(len(before)),
-            "held_out_median_abs_error_before": med(before),
-            "held_out_median_abs_error_after": med(after),
-            "held_out_max_abs_error_before": worst(before),
-            "held_out_max_abs_error_after": worst(after),
-        }
+        return held_out_summary(self.probes, self.before, self.after_held_out_fit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,17 +183,12 @@ def _report(
     fitted = [o for o, p in zip(observations, probes, strict=True) if not p.held_out]
     partial = fit(live, fitted)
     after_held = errors(live.calibrated(partial.calibration), observations)
-    held = [e for e, p in zip(after_held, probes, strict=True) if p.held_out]
     before = errors(live, observations)
-    record = {
+    record: dict[str, Any] = {
         "model": model,
         "profile": profile.name,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "held_out_plans": len(held),
-        "held_out_median_abs_error_before": _median_abs(
-            [e for e, p in zip(before, probes, strict=True) if p.held_out]
-        ),
-        "held_out_median_abs_error_after": _median_abs(held),
+        **held_out_summary(probes, before, after_held),
     }
     final: Fit = fit(live, observations, record)
     calibrated = live.calibrated(final.calibration)
@@ -214,8 +204,19 @@ def _report(
     )
 
 
-def _median_abs(values: list[float]) -> float:
-    return statistics.median(abs(v) for v in values) if values else float("nan")
+def held_out_summary(
+    probes: Sequence[ProbeRun], before: Sequence[float], after: Sequence[float]
+) -> dict[str, float]:
+    """The held-out probes' errors before and after calibration: count, median and worst."""
+    b = [e for e, p in zip(before, probes, strict=True) if p.held_out]
+    a = [e for e, p in zip(after, probes, strict=True) if p.held_out]
+    return {
+        "held_out_plans": float(len(b)),
+        "held_out_median_abs_error_before": median_abs(b),
+        "held_out_median_abs_error_after": median_abs(a),
+        "held_out_max_abs_error_before": max((abs(e) for e in b), default=float("nan")),
+        "held_out_max_abs_error_after": max((abs(e) for e in a), default=float("nan")),
+    }
 
 
 def _describe(plan: Plan) -> str:
