@@ -1,0 +1,250 @@
+"""Jobs: the ``jobs`` and ``events`` tables (the events' primary key is ``(job_id, seq)``,
+so a repeated seq is never stored twice, even when two copies race), the store's refusals,
+and :class:`JobStore`: create, read, page through and end jobs.
+
+Terminal states never change again: every state change is one conditional ``UPDATE``.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Row,
+    String,
+    Table,
+    Text,
+    func,
+    insert,
+    select,
+    update,
+)
+
+from service.api.schemas import TERMINAL, Job, JobKind, JobState
+from service.api.store.calibrations import CalibrationStore
+from service.api.store.database import finite, now, utc
+
+OPEN_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
+
+
+class StoreError(Exception):
+    """Base of the store's refusals (the routes turn them into HTTP errors)."""
+
+
+class JobNotFound(StoreError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r}: no such job")
+
+
+class JobFinished(StoreError):
+    """The job is terminal: it changes no more."""
+
+    def __init__(self, job_id: str, state: JobState) -> None:
+        super().__init__(f"job {job_id!r} is {state.value}: it changes no more")
+        self.state = state
+
+
+class BadCursor(StoreError):
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"cursor: not a cursor this service issued, got {cursor!r}")
+
+
+def new_job_id() -> str:
+    return f"pp-{secrets.token_hex(8)}"
+
+
+def job_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
+    """The jobs and events tables (module docstring)."""
+    jobs = Table(
+        f"{prefix}jobs",
+        metadata,
+        Column("num", Integer, primary_key=True, autoincrement=True),
+        Column("id", String(64), unique=True, nullable=False),
+        Column("kind", String(16), nullable=False, index=True),
+        Column("state", String(16), nullable=False, index=True),
+        Column("name", Text),
+        Column("spec", JSON, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("started_at", DateTime(timezone=True)),
+        Column("finished_at", DateTime(timezone=True)),
+        Column("progress", JSON),
+        Column("progress_seq", BigInteger),
+        Column("result", JSON),
+        Column("error", Text),
+        Column("ray_job_id", String(128)),
+        Column("token_hash", String(64), nullable=False),
+    )
+    events = Table(
+        f"{prefix}events",
+        metadata,
+        Column("job_id", String(64), ForeignKey(jobs.c.id), primary_key=True),
+        Column("seq", BigInteger, primary_key=True, autoincrement=False),
+        Column("type", String(16), nullable=False),
+        Column("data", JSON, nullable=False),
+        Column("received_at", DateTime(timezone=True), nullable=False),
+    )
+    return jobs, events
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next: str | None
+
+
+class JobStore(CalibrationStore):
+    """Jobs in the database at ``url`` (tables named ``{prefix}jobs`` and
+    ``{prefix}events``; tests use a prefix of their own), beside the calibration tables of
+    :class:`CalibrationStore`; the events' methods are :class:`service.api.store.Store`'s."""
+
+    def __init__(self, url: str, prefix: str = "") -> None:
+        super().__init__(url, prefix)
+        self.jobs, self.events = job_tables(self.metadata, prefix)
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    def _job(self, row: Row[Any]) -> Job:
+        m = row._mapping
+        return Job(
+            id=m["id"],
+            kind=JobKind(m["kind"]),
+            state=JobState(m["state"]),
+            name=m["name"],
+            spec=m["spec"],
+            created_at=utc(m["created_at"]) or now(),
+            started_at=utc(m["started_at"]),
+            finished_at=utc(m["finished_at"]),
+            progress=m["progress"],
+            result=m["result"],
+            error=m["error"],
+            ray_job_id=m["ray_job_id"],
+        )
+
+    def create_job(
+        self, kind: JobKind, spec: dict[str, Any], name: str | None, token_hash: str
+    ) -> Job:
+        """A new ``queued`` job."""
+        job_id = new_job_id()
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(self.jobs).values(
+                    id=job_id,
+                    kind=kind.value,
+                    state=JobState.QUEUED.value,
+                    name=name,
+                    spec=finite(spec),
+                    created_at=now(),
+                    token_hash=token_hash,
+                )
+            )
+        return self.get_job(job_id)
+
+    def get_job(self, job_id: str) -> Job:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(self.jobs).where(self.jobs.c.id == job_id)).first()
+        if row is None:
+            raise JobNotFound(job_id)
+        return self._job(row)
+
+    def token_hash(self, job_id: str) -> str | None:
+        """The hash of the job's token (None: no such job)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(self.jobs.c.token_hash).where(self.jobs.c.id == job_id)
+            ).scalar()
+        return None if value is None else str(value)
+
+    def list_jobs(
+        self,
+        state: JobState | None = None,
+        kind: JobKind | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Newest first; ``cursor`` (opaque) continues after the last job of a page."""
+        query = select(self.jobs).order_by(self.jobs.c.num.desc()).limit(limit + 1)
+        if state is not None:
+            query = query.where(self.jobs.c.state == state.value)
+        if kind is not None:
+            query = query.where(self.jobs.c.kind == kind.value)
+        if cursor is not None:
+            query = query.where(self.jobs.c.num < _decode_cursor(cursor))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = _encode_cursor(rows[-1]._mapping["num"]) if more and rows else None
+        return Page([self._job(r) for r in rows], nxt)
+
+    def unfinished_jobs(self) -> list[Job]:
+        """Every job that is not terminal (to reconcile with the backend), oldest first."""
+        query = (
+            select(self.jobs).where(self.jobs.c.state.in_(OPEN_STATES)).order_by(self.jobs.c.num)
+        )
+        with self.engine.connect() as conn:
+            return [self._job(r) for r in conn.execute(query).all()]
+
+    def counts(self) -> Counter[tuple[str, str]]:
+        """How many jobs of each (state, kind)."""
+        j = self.jobs
+        query = select(j.c.state, j.c.kind, func.count()).group_by(j.c.state, j.c.kind)
+        with self.engine.connect() as conn:
+            return Counter({(s, k): int(n) for s, k, n in conn.execute(query).all()})
+
+    def set_ray_job_id(self, job_id: str, ray_job_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(self.jobs).where(self.jobs.c.id == job_id).values(ray_job_id=ray_job_id)
+            )
+
+    def mark_running(self, job_id: str) -> bool:
+        """``queued -> running`` (started now); False when it was not queued."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(self.jobs)
+                .where(self.jobs.c.id == job_id, self.jobs.c.state == JobState.QUEUED.value)
+                .values(state=JobState.RUNNING.value, started_at=now())
+            )
+        return done.rowcount > 0
+
+    def finish(
+        self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
+    ) -> Job:
+        """End the job in terminal ``state``; :class:`JobFinished` when it had ended."""
+        if state not in TERMINAL:
+            raise ValueError(f"state: {state.value!r} is not terminal")
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(self.jobs)
+                .where(self.jobs.c.id == job_id, self.jobs.c.state.in_(OPEN_STATES))
+                .values(state=state.value, finished_at=now(), result=finite(result), error=error)
+            )
+        if done.rowcount == 0:
+            job = self.get_job(job_id)  # JobNotFound, else it had ended
+            raise JobFinished(job_id, job.state)
+        return self.get_job(job_id)
+
+
+def _encode_cursor(num: int) -> str:
+    return base64.urlsafe_b64encode(f"j{num}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith("j") or not raw[1:].isdigit() or len(raw) > 20:
+            raise ValueError(raw)
+        return int(raw[1:])
+    except (ValueError, UnicodeDecodeError):
+        raise BadCursor(cursor) from None
