@@ -3,8 +3,8 @@ routes (the dashboard's pages and its static files among them), the limits, the 
 the error handlers.
 
 On start (lifespan) the tables are created, the calibrator's thread starts (it refits the
-clusters whose runs arrived since their last fit, :mod:`service.api.calibration`), and every
-unfinished job is reconciled with the
+clusters whose runs arrived since their last fit, :mod:`service.api.calibration`; the fits
+run in a child process, ended on shutdown), and every unfinished job is reconciled with the
 backend (API.md, "Delivery and restarts"): still running -> keep waiting; finished without a
 ``result`` event -> ``failed`` with the backend's message and the log tail. The same
 reconcile runs every ``reconcile_every_s`` while the service is up, so a job whose driver
@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from core.errors import PipeplanError
 from service.api.backend import BackendState, JobsBackend
 from service.api.calibration import Calibrator
+from service.api.calibration_fit import FitWorker
 from service.api.deps import AppContext
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.ray_jobs import RayJobsBackend
@@ -158,8 +159,10 @@ def create_app(
     settings: Settings | None = None,
     store: Store | None = None,
     backend: JobsBackend | None = None,
+    fit_worker: FitWorker | None = None,
 ) -> FastAPI:
-    """The service's app (tests pass their own store and a fake backend)."""
+    """The service's app (tests pass their own store, a fake backend, and a calibration fit
+    worker shared by their apps)."""
     settings = settings or get_settings()
     store = store or Store(settings.database_url)
     context = AppContext(
@@ -168,7 +171,7 @@ def create_app(
         store=store,
         backend=backend or default_backend(settings),
         metrics=Metrics(store.counts),
-        calibrator=Calibrator(store),
+        calibrator=Calibrator(store, worker=fit_worker),
     )
     app = FastAPI(
         title="pipeplan",

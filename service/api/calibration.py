@@ -7,13 +7,12 @@ measure, and new jobs on that cluster predict with it (README, "Calibration from
   the value); the store keeps it with its event, in the same transaction, filed under the
   cluster's name and the hash of its **uncalibrated** spec (a changed spec starts over),
   once per job and plan.
-- **The fit.** :class:`Calibrator` refits a cluster in a background thread after new
-  observations arrive (the event endpoint never waits for it), from its newest
-  :data:`MAX_RUNS` observations, with :func:`executor.calibrate.fit`. Its verdict is a
-  **held-out** error: with :data:`HOLD_OUT_FROM` observations or more, the fit on all but the
-  newest quarter is judged on that quarter (the plans the cluster will be asked about next
-  are more like the newest); with fewer, leave-one-out. The calibration kept is then fitted
-  on every observation. A fit that fails keeps the previous one and says why.
+- **The fit.** :class:`Calibrator` refits a cluster after new observations arrive (the
+  event endpoint never waits for it), from its newest :data:`MAX_RUNS` observations, with
+  :func:`executor.calibrate.fit`; a background thread schedules the refits and stores them,
+  the fit itself runs in a child process (:mod:`service.api.calibration_fit`, where the
+  held-out verdict is described). The calibration kept is fitted on every observation. A fit
+  that fails keeps the previous one and says why.
 - **Use.** A new ``plan``, ``compare`` or ``run`` job whose ``cluster`` (a preset or a
   document without a ``calibration:`` block) has a calibration that is **applied** gets the
   calibrated spec as its ``cluster`` document, so its predictions use it; ``"calibration":
@@ -25,11 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from core.calibration import Calibration
@@ -37,7 +34,8 @@ from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.plan import Plan
 from core.profile import ModelProfile
-from executor.calibrate import Observation, errors, fit
+from service.api.calibration_fit import MIN_RUNS as MIN_RUNS
+from service.api.calibration_fit import FitPayload, FitWorker, RunDoc
 from service.api.schemas import (
     ClusterCalibration,
     EventIn,
@@ -55,10 +53,6 @@ log = logging.getLogger("pipeplan.service.calibration")
 
 MAX_RUNS = 200
 """The most observations one fit reads: a cluster's newest."""
-MIN_RUNS = 3
-"""Observations a calibration needs before new jobs use it."""
-HOLD_OUT_FROM = 4
-"""From this many observations the newest quarter is held out; below, leave-one-out."""
 CALIBRATED_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
 """The job kinds whose predictions a calibration changes."""
 OBSERVED = frozenset({EventType.EVALUATION, EventType.MEASUREMENT})
@@ -176,102 +170,44 @@ def parse_observations(posted: Sequence[EventIn], store: Store) -> dict[int, Obs
     return out
 
 
-# --- the fit ----------------------------------------------------------------------------------
+# --- the refits -------------------------------------------------------------------------------
 
 
-def _median_abs(values: Sequence[float]) -> float | None:
-    return statistics.median(abs(v) for v in values) if values else None
-
-
-def _max_abs(values: Sequence[float]) -> float | None:
-    return max(abs(v) for v in values) if values else None
-
-
-def held_out(
-    spec: ClusterSpec, observations: Sequence[Observation]
-) -> tuple[str, list[float], list[float]]:
-    """How the fit is judged, and each held-out observation's batch-time error before (the
-    spec as given) and after (the calibration fitted without it): the newest quarter with
-    :data:`HOLD_OUT_FROM` or more, else leave-one-out (none with one observation)."""
-    n = len(observations)
-    if n >= HOLD_OUT_FROM:
-        k = math.ceil(n / 4)
-        train, test = observations[:-k], observations[-k:]
-        partial = fit(spec, train).calibration
-        return (
-            "newest quarter",
-            list(errors(spec, test)),
-            list(errors(spec.calibrated(partial), test)),
-        )
-    if n < 2:
-        return "none", [], []
-    before: list[float] = []
-    after: list[float] = []
-    for i, o in enumerate(observations):
-        rest = [x for j, x in enumerate(observations) if j != i]
-        partial = fit(spec, rest).calibration
-        before += errors(spec, [o])
-        after += errors(spec.calibrated(partial), [o])
-    return "leave-one-out", before, after
-
-
-def fit_record(spec: ClusterSpec, stored: Sequence[StoredObservation]) -> dict[str, Any]:
-    """The fit of ``spec`` to ``stored`` (oldest first) as the service keeps it: the
-    calibration (its ``fit`` block says how it was made) and the held-out verdict."""
-    observations = [
-        Observation(
-            Plan.from_dict(s.plan),
-            ModelProfile.from_dict(s.profile),
-            s.batch_time_s,
-            s.forward_s,
-            s.backward_s,
-        )
+def fit_payload(spec: dict[str, Any], stored: Sequence[StoredObservation]) -> FitPayload:
+    """What the fit worker is sent for ``stored`` (oldest first): plain data, each profile
+    document once."""
+    runs: list[RunDoc] = [
+        {
+            "plan": s.plan,
+            "profile_sha256": s.profile_sha256,
+            "batch_time_s": s.batch_time_s,
+            "forward_s": list(s.forward_s),
+            "backward_s": list(s.backward_s),
+            "emulated": s.emulated,
+            "job_id": s.job_id,
+        }
         for s in stored
     ]
-    method, before, after = held_out(spec, observations)
-    fitted_at = datetime.now(UTC).isoformat(timespec="seconds")
-    summary: dict[str, Any] = {
-        "source": "service",
-        "fitted_at": fitted_at,
-        "emulated_runs": sum(s.emulated for s in stored),
-        "jobs": len({s.job_id for s in stored}),
-        "held_out_method": method,
-        "held_out_plans": len(before),
-        "held_out_median_abs_error_before": _median_abs(before),
-        "held_out_median_abs_error_after": _median_abs(after),
-        "held_out_max_abs_error_before": _max_abs(before),
-        "held_out_max_abs_error_after": _max_abs(after),
-    }
-    t0 = time.perf_counter()
-    final = fit(spec, observations, summary)
-    seconds = time.perf_counter() - t0
-    verdict_before = summary["held_out_median_abs_error_before"]
-    verdict_after = summary["held_out_median_abs_error_after"]
-    applied, why = _applied(len(observations), verdict_before, verdict_after)
-    return {
-        "calibration": final.calibration.to_dict(),
-        "runs": len(observations),
-        "applied": applied,
-        "why": why,
-        "fit_seconds": seconds,
-    }
-
-
-def _applied(runs: int, before: float | None, after: float | None) -> tuple[bool, str]:
-    if runs < MIN_RUNS:
-        return False, f"{runs} runs: new jobs use it from {MIN_RUNS}"
-    if before is None or after is None or after > before:
-        return False, "its held-out error is worse than the spec's: new jobs do not use it"
-    return True, "new jobs on this cluster predict with it"
+    profiles = {s.profile_sha256: s.profile for s in stored}
+    return {"spec": spec, "profiles": profiles, "runs": runs}
 
 
 class Calibrator:
-    """Refits clusters in one background thread (module docstring). :meth:`observed` asks
-    for a refit and returns at once; several requests for one cluster while a fit runs make
-    one more fit."""
+    """Refits clusters, one at a time, from one background thread (module docstring): the
+    thread reads a cluster's runs and stores its fit; the fit itself runs in the child
+    process of a :class:`~service.api.calibration_fit.FitWorker`, so that it does not hold
+    the API process's GIL. :meth:`observed` asks for a refit and returns at once; several
+    requests for one cluster while a fit runs make one more fit (never two at once).
 
-    def __init__(self, store: Store, max_runs: int = MAX_RUNS) -> None:
+    ``worker``: a worker to share (tests); by default the calibrator has its own, ended by
+    :meth:`stop`."""
+
+    def __init__(
+        self, store: Store, max_runs: int = MAX_RUNS, worker: FitWorker | None = None
+    ) -> None:
         self.store, self.max_runs = store, max_runs
+        self.worker = worker if worker is not None else FitWorker()
+        self._owns_worker = worker is None
         self._pending: list[Key] = []
         self._busy = False
         self._cond = threading.Condition()
@@ -289,12 +225,15 @@ class Calibrator:
         self.observed((r.name, r.spec_sha256) for r in self.store.calibrations() if r.stale)
 
     def stop(self) -> None:
+        """Stop the thread (after the fit it waits for) and end the calibrator's own worker."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=60)
+        if self._owns_worker:
+            self.worker.close()
 
     def observed(self, keys: Iterable[Key]) -> None:
         """New observations of these clusters: refit them (in the background)."""
@@ -326,7 +265,7 @@ class Calibrator:
                 self._busy = True
             try:
                 self.refit(key)
-            except Exception:  # a broken fit is logged; the thread goes on
+            except Exception:  # a broken fit (or worker) is logged; the thread goes on
                 log.exception("calibration: refit of %s", key)
             finally:
                 with self._cond:
@@ -334,21 +273,20 @@ class Calibrator:
                     self._cond.notify_all()
 
     def refit(self, key: Key, force: bool = False) -> CalibrationRecord | None:
-        """Fit the cluster ``key`` now, in this thread, and store the fit (unless no run
-        arrived since the last one and not ``force``)."""
+        """Fit the cluster ``key`` now (in the worker process, this thread waiting for it)
+        and store the fit, or why the runs could not be fitted, the previous fit kept;
+        nothing when no run arrived since the last fit and not ``force``. A worker that
+        fails otherwise raises here, and nothing is stored (the cluster stays stale)."""
         name, sha = key
         record = self.store.calibration(name, sha)
         if record is None or not (force or record.stale):
             return record
         stored = self.store.observations(name, sha, self.max_runs)
         through = max((s.num for s in stored), default=record.last_observation)
-        try:
-            spec = ClusterSpec.from_dict(record.spec)
-            doc = fit_record(spec, stored)
-        except PipeplanError as e:
-            self.store.save_fit(name, sha, None, through, error=str(e))
-        else:
-            self.store.save_fit(name, sha, doc, through)
+        outcome = self.worker.fit(fit_payload(record.spec, stored))
+        if outcome["error"] is not None:
+            log.warning("calibration: %s cannot be fitted: %s", key, outcome["error"])
+        self.store.save_fit(name, sha, outcome["fit"], through, error=outcome["error"])
         return self.store.calibration(name, sha)
 
 

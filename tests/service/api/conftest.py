@@ -1,6 +1,7 @@
 """Fixtures of the API's tests: a :class:`FakeBackend` (the jobs backend protocol, in
 memory), settings with a known token and a SQLite store in ``tmp_path``, the app, and
-``app_client``: a ``TestClient`` (lifespan run) whose requests carry the API token."""
+``app_client``: a ``TestClient`` (lifespan run) whose requests carry the API token. The apps
+share one calibration fit worker (its child process spawned once per session)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.api.backend import BackendState, BackendStatus, ClusterState, Submission
+from service.api.calibration_fit import FitWorker
 from service.api.settings import Settings
 from service.api.store import Store
 
@@ -99,9 +101,20 @@ def store(api_settings: Settings) -> Iterator[Store]:
     s.close()
 
 
+@pytest.fixture(scope="session")
+def fit_worker() -> Iterator[FitWorker]:
+    """The calibration fit worker of every app of the session (a spawned child process
+    imports the executor once, not once per test)."""
+    worker = FitWorker()
+    yield worker
+    worker.close()
+
+
 @pytest.fixture
-def app(api_settings: Settings, store: Store, fake_backend: FakeBackend) -> FastAPI:
-    return create_app(api_settings, store=store, backend=fake_backend)
+def app(
+    api_settings: Settings, store: Store, fake_backend: FakeBackend, fit_worker: FitWorker
+) -> FastAPI:
+    return create_app(api_settings, store=store, backend=fake_backend, fit_worker=fit_worker)
 
 
 @pytest.fixture

@@ -6,17 +6,23 @@ fit is real."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan
 from executor.measure import Measurement, StageMeasurement
-from service.api.calibration import MIN_RUNS, Calibrator, parse_observations
+from service.api.calibration import MIN_RUNS, Calibrator, fit_payload, parse_observations
+from service.api.calibration_fit import FitWorker
 from service.api.schemas import EventIn, EventType, JobKind
 from service.api.store import Store
 from service.tasks.events import EventReporter
@@ -245,19 +251,83 @@ def test_a_run_reports_its_plan_as_a_measured_evaluation_with_its_observation(
     assert r.status_code == 200, r.text
 
 
-def test_the_store_keeps_observations_and_fits_on_either_database(db: Store) -> None:
+def stored_runs(db: Store, n: int) -> str:
+    """``n`` measured plans of one job stored (with their observations); the job id."""
     job = db.create_job(JobKind.PLAN, {}, None, "hash").id
     truth = cluster().calibrated(TRUTH)
     posted = [
         EventIn(seq=i, type=EventType.EVALUATION, data=evaluation(p, truth))
-        for i, p in enumerate(plans()[:4])
+        for i, p in enumerate(plans()[:n])
     ]
     observations = parse_observations(posted, db)
-    assert db.add_events(job, posted, observations) == [True] * 4
-    assert db.add_events(job, posted, observations) == [False] * 4  # repeats: nothing
+    assert db.add_events(job, posted, observations) == [True] * n
+    assert db.add_events(job, posted, observations) == [False] * n  # repeats: nothing
+    return job
+
+
+def test_the_store_keeps_observations_and_fits_on_either_database(
+    db: Store, fit_worker: FitWorker
+) -> None:
+    stored_runs(db, 4)
     record = db.calibration("c")
     assert record is not None and record.observations == 4 and record.stale
-    refitted = Calibrator(db).refit(("c", spec_sha256(cluster())))
+    refitted = Calibrator(db, worker=fit_worker).refit(("c", spec_sha256(cluster())))
     assert refitted is not None and not refitted.stale and refitted.fit is not None
     assert refitted.fit["runs"] == 4 and refitted.fit_error is None
     assert len(db.observations("c", spec_sha256(cluster()), 3)) == 3
+
+
+def test_the_fit_runs_in_a_child_process_from_plain_data(db: Store, fit_worker: FitWorker) -> None:
+    stored_runs(db, 4)
+    stored = db.observations("c", spec_sha256(cluster()), 10)
+    payload = fit_payload(cluster().to_dict(), stored)
+    assert len(payload["profiles"]) == 1 and len(payload["runs"]) == 4  # each profile once
+    outcome = fit_worker.fit(payload)
+    assert outcome["pid"] != os.getpid() and outcome["error"] is None
+    assert outcome["fit"] is not None and outcome["fit"]["runs"] == 4
+    assert fit_worker.fit(payload)["pid"] == outcome["pid"]  # the worker stays for the next
+
+
+def test_a_fit_that_fails_is_stored_and_logged_and_the_previous_fit_kept(
+    db: Store, fit_worker: FitWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    stored_runs(db, 4)
+    key = ("c", spec_sha256(cluster()))
+    calibrator = Calibrator(db, worker=fit_worker)
+    good = calibrator.refit(key)
+    assert good is not None and good.fit is not None
+    c = db.cal_clusters
+    with db.engine.begin() as conn:  # a spec the worker cannot read
+        conn.execute(update(c).where(c.c.name == "c").values(spec={"name": "c"}))
+    with caplog.at_level(logging.WARNING, logger="pipeplan.service.calibration"):
+        failed = calibrator.refit(key, force=True)
+    assert failed is not None and failed.fit_error == "cluster.device_types: missing"
+    assert failed.fit == good.fit  # the previous fit kept
+    assert "cluster.device_types: missing" in caplog.text
+
+
+def test_an_error_in_the_worker_is_raised_in_the_caller_and_the_next_fit_runs(
+    db: Store, fit_worker: FitWorker
+) -> None:
+    stored_runs(db, 2)
+    payload = fit_payload(cluster().to_dict(), db.observations("c", spec_sha256(cluster()), 10))
+    broken = {**payload, "runs": [{**payload["runs"][0], "profile_sha256": "x"}]}
+    with pytest.raises(KeyError, match="'x'"):  # not a refusal: raised where it is awaited
+        fit_worker.fit(broken)  # type: ignore[arg-type]
+    assert fit_worker.fit(payload)["fit"] is not None
+
+
+@pytest.mark.slow
+def test_a_worker_that_died_fails_its_fit_and_the_next_fit_has_a_new_one(store: Store) -> None:
+    stored_runs(store, 2)
+    payload = fit_payload(cluster().to_dict(), store.observations("c", spec_sha256(cluster()), 10))
+    worker = FitWorker()
+    try:
+        pid = worker.fit(payload)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            worker.fit(payload)
+        again = worker.fit(payload)
+        assert again["fit"] is not None and again["pid"] not in (pid, os.getpid())
+    finally:
+        worker.close()
