@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import Any
+from typing import Any, Literal
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -98,19 +98,69 @@ def _progress_cell(job: Job) -> str:
     return f"{p['evaluations']} evals, best {_best(p.get('best_value'), objective_of(job.spec))}"
 
 
+PREDICTING_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
+"""The job kinds whose results hold the cost model's predictions."""
+
+
+Calibrated = Literal["none", "uncalibrated", "service", "own"]
+
+
+def _calibration(job: Job) -> tuple[Calibrated, Document]:
+    """Whether the job's predictions are calibrated, from its stored spec (the service puts
+    the calibrated cluster document there, :mod:`service.api.calibration`): ``none`` (not a
+    predicting kind), ``uncalibrated``, ``service`` (the service's calibration from use) or
+    ``own`` (the request's own ``calibration:`` block); and the calibration's ``fit`` record."""
+    if job.kind not in PREDICTING_KINDS:
+        return "none", {}
+    cluster = job.spec.get("cluster")
+    calibration = cluster.get("calibration") if isinstance(cluster, dict) else None
+    if not isinstance(calibration, dict):
+        return "uncalibrated", {}
+    fit = calibration.get("fit")
+    fit = fit if isinstance(fit, dict) else {}
+    return ("service" if fit.get("source") == "service" else "own"), fit
+
+
+def predictions_line(job: Job) -> str:
+    """``calibrated from 11 runs (fitted 2026-11-25T04:10:00+00:00)``, ``calibrated (the
+    request's own)``, ``uncalibrated spec`` or ``-`` (as the dashboard's job facts say it)."""
+    how, fit = _calibration(job)
+    if how == "service":
+        return f"calibrated from {fit.get('runs', '?')} runs (fitted {fit.get('fitted_at', '?')})"
+    if how == "own":
+        return "calibrated (the request's own)"
+    return "uncalibrated spec" if how == "uncalibrated" else "-"
+
+
+def _calibrated_cell(job: Job) -> str:
+    how, fit = _calibration(job)
+    if how == "service":
+        return f"{fit.get('runs', '?')} runs"
+    if how == "own":
+        return "own"
+    return "no" if how == "uncalibrated" else "-"
+
+
 STATE_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
 def jobs_table(page: JobPage) -> Table:
     """One row per job, newest first."""
     table = Table(title="jobs (newest first)", title_justify="left")
-    for col in ("id", "kind", "state", "name", "created", "progress"):
-        table.add_column(col, no_wrap=col != "name")
+    for col in ("id", "kind", "state", "name", "created", "progress", "calibrated"):
+        wraps = col in ("name", "progress")
+        table.add_column(col, no_wrap=not wraps, min_width=8 if wraps else None)
     for job in page.items:
         style = STATE_STYLE.get(job.state.value)
         state = f"[{style}]{job.state.value}[/{style}]" if style else job.state.value
         table.add_row(
-            job.id, job.kind.value, state, job.name or "", _when(job), _progress_cell(job)
+            job.id,
+            job.kind.value,
+            state,
+            job.name or "",
+            _when(job),
+            _progress_cell(job),
+            _calibrated_cell(job),
         )
     return table
 
@@ -141,6 +191,8 @@ def job_lines(job: Job) -> list[str]:
     for label, when in (("started", job.started_at), ("finished", job.finished_at)):
         if when is not None:
             lines.append(f"{label:<16}{when.isoformat()}")
+    if job.kind in PREDICTING_KINDS:
+        lines.append(f"predictions     {predictions_line(job)}")
     if job.ray_job_id:
         lines.append(f"ray job         {job.ray_job_id}")
     if job.progress and "evaluations" in job.progress:

@@ -23,8 +23,9 @@ from core.plan import Plan
 from executor.measure import Measurement, StageMeasurement
 from service.api.calibration import MIN_RUNS, Calibrator, fit_payload, parse_observations
 from service.api.calibration_fit import FitWorker
-from service.api.schemas import EventIn, EventType, JobKind
+from service.api.schemas import EventIn, EventType, Job, JobKind
 from service.api.store import Store
+from service.cli.job_view import predictions_line
 from service.tasks.events import EventReporter
 from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
 from service.tasks.run import measured_run
@@ -119,7 +120,11 @@ def test_runs_feed_a_calibration_that_improves_held_out_error_and_new_jobs_use_i
     assert doc["calibration"]["compute_scale"]["slow"] == pytest.approx(1.3, rel=0.05)
     assert doc["calibration"]["fit"]["source"] == "service"
 
-    calibrated = new_job(app_client, fake_backend)["spec"]["cluster"]
+    job = new_job(app_client, fake_backend)
+    assert predictions_line(Job.model_validate(job)).startswith(
+        f"calibrated from {len(plans())} runs (fitted 20"
+    )  # as `pipeplan jobs show` says it
+    calibrated = job["spec"]["cluster"]
     spec = ClusterSpec.from_dict(calibrated)
     assert spec.calibration is not None
     assert spec.calibration.scale("slow") == pytest.approx(1.3, rel=0.05)

@@ -335,6 +335,32 @@ def test_jobs_ls_filters_and_pages(cli: Any, stub: ContractStub) -> None:
     assert first not in out and err == "more: pipeplan jobs ls --cursor c1\n"
 
 
+def test_jobs_say_whether_their_predictions_are_calibrated(cli: Any, stub: ContractStub) -> None:
+    fit = {"source": "service", "runs": 11, "fitted_at": "2026-11-25T04:10:00+00:00"}
+    ids = {
+        "service": stub.add_job("plan", {"cluster": {**CLUSTER, "calibration": {"fit": fit}}}),
+        "own": stub.add_job("run", {"cluster": {**CLUSTER, "calibration": {"fit": {}}}}),
+        "none": stub.add_job("compare", {"cluster": "local-hetero"}),
+        "profile": stub.add_job("profile", {"model": "alexnet"}),
+    }
+    code, out, _ = cli("jobs", "ls")
+    assert code == 0 and "calibrated" in out
+    last_cell = {
+        how: next(line for line in out.splitlines() if job["id"] in line).split("│")[-2].strip()
+        for how, job in ids.items()
+    }
+    assert last_cell == {"service": "11 runs", "own": "own", "none": "no",
+                         "profile": "-"}  # fmt: skip
+    shown = {how: cli("jobs", "show", job["id"])[1] for how, job in ids.items()}
+    assert (
+        "predictions     calibrated from 11 runs (fitted 2026-11-25T04:10:00+00:00)\n"
+        in (shown["service"])
+    )
+    assert "predictions     calibrated (the request's own)\n" in shown["own"]
+    assert "predictions     uncalibrated spec\n" in shown["none"]
+    assert "predictions" not in shown["profile"]
+
+
 def test_a_token_file_that_cannot_be_read_is_one_line(
     cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
