@@ -67,6 +67,7 @@ from agents.search import Search
 from core.errors import PipeplanError
 from core.plan import Plan
 from envs import PlacementEnv
+from envs.mdp import ACTION_SPACES, STAGES
 
 DRIVER_CPUS = 1.0
 """CPUs left to the driver (it runs the learner) when the env runners are counted."""
@@ -83,6 +84,7 @@ class PPOOptions:
 
     iterations: int = 40  # PPO training iterations (each samples train_batch env steps)
     num_env_runners: int | None = None  # sampling actors (0: in the driver; None: spare CPUs)
+    envs_per_runner: int = 1  # envs each runner steps together (one batched policy call)
     train_batch: int = 500  # env steps per iteration
     minibatch: int = 125  # SGD minibatch size
     epochs: int = 6  # SGD passes over each batch
@@ -94,12 +96,13 @@ class PPOOptions:
     hidden: tuple[int, ...] = (128, 128)  # policy / value MLP sizes
     microbatches: int | None = None  # fixed microbatch count (None: problem's, else chosen)
     max_replicas: int | None = None  # devices per stage at most (None: every device)
+    actions: str = STAGES  # the env's action space: "stages" or "layers" (envs.mdp)
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
 
     def __post_init__(self) -> None:
-        for key in ("iterations", "train_batch", "minibatch", "epochs"):
+        for key in ("iterations", "train_batch", "minibatch", "epochs", "envs_per_runner"):
             if getattr(self, key) < 1:
                 raise ProblemError(f"ppo.{key}: must be >= 1, got {getattr(self, key)}")
         if self.num_env_runners is not None and self.num_env_runners < 0:
@@ -120,10 +123,17 @@ class PPOOptions:
             raise ProblemError(f"ppo.microbatches: must be >= 1, got {self.microbatches}")
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ProblemError(f"ppo.max_replicas: must be >= 1, got {self.max_replicas}")
+        if self.actions not in ACTION_SPACES:
+            raise ProblemError(
+                f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
+            )
 
 
 def env_config(
-    problem: Problem, microbatches: int | None, max_replicas: int | None = None
+    problem: Problem,
+    microbatches: int | None,
+    max_replicas: int | None = None,
+    actions: str = STAGES,
 ) -> dict[str, Any]:
     """The env's config; ``microbatches`` None: the episode chooses among the problem's."""
     n_dev = len(problem.cluster.device_ids)
@@ -137,6 +147,7 @@ def env_config(
         "schedule": problem.schedule.value,
         "min_throughput": problem.min_throughput,
         "max_replicas": min(max_replicas or n_dev, n_dev),
+        "actions": actions,
     }
 
 
@@ -226,8 +237,11 @@ class PPOPlanner(Planner):
         c = self.config
         config = (
             PPOConfig()
-            .environment(PlacementEnv, env_config=env_config(problem, microbatches, c.max_replicas))
-            .env_runners(num_env_runners=runners, num_envs_per_env_runner=1)
+            .environment(
+                PlacementEnv,
+                env_config=env_config(problem, microbatches, c.max_replicas, c.actions),
+            )
+            .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)
             .learners(num_learners=0)
             .training(
                 train_batch_size_per_learner=c.train_batch,

@@ -9,7 +9,7 @@ construction, not in the middle of an episode.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from core.plan import Schedule
 from core.profile import ModelProfile
 from core.tables import CostTables
 from envs.encoding import encode_profile
-from envs.mdp import Instance
+from envs.mdp import ACTION_SPACES, LAYERS, Instance
 
 
 class EnvConfigError(PipeplanError):
@@ -55,6 +55,9 @@ class EnvOptions:
     """Layers after the current one whose encodings the observation holds."""
     infeasible_reward: float = 0.0
     """The reward of a plan that does not fit in memory or misses ``min_throughput``."""
+    actions: str = LAYERS
+    """The action space (:data:`envs.mdp.ACTION_SPACES`): ``layers`` (one layer per step) or
+    ``stages`` (open a stage, add replicas, choose its end)."""
 
 
 OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
@@ -108,6 +111,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         speed=tb.dev_flops / tb.dev_flops.max(),
         node=tb.dev_node,
         reference=float(reference.min()),
+        actions=opt.actions,
     )
 
 
@@ -168,6 +172,10 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
         )
     if opt.lookahead < 0:
         raise EnvConfigError(f"lookahead: must be >= 0, got {opt.lookahead}")
+    if opt.actions not in ACTION_SPACES:
+        raise EnvConfigError(
+            f"actions: unknown {opt.actions!r} (one of {', '.join(ACTION_SPACES)})"
+        )
     return objective, schedule
 
 
@@ -192,7 +200,9 @@ def instances_from_config(config: Mapping[str, Any]) -> list[Instance]:
     if not isinstance(cluster, ClusterSpec):
         raise EnvConfigError(f"config.cluster: expected a ClusterSpec or a path, got {cluster!r}")
     options = {k: v for k, v in config.items() if k not in ("profile", "cluster")}
-    return [make_instance(_load_profile(p), cluster, **options) for p in profiles]
+    made = [make_instance(_load_profile(p), cluster, **options) for p in profiles]
+    slots = max(inst.n_layers for inst in made)  # one action space for every profile
+    return [replace(inst, slots=slots) for inst in made]
 
 
 def _load_profile(p: Any) -> ModelProfile:

@@ -61,6 +61,21 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     (unless no action fits). A masked action is replaced by the first allowed one and
     ``info["repaired"]`` is set.
 
+    With ``actions: stages`` the stages are built a stage at a time instead:
+    ``Discrete(D + R + S + K)`` (``S`` end slots: the layers of the longest profile):
+
+    - ``0 .. D-1``: open a stage on device ``d`` at the first unplaced layer;
+    - ``D .. D+R-1``: add device ``d - D`` to the open stage as a replica (before its end);
+    - ``D + R + k``: end the open stage after layer ``k`` (it holds layers ``start..k``);
+      the episode ends when a stage ends at the last layer;
+    - ``D + R + S + k``: choose the ``k``-th microbatch count (first step only).
+
+    The mask forbids opening while a stage's end is pending, used devices, replicas beyond
+    ``max_replicas`` or needed by ``min_stages``, ends that leave fewer layers or free devices
+    than the stages ``min_stages`` still needs, ends before the last layer once
+    ``max_stages`` stages are open or no device is free, and ends whose stage would not fit
+    its devices' memory (unless nothing fits).
+
     ## Observation Space
 
     ``Dict(observations=Box(-1, 1, (32 (1 + lookahead) + 5 D + 10,)), action_mask=Box(0, 1,
@@ -73,7 +88,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     FLOP share, load ``t / (t + T / D)`` (``t`` its microbatch time on its slowest replica,
     ``T`` the whole model's on the fastest device) and replicas ``/ D``, the worst load of
     the closed stages, the microbatch size ``log b / log B`` and whether the step chooses
-    the microbatch count.
+    the microbatch count. With ``actions: stages`` two features per end slot follow
+    (:func:`envs.mdp.end_features`): while a stage's end is chosen, ending it after layer
+    ``k`` gives the stage the load ``t / (t + T / D)`` and the share ``t / (t + r)`` against
+    ``r``, the rest of the model spread over the free devices (0.5: balanced with them).
 
     ## Rewards
 
@@ -102,7 +120,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ``throughput`` | ``cost``), ``global_batch``, ``microbatches`` (the count M; a list of
     counts, or None for every divisor of ``global_batch``: the first step chooses),
     ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
-    D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``. A bad
+    D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``,
+    ``actions`` (``layers``, the default, or ``stages``). A bad
     key or value raises :class:`envs.config.EnvConfigError` naming it.
     """
 
@@ -117,9 +136,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         self.action_space = spaces.Discrete(n)
         self.observation_space = spaces.Dict(
             {
-                "observations": spaces.Box(
-                    -1.0, 1.0, (observation_size(first.n_devices, first.lookahead),), np.float32
-                ),
+                "observations": spaces.Box(-1.0, 1.0, (observation_size(first),), np.float32),
                 "action_mask": spaces.Box(0.0, 1.0, (n,), np.float32),
             }
         )

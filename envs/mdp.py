@@ -9,10 +9,19 @@ dynamics; :class:`envs.env.PlacementEnv` is a thin gymnasium shell around them. 
 from the contract cost model and :func:`core.objective.score`, so the MDP is deterministic;
 measured rewards are a reward source of the planners, never computed here.
 
-An episode may first choose the microbatch count (when the config offers several), then
-places layers one per step; a step right after opening a stage may instead add a replica
-device to it. So the action space holds every plan of equal microbatches that
-``brute`` enumerates (DESIGN.md, "Planners"), not only one device per stage.
+An episode may first choose the microbatch count (when the config offers several). Then one
+of two action spaces (:data:`ACTION_SPACES`, the env config's ``actions``) builds the stages:
+
+- ``layers`` (TAPP's MDP): one layer per step, kept in the open stage or opening a new one on
+  a device; a step right after opening a stage may instead add a replica device to it.
+- ``stages``: one stage per few steps: open it on a device, add replicas, then choose where
+  it ends (its last layer). Episodes are a few steps per stage instead of one per layer, so
+  the one reward at the end is credited over far fewer decisions; while a stage's end is
+  chosen, the observation holds, for every candidate end, the stage's time against the
+  balanced share and against the rest of the model spread over the free devices.
+
+Both hold every plan of equal microbatches that ``brute`` enumerates (DESIGN.md,
+"Planners"), not only one device per stage.
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ DEVICE_FEATURES = 5
 GLOBAL_FEATURES = 10
 """Progress, layers left, stages opened, open stage size, its FLOP share, its load, its
 replicas, the closed stages' worst load, the microbatch size, choosing the microbatch."""
+END_FEATURES = 2
+"""``stages`` actions, per candidate end: the stage's load, its share against the rest."""
+LAYERS, STAGES = "layers", "stages"
+ACTION_SPACES = (LAYERS, STAGES)
 
 
 # --- the static problem of an episode ---------------------------------------------------------
@@ -73,6 +86,8 @@ class Instance:
     speed: np.ndarray  # (D,) flops / fastest flops
     node: np.ndarray  # (D,) node index
     reference: float  # objective value of the whole batch at once on the best single device
+    actions: str = LAYERS  # the action space (ACTION_SPACES)
+    slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
 
     @property
     def n_layers(self) -> int:
@@ -87,14 +102,33 @@ class Instance:
         return len(self.counts) > 1
 
     @property
+    def by_stage(self) -> bool:
+        return self.actions == STAGES
+
+    @property
+    def open_offset(self) -> int:
+        """First "open a stage on a device" action (``1`` for layers, ``0`` for stages)."""
+        return 0 if self.by_stage else 1
+
+    @property
     def replica_offset(self) -> int:
-        """First "add a replica" action (``1 + D``)."""
-        return 1 + self.n_devices
+        """First "add a replica" action (``open_offset + D``)."""
+        return self.open_offset + self.n_devices
+
+    @property
+    def end_offset(self) -> int:
+        """``stages``: first "end the open stage" action (``end_offset + k``: after layer
+        ``k``, so the stage holds layers ``[start, k + 1)``)."""
+        return self.replica_offset + (self.n_devices if self.max_replicas > 1 else 0)
+
+    @property
+    def end_slots(self) -> int:
+        return max(self.slots, self.n_layers) if self.by_stage else 0
 
     @property
     def count_offset(self) -> int:
         """First "choose a microbatch count" action."""
-        return self.replica_offset + (self.n_devices if self.max_replicas > 1 else 0)
+        return self.end_offset + self.end_slots
 
     @property
     def n_actions(self) -> int:
@@ -158,7 +192,10 @@ def _replica_slots(inst: Instance, state: State) -> bool:
     ``min_stages`` still needs."""
     if inst.max_replicas < 2 or not state.starts or state.closed:
         return False
-    if state.layer - state.starts[-1] != 1 or len(state.devices[-1]) >= inst.max_replicas:
+    opened_now = 0 if inst.by_stage else 1  # layers the open stage holds right after opening
+    if state.layer - state.starts[-1] != opened_now:
+        return False
+    if len(state.devices[-1]) >= inst.max_replicas:
         return False
     free = inst.n_devices - len(state.used)
     return free - 1 >= max(inst.min_stages - len(state.starts), 0)
@@ -166,7 +203,9 @@ def _replica_slots(inst: Instance, state: State) -> bool:
 
 def is_terminal(inst: Instance, state: State) -> bool:
     """Every layer is placed and the last stage takes no more replicas (or the agent chose
-    to stay)."""
+    to stay; ``stages``: the last stage's end was chosen)."""
+    if inst.by_stage:
+        return state.layer >= inst.n_layers
     return state.layer >= inst.n_layers and (state.closed or not _replica_slots(inst, state))
 
 
@@ -184,6 +223,8 @@ def structural_mask(inst: Instance, state: State) -> np.ndarray:
         return mask
     free = np.ones(D, dtype=bool)
     free[np.asarray(state.used, dtype=np.int64)] = False
+    if inst.by_stage:
+        return _stage_structural_mask(inst, state, free, mask)
     if _replica_slots(inst, state):
         mask[inst.replica_offset : inst.replica_offset + D] = free
     if state.layer >= inst.n_layers:  # only replicas or "stay" (= close) remain
@@ -198,6 +239,65 @@ def structural_mask(inst: Instance, state: State) -> np.ndarray:
     return mask
 
 
+def _pending(inst: Instance, state: State) -> bool:
+    """``stages``: a stage is open and its end not chosen yet."""
+    return bool(state.starts) and state.starts[-1] == state.layer < inst.n_layers
+
+
+def _stage_structural_mask(
+    inst: Instance, state: State, free: np.ndarray, mask: np.ndarray
+) -> np.ndarray:
+    """``stages``: open a stage on a free device when none is pending; while one is, add a
+    replica (``_replica_slots``) or end it where the layers and free devices left can still
+    hold the stages ``min_stages`` needs -- at the last layer when no device is left or
+    ``max_stages`` is reached."""
+    opened = len(state.starts)
+    if not _pending(inst, state):
+        mask[inst.open_offset : inst.open_offset + inst.n_devices] = free
+        return mask
+    if _replica_slots(inst, state):
+        mask[inst.replica_offset : inst.replica_offset + inst.n_devices] = free
+    start, L = state.starts[-1], inst.n_layers
+    still = max(inst.min_stages - opened, 0)  # stages needed after this one
+    ends = np.arange(start + 1, L + 1)  # candidate ends (exclusive)
+    room = (L - ends >= still) & (int(free.sum()) >= still)
+    if opened >= inst.max_stages or not free.any():
+        room &= ends == L
+    else:
+        room &= (ends == L) | (L - ends >= max(still, 1))
+    mask[inst.end_offset + ends - 1] = room
+    return mask
+
+
+def _stage_memory_mask(inst: Instance, state: State, mask: np.ndarray) -> np.ndarray:
+    """``stages``: a device opens a stage when one layer fits it; a replica joins when the
+    stage's one-layer share fits it; an end is allowed when the stage fits all its devices."""
+    i, D = state.layer, inst.n_devices
+    if not _pending(inst, state):
+        need = stage_memory(inst, state, i, i + 1, 1)
+        mask[inst.open_offset : inst.open_offset + D] = need <= inst.capacity
+        return mask
+    devs = state.devices[-1]
+    if inst.max_replicas > 1:
+        need = stage_memory(inst, state, i, i + 1, len(devs) + 1)
+        mask[inst.replica_offset : inst.replica_offset + D] = need <= inst.capacity
+    worst = inst.capacity[list(devs)].min()
+    ends = np.arange(i + 1, inst.n_layers + 1)
+    need_e = stage_memory_ends(inst, state, i, ends, len(devs))
+    mask[inst.end_offset + ends - 1] = need_e <= worst
+    return mask
+
+
+def stage_memory_ends(
+    inst: Instance, state: State, start: int, ends: np.ndarray, replicas: int
+) -> np.ndarray:
+    """:func:`stage_memory` of layers ``[start, e)`` for every ``e`` of ``ends``."""
+    params = inst.params[ends] - inst.params[start]
+    acts = inst.acts[ends] - inst.acts[start]
+    share = microbatch_size(inst, state) / replicas
+    return np.asarray(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
+
+
 def memory_mask(inst: Instance, state: State) -> np.ndarray:
     """(n_actions,) bool: actions whose stage still fits all its devices' memory after this
     step (choosing the microbatch count is never masked for memory)."""
@@ -209,6 +309,8 @@ def memory_mask(inst: Instance, state: State) -> np.ndarray:
     mask[inst.count_offset :] = True
     if state.count < 0:
         return mask
+    if inst.by_stage:
+        return _stage_memory_mask(inst, state, mask)
     if state.starts:
         start, devs = state.starts[-1], state.devices[-1]
         worst = inst.capacity[list(devs)].min()
@@ -231,14 +333,21 @@ def action_mask(inst: Instance, state: State) -> np.ndarray:
 
 
 def transition(inst: Instance, state: State, action: int) -> State:
-    """Apply one (allowed) action: 0 keeps layer ``state.layer`` in the open stage (at the
-    end: closes the episode), ``1..D`` opens a stage on device ``action - 1``, then adds a
-    replica device to the open stage, then chooses a microbatch count."""
+    """Apply one (allowed) action. ``layers``: 0 keeps layer ``state.layer`` in the open
+    stage (at the end: closes the episode), ``1..D`` opens a stage on device ``action - 1``,
+    then adds a replica device to the open stage, then chooses a microbatch count.
+    ``stages``: ``0..D-1`` opens a stage on a device at the first unplaced layer, then adds a
+    replica, then ends the open stage after a layer, then chooses a microbatch count."""
     if action >= inst.count_offset:
         return replace(state, count=action - inst.count_offset)
+    if inst.by_stage and action >= inst.end_offset:
+        return replace(state, layer=action - inst.end_offset + 1)
     if action >= inst.replica_offset:
         d = action - inst.replica_offset
         return replace(state, devices=(*state.devices[:-1], (*state.devices[-1], d)))
+    if inst.by_stage:  # open a stage on a device; its end comes later
+        d = action - inst.open_offset
+        return State(state.layer, (*state.starts, state.layer), (*state.devices, (d,)), state.count)
     if action == 0:
         if state.layer >= inst.n_layers:
             return replace(state, closed=True)
@@ -299,8 +408,9 @@ def reward(inst: Instance, value: float) -> float:
 # --- observation -----------------------------------------------------------------------------
 
 
-def observation_size(n_devices: int, lookahead: int) -> int:
-    return WIDTH * (1 + lookahead) + DEVICE_FEATURES * n_devices + GLOBAL_FEATURES
+def observation_size(inst: Instance) -> int:
+    base = WIDTH * (1 + inst.lookahead) + DEVICE_FEATURES * inst.n_devices + GLOBAL_FEATURES
+    return base + END_FEATURES * inst.end_slots
 
 
 def _load(inst: Instance, state: State, start: int, end: int, devs: tuple[int, ...]) -> float:
@@ -352,5 +462,46 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     B = inst.global_batch
     glob[8] = np.log(microbatch_size(inst, state)) / np.log(B) if B > 1 else 0.0
     glob[9] = float(state.count < 0)
-    out = np.concatenate([rows.ravel(), dev.ravel(), glob]).astype(np.float32)
+    parts = [rows.ravel(), dev.ravel(), glob]
+    if inst.by_stage:
+        parts.append(end_features(inst, state).ravel())
+    out = np.concatenate(parts).astype(np.float32)
     return np.clip(out, -1.0, 1.0)
+
+
+def end_features(inst: Instance, state: State) -> np.ndarray:
+    """``stages``: (slots, 2) in ``[0, 1]``; row ``k`` describes ending the pending stage
+    after layer ``k`` (zeros where that is not a candidate, and while no stage is pending):
+    the stage's load ``t / (t + T / D)`` as in :func:`observe`, and ``t / (t + r)`` with
+    ``r`` the rest of the model's microbatch time spread over the free devices (their rates
+    added; no communication): 0.5 is a stage as long as each of the rest's stages would be
+    if the free devices shared it perfectly, the balance a bottleneck plan looks for."""
+    out = np.zeros((inst.end_slots, END_FEATURES))
+    if not _pending(inst, state):
+        return out
+    start, devs, L = state.starts[-1], state.devices[-1], inst.n_layers
+    b = microbatch_size(inst, state)
+    ends = np.arange(start + 1, L + 1)
+    d = np.asarray(devs)
+    t = rules.compute_s(
+        inst.fixed[d][:, ends] - inst.fixed[d, start, None],
+        inst.per_sample[d][:, ends] - inst.per_sample[d, start, None],
+        b / len(devs),
+    ).max(axis=0)
+    balanced = min(inst.stage_time(k, 0, L, b) for k in range(inst.n_devices)) / inst.n_devices
+    free = np.setdiff1d(np.arange(inst.n_devices), np.asarray(state.used))
+    r = np.full(len(ends), np.inf)  # no free device: nothing can take the rest
+    if len(free):
+        rest = rules.compute_s(
+            inst.fixed[free, L, None] - inst.fixed[free][:, ends],
+            inst.per_sample[free, L, None] - inst.per_sample[free][:, ends],
+            b,
+        )  # (F, E): the rest after each end on each free device
+        with np.errstate(divide="ignore"):
+            r = 1.0 / (1.0 / rest).sum(axis=0)  # rates added; a free rest (0 s) gives 0
+    r[ends == L] = 0.0
+    out[ends - 1, 0] = t / (t + balanced) if balanced > 0 else (t > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(np.isinf(r), 0.0, t / (t + r))
+    out[ends - 1, 1] = np.where(t + r > 0, share, 0.5)
+    return out

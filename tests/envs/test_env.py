@@ -27,6 +27,7 @@ from envs.mdp import (
     initial_state,
     is_terminal,
     memory_mask,
+    observe,
     structural_mask,
     to_plan,
     transition,
@@ -52,7 +53,14 @@ def two_devices(memory_gb: float = 16.0) -> ClusterSpec:
 
 
 @pytest.mark.parametrize(
-    "extra", [{}, {"microbatches": None, "max_replicas": 3}], ids=["fixed", "choices+replicas"]
+    "extra",
+    [
+        {},
+        {"microbatches": None, "max_replicas": 3},
+        {"actions": "stages"},
+        {"actions": "stages", "microbatches": None, "max_replicas": 3},
+    ],
+    ids=["fixed", "choices+replicas", "stages", "stages+choices+replicas"],
 )
 def test_check_env_passes_without_warnings(tmp_path: Path, extra: dict[str, object]) -> None:
     profile = tmp_path / "chain.json"
@@ -163,6 +171,7 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
         ({"max_stages": 9}, "max_stages"),
         ({"colour": 1}, "unknown key 'colour'"),
         ({"profile": []}, "empty"),
+        ({"actions": "layer"}, "actions: unknown 'layer'"),
     ],
 )
 def test_bad_config_names_the_key(change: dict[str, object], message: str) -> None:
@@ -180,6 +189,7 @@ def test_bad_config_names_the_key(change: dict[str, object], message: str) -> No
     cluster=clusters(),
     schedule=st.sampled_from(["gpipe", "1f1b"]),
     m=st.sampled_from([1, 2, 4, None, [8, 2]]),
+    actions=st.sampled_from(["layers", "stages"]),
     data=st.data(),
 )
 def test_random_masked_rollouts_give_valid_plans(
@@ -187,6 +197,7 @@ def test_random_masked_rollouts_give_valid_plans(
     cluster: ClusterSpec,
     schedule: str,
     m: int | list[int] | None,
+    actions: str,
     data: st.DataObject,
 ) -> None:
     n_dev = len(cluster.device_ids)
@@ -195,7 +206,8 @@ def test_random_masked_rollouts_give_valid_plans(
     replicas = data.draw(st.integers(1, n_dev))
     env = PlacementEnv(
         {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": m,
-         "schedule": schedule, "min_stages": low, "max_stages": top, "max_replicas": replicas}
+         "schedule": schedule, "min_stages": low, "max_stages": top, "max_replicas": replicas,
+         "actions": actions}
     )  # fmt: skip
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     obs, _ = env.reset(seed=0)
@@ -329,6 +341,86 @@ def test_the_exact_optimum_is_an_episode_of_the_env(
         _, _, done, _, info = env.step(0)
     assert done
     assert info["value"] == pytest.approx(best.value, rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profile=profiles(min_layers=1, max_layers=5), cluster=small_clusters())
+def test_the_exact_optimum_is_an_episode_of_the_stage_actions(
+    profile: ModelProfile, cluster: ClusterSpec
+) -> None:
+    n_dev = len(cluster.device_ids)
+    problem = Problem(profile, cluster, global_batch=8, budget=Budget(None, None))
+    try:
+        best = make_planner("brute", max_stages=min(3, n_dev)).plan(problem)
+    except InfeasibleError:
+        return
+    env = PlacementEnv(
+        {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": None,
+         "max_replicas": n_dev, "max_stages": min(3, n_dev), "actions": "stages"}
+    )  # fmt: skip
+    env.reset(seed=0)
+    inst, ids = env.instance, cluster.device_ids
+    actions = [inst.count_offset + inst.counts.index(8 // best.plan.stages[0].microbatch)]
+    for st_ in best.plan.stages:
+        first, *rest = (ids.index(d) for d in st_.devices)
+        actions += [inst.open_offset + first] + [inst.replica_offset + d for d in rest]
+        actions += [inst.end_offset + st_.end - 1]
+    info: dict[str, object] = {}
+    done = False
+    for a in actions:
+        assert not done
+        _, _, done, _, info = env.step(a)
+        assert not info["repaired"]
+    assert done
+    assert info["value"] == pytest.approx(best.value, rel=1e-9)
+
+
+def test_stage_actions_open_add_replicas_then_choose_the_end() -> None:
+    cluster = ClusterSpec.load(CLUSTER)  # 5 devices
+    env = PlacementEnv(
+        {"profile": chain(4), "cluster": cluster, "max_replicas": 2, "actions": "stages"}
+    )
+    inst = env.instance
+    assert (inst.open_offset, inst.replica_offset, inst.end_offset) == (0, 5, 10)
+    assert env.action_space.n == 5 + 5 + 4
+    obs, _ = env.reset(seed=0)
+    assert obs["action_mask"].tolist() == [1] * 5 + [0] * 9  # open a stage on any device
+    obs, *_ = env.step(0)
+    assert obs["action_mask"].tolist() == [0] * 5 + [0, 1, 1, 1, 1] + [1, 1, 1, 1]
+    obs, *_ = env.step(5 + 3)  # device 3 joins as a replica: none more (max_replicas 2)
+    assert obs["action_mask"].tolist() == [0] * 10 + [1, 1, 1, 1]
+    obs, r, done, *_ = env.step(10 + 1)  # the stage ends after layer 1: layers [0, 2)
+    assert env.state.layer == 2 and not done and r == 0.0
+    assert obs["action_mask"].tolist() == [0, 1, 1, 0, 1] + [0] * 9
+    env.step(1)
+    *_, done, _, info = env.step(10 + 3)
+    ids = cluster.device_ids
+    assert done and [s.layers for s in info["plan"].stages] == [(0, 2), (2, 4)]
+    assert [s.devices for s in info["plan"].stages] == [(ids[0], ids[3]), (ids[1],)]
+
+
+def test_stage_ends_leave_layers_for_min_stages_and_stop_at_max_stages() -> None:
+    cluster = ClusterSpec.load(CLUSTER)
+    inst = make_instance(chain(5), cluster, min_stages=3, max_stages=3, actions="stages")
+    ends = slice(inst.end_offset, inst.end_offset + 5)
+    s = transition(inst, initial_state(inst), 0)
+    assert action_mask(inst, s)[ends].tolist() == [1, 1, 1, 0, 0]  # 2 layers for 2 stages
+    s = transition(inst, transition(inst, s, inst.end_offset + 2), 1)
+    assert action_mask(inst, s)[ends].tolist() == [0, 0, 0, 1, 0]  # 1 layer left for 1 stage
+    s = transition(inst, transition(inst, s, inst.end_offset + 3), 2)
+    assert action_mask(inst, s)[ends].tolist() == [0, 0, 0, 0, 1]  # max_stages: the last layer
+
+
+def test_end_features_say_where_a_stage_balances_the_rest() -> None:
+    # 4 equal layers, two equal devices: ending the first stage after layer 1 leaves the other
+    # device as much as this one takes (share 0.5); later ends take more (share > 0.5)
+    inst = make_instance(chain(4), two_devices(), actions="stages", microbatches=1)
+    s = transition(inst, initial_state(inst), 0)
+    feats = observe(inst, s)[-2 * 4 :].reshape(4, 2)
+    assert feats[1, 1] == pytest.approx(0.5)
+    assert feats[0, 1] < 0.5 < feats[2, 1] and feats[3, 1] == 1.0  # the last end takes all
+    assert (np.diff(feats[:, 0]) > 0).all()  # longer stages, more load
+    assert not observe(inst, initial_state(inst))[-8:].any()  # no stage pending: zeros
 
 
 # --- the encoding ---------------------------------------------------------------------------
