@@ -217,7 +217,7 @@ def main() -> None:
         title=f"PPO alone against exact (brute), batch {a.batch}, target <= {TARGET:.0%}; "
         "evaluations to reach 5% / 1% beside TAPP's"
     )
-    columns = (
+    columns: tuple[str, ...] = (
         "instance", "seed", "exact", "ppo", "gap", "to 5%", "to 1%", "evaluations",
         "seconds", "met", "tapp gap", "tapp to 5%", "tapp to 1%",
     )  # fmt: skip

@@ -462,7 +462,7 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     B = inst.global_batch
     glob[8] = np.log(microbatch_size(inst, state)) / np.log(B) if B > 1 else 0.0
     glob[9] = float(state.count < 0)
-    parts = [rows.ravel(), dev.ravel(), glob]
+    parts: list[np.ndarray] = [rows.ravel(), dev.ravel(), glob]
     if inst.by_stage:
         parts.append(end_features(inst, state).ravel())
     out = np.concatenate(parts).astype(np.float32)
