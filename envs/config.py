@@ -110,6 +110,9 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         capacity=tb.dev_capacity,
         speed=tb.dev_flops / tb.dev_flops.max(),
         node=tb.dev_node,
+        cuts=tb.cuts,
+        link_lat=tb.link_lat,
+        link_bps=tb.link_bps,
         reference=float(reference.min()),
         actions=opt.actions,
     )

@@ -43,8 +43,9 @@ DEVICE_FEATURES = 5
 GLOBAL_FEATURES = 10
 """Progress, layers left, stages opened, open stage size, its FLOP share, its load, its
 replicas, the closed stages' worst load, the microbatch size, choosing the microbatch."""
-END_FEATURES = 2
-"""``stages`` actions, per candidate end: the stage's load, its share against the rest."""
+END_FEATURES = 3
+"""``stages`` actions, per candidate end: the stage's load, its share against the rest, the
+cut's transfer against the balanced share."""
 LAYERS, STAGES = "layers", "stages"
 ACTION_SPACES = (LAYERS, STAGES)
 
@@ -85,6 +86,9 @@ class Instance:
     capacity: np.ndarray  # (D,) bytes
     speed: np.ndarray  # (D,) flops / fastest flops
     node: np.ndarray  # (D,) node index
+    cuts: np.ndarray  # (L+1,) activation bytes per sample crossing a cut before layer c
+    link_lat: np.ndarray  # (2,) seconds: within a node, between nodes (core.tables)
+    link_bps: np.ndarray  # (2,) bytes/s, the same classes
     reference: float  # objective value of the whole batch at once on the best single device
     actions: str = LAYERS  # the action space (ACTION_SPACES)
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
@@ -469,13 +473,29 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     return np.clip(out, -1.0, 1.0)
 
 
+def _cut_seconds(
+    inst: Instance, devs: tuple[int, ...], free: np.ndarray, ends: np.ndarray, b: int
+) -> np.ndarray:
+    """Seconds to send a microbatch's activations across each cut of ``ends`` and their
+    gradients back (rule 3, both directions), over the best link from the open stage's first
+    device to a free one (within its node when one is free there); 0 at the last layer."""
+    if not len(free):
+        return np.zeros(len(ends))
+    inside = bool((inst.node[free] == inst.node[devs[0]]).any())
+    k = 0 if inside else 1
+    seconds = 2.0 * (inst.link_lat[k] + b * inst.cuts[ends] / inst.link_bps[k])
+    return np.where(ends == inst.n_layers, 0.0, seconds)
+
+
 def end_features(inst: Instance, state: State) -> np.ndarray:
-    """``stages``: (slots, 2) in ``[0, 1]``; row ``k`` describes ending the pending stage
+    """``stages``: (slots, 3) in ``[0, 1]``; row ``k`` describes ending the pending stage
     after layer ``k`` (zeros where that is not a candidate, and while no stage is pending):
-    the stage's load ``t / (t + T / D)`` as in :func:`observe`, and ``t / (t + r)`` with
-    ``r`` the rest of the model's microbatch time spread over the free devices (their rates
-    added; no communication): 0.5 is a stage as long as each of the rest's stages would be
-    if the free devices shared it perfectly, the balance a bottleneck plan looks for."""
+    the stage's load ``t / (t + T / D)`` as in :func:`observe`; ``t / (t + r)`` with ``r``
+    the rest of the model's microbatch time spread over the free devices (their rates added;
+    no communication): 0.5 is a stage as long as each of the rest's stages would be if the
+    free devices shared it perfectly, the balance a bottleneck plan looks for; and the
+    cut's transfer ``c / (c + T / D)`` (:func:`_cut_seconds`), which decides where a
+    pipeline on slow links should cut."""
     out = np.zeros((inst.end_slots, END_FEATURES))
     if not _pending(inst, state):
         return out
@@ -504,4 +524,6 @@ def end_features(inst: Instance, state: State) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(np.isinf(r), 0.0, t / (t + r))
     out[ends - 1, 1] = np.where(t + r > 0, share, 0.5)
+    comm = _cut_seconds(inst, devs, free, ends, b)
+    out[ends - 1, 2] = comm / (comm + balanced) if balanced > 0 else (comm > 0)
     return out

@@ -416,11 +416,14 @@ def test_end_features_say_where_a_stage_balances_the_rest() -> None:
     # device as much as this one takes (share 0.5); later ends take more (share > 0.5)
     inst = make_instance(chain(4), two_devices(), actions="stages", microbatches=1)
     s = transition(inst, initial_state(inst), 0)
-    feats = observe(inst, s)[-2 * 4 :].reshape(4, 2)
+    feats = observe(inst, s)[-3 * 4 :].reshape(4, 3)
     assert feats[1, 1] == pytest.approx(0.5)
     assert feats[0, 1] < 0.5 < feats[2, 1] and feats[3, 1] == 1.0  # the last end takes all
     assert (np.diff(feats[:, 0]) > 0).all()  # longer stages, more load
-    assert not observe(inst, initial_state(inst))[-8:].any()  # no stage pending: zeros
+    # a cut sends 10^5 bytes per sample each way between the two nodes; none at the end
+    assert (feats[:3, 2] > 0).all() and feats[3, 2] == 0.0
+    assert len(set(feats[:3, 2].round(9))) == 1  # every cut of the chain carries as much
+    assert not observe(inst, initial_state(inst))[-12:].any()  # no stage pending: zeros
 
 
 # --- the encoding ---------------------------------------------------------------------------
