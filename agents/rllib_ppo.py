@@ -97,6 +97,7 @@ class PPOOptions:
     microbatches: int | None = None  # fixed microbatch count (None: problem's, else chosen)
     max_replicas: int | None = None  # devices per stage at most (None: every device)
     actions: str = STAGES  # the env's action space: "stages" or "layers" (envs.mdp)
+    exploring_starts: float = 0.5  # episodes that start after a few random actions
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
@@ -123,6 +124,10 @@ class PPOOptions:
             raise ProblemError(f"ppo.microbatches: must be >= 1, got {self.microbatches}")
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ProblemError(f"ppo.max_replicas: must be >= 1, got {self.max_replicas}")
+        if not 0.0 <= self.exploring_starts <= 1.0:
+            raise ProblemError(
+                f"ppo.exploring_starts: must be in [0, 1], got {self.exploring_starts}"
+            )
         if self.actions not in ACTION_SPACES:
             raise ProblemError(
                 f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
@@ -134,6 +139,7 @@ def env_config(
     microbatches: int | None,
     max_replicas: int | None = None,
     actions: str = STAGES,
+    exploring_starts: float = 0.0,
 ) -> dict[str, Any]:
     """The env's config; ``microbatches`` None: the episode chooses among the problem's."""
     n_dev = len(problem.cluster.device_ids)
@@ -148,6 +154,7 @@ def env_config(
         "min_throughput": problem.min_throughput,
         "max_replicas": min(max_replicas or n_dev, n_dev),
         "actions": actions,
+        "exploring_starts": exploring_starts,
     }
 
 
@@ -239,7 +246,9 @@ class PPOPlanner(Planner):
             PPOConfig()
             .environment(
                 PlacementEnv,
-                env_config=env_config(problem, microbatches, c.max_replicas, c.actions),
+                env_config=env_config(
+                    problem, microbatches, c.max_replicas, c.actions, c.exploring_starts
+                ),
             )
             .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)
             .learners(num_learners=0)

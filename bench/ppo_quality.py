@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--lambda", dest="lambda_", type=float, default=None)
     ap.add_argument("--actions", default=None, help="the env's action space: stages | layers")
     ap.add_argument("--envs-per-runner", type=int, default=None)
+    ap.add_argument("--exploring-starts", type=float, default=None)
     ap.add_argument("--polish", type=int, default=0, help="local-search evaluations after PPO")
     ap.add_argument(
         "--tapp-evaluations", type=int, default=2000, help="TAPP's budget (0: no TAPP runs)"
@@ -173,6 +174,7 @@ def main() -> None:
         "lambda_": a.lambda_,
         "actions": a.actions,
         "envs_per_runner": a.envs_per_runner,
+        "exploring_starts": a.exploring_starts,
     }
     options = {k: v for k, v in given.items() if v is not None}
     console = Console(width=160)

@@ -58,6 +58,11 @@ class EnvOptions:
     actions: str = LAYERS
     """The action space (:data:`envs.mdp.ACTION_SPACES`): ``layers`` (one layer per step) or
     ``stages`` (open a stage, add replicas, choose its end)."""
+    exploring_starts: float = 0.0
+    """Probability that an episode starts after a few uniformly random legal actions
+    (:func:`envs.mdp.exploring_start`) instead of from the empty plan."""
+    start_steps: int = 3
+    """The most random actions an exploring start takes (at least one)."""
 
 
 OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
@@ -115,6 +120,8 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         link_bps=tb.link_bps,
         reference=float(reference.min()),
         actions=opt.actions,
+        exploring_starts=float(opt.exploring_starts),
+        start_steps=opt.start_steps,
     )
 
 
@@ -175,6 +182,10 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
         )
     if opt.lookahead < 0:
         raise EnvConfigError(f"lookahead: must be >= 0, got {opt.lookahead}")
+    if not 0.0 <= opt.exploring_starts <= 1.0:
+        raise EnvConfigError(f"exploring_starts: must be in [0, 1], got {opt.exploring_starts!r}")
+    if not _is_int(opt.start_steps) or opt.start_steps < 1:
+        raise EnvConfigError(f"start_steps: must be an integer >= 1, got {opt.start_steps!r}")
     if opt.actions not in ACTION_SPACES:
         raise EnvConfigError(
             f"actions: unknown {opt.actions!r} (one of {', '.join(ACTION_SPACES)})"

@@ -14,6 +14,7 @@ from core.costmodel import simulate
 from envs.config import instances_from_config
 from envs.mdp import (
     action_mask,
+    exploring_start,
     initial_state,
     is_terminal,
     legal_action,
@@ -104,7 +105,9 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ## Starting State
 
     No layer placed, no microbatch count chosen (unless fixed). With several profiles,
-    ``reset`` picks one uniformly with ``self.np_random``.
+    ``reset`` picks one uniformly with ``self.np_random``. With ``exploring_starts: p``, an
+    episode starts with probability ``p`` after ``1..start_steps`` random legal actions
+    (:func:`envs.mdp.exploring_start`), drawn with ``self.np_random`` too.
 
     ## Episode End
 
@@ -121,7 +124,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     counts, or None for every divisor of ``global_batch``: the first step chooses),
     ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
     D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``,
-    ``actions`` (``layers``, the default, or ``stages``). A bad
+    ``actions`` (``layers``, the default, or ``stages``), ``exploring_starts``,
+    ``start_steps``. A bad
     key or value raises :class:`envs.config.EnvConfigError` naming it.
     """
 
@@ -155,7 +159,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         super().reset(seed=seed)
         k = int(self.np_random.integers(len(self.instances))) if len(self.instances) > 1 else 0
         self.instance = self.instances[k]
-        self.state = initial_state(self.instance)
+        self.state = exploring_start(self.instance, self.np_random)
         return self._obs(), {"profile": self.instance.profile.name}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:

@@ -91,6 +91,8 @@ class Instance:
     link_bps: np.ndarray  # (2,) bytes/s, the same classes
     reference: float  # objective value of the whole batch at once on the best single device
     actions: str = LAYERS  # the action space (ACTION_SPACES)
+    exploring_starts: float = 0.0  # probability of an exploring start (exploring_start)
+    start_steps: int = 3  # the most random actions of an exploring start
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
 
     @property
@@ -362,6 +364,25 @@ def transition(inst: Instance, state: State, action: int) -> State:
         (*state.devices, (action - 1,)),
         state.count,
     )
+
+
+def exploring_start(inst: Instance, rng: np.random.Generator) -> State:
+    """The first state of an episode: the empty plan, or with probability
+    ``inst.exploring_starts`` the state after ``1..start_steps`` uniformly random legal
+    actions that do not end the episode (Monte Carlo with exploring starts: every start
+    keeps being tried however the policy has converged, so a plan whose first decisions look
+    bad under a poor continuation -- slow devices first, with replicas -- is still learned
+    from). Actions chosen here are the env's, not the agent's."""
+    state = initial_state(inst)
+    if inst.exploring_starts <= 0 or rng.random() >= inst.exploring_starts:
+        return state
+    for _ in range(int(rng.integers(1, inst.start_steps + 1))):
+        allowed = np.flatnonzero(action_mask(inst, state))
+        going_on = [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
+        if not going_on:
+            break
+        state = transition(inst, state, int(rng.choice(going_on)))
+    return state
 
 
 def legal_action(mask: np.ndarray, action: int) -> int:

@@ -172,6 +172,8 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
         ({"colour": 1}, "unknown key 'colour'"),
         ({"profile": []}, "empty"),
         ({"actions": "layer"}, "actions: unknown 'layer'"),
+        ({"exploring_starts": 1.5}, r"exploring_starts: must be in \[0, 1\], got 1.5"),
+        ({"start_steps": 0}, "start_steps: must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_config_names_the_key(change: dict[str, object], message: str) -> None:
@@ -424,6 +426,44 @@ def test_end_features_say_where_a_stage_balances_the_rest() -> None:
     assert (feats[:3, 2] > 0).all() and feats[3, 2] == 0.0
     assert len(set(feats[:3, 2].round(9))) == 1  # every cut of the chain carries as much
     assert not observe(inst, initial_state(inst))[-12:].any()  # no stage pending: zeros
+
+
+@pytest.mark.parametrize("actions", ["layers", "stages"])
+def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str) -> None:
+    config = {"profile": chain(6), "cluster": ClusterSpec.load(CLUSTER), "global_batch": 16,
+              "microbatches": None, "max_replicas": 2, "actions": actions}  # fmt: skip
+    plain = PlacementEnv(config)
+    env = PlacementEnv({**config, "exploring_starts": 1.0, "start_steps": 3})
+    starts = set()
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        assert env.observation_space.contains(obs)
+        state = env.state
+        assert state != initial_state(env.instance) and not is_terminal(env.instance, state)
+        assert state.count >= 0  # the first random action chose the microbatch count
+        replicas = sum(len(d) - 1 for d in state.devices)
+        if actions == "layers":  # a step places a layer or adds a replica
+            steps = state.layer + replicas
+        else:  # a step opens a stage, adds a replica or ends a stage
+            steps = (
+                len(state.starts)
+                + replicas
+                + sum(
+                    e > s
+                    for s, e in zip(state.starts, (*state.starts[1:], state.layer), strict=True)
+                )
+            )
+        assert steps <= 2  # at most 3 random actions, the first chose the count
+        starts.add(state)
+        again, _ = env.reset(seed=seed)
+        assert env.state == state  # drawn with the env's seeded generator
+        done = False
+        while not done:
+            obs, _, done, _, info = env.step(int(np.flatnonzero(obs["action_mask"])[0]))
+        info["plan"].validate(env.instance.profile, env.instance.cluster)
+    assert len(starts) > 5
+    plain.reset(seed=0)
+    assert plain.state == initial_state(plain.instance)  # exploring_starts 0: the empty plan
 
 
 # --- the encoding ---------------------------------------------------------------------------
