@@ -445,14 +445,8 @@ def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str) -
         if actions == "layers":  # a step places a layer or adds a replica
             steps = state.layer + replicas
         else:  # a step opens a stage, adds a replica or ends a stage
-            steps = (
-                len(state.starts)
-                + replicas
-                + sum(
-                    e > s
-                    for s, e in zip(state.starts, (*state.starts[1:], state.layer), strict=True)
-                )
-            )
+            pending = bool(state.starts) and state.starts[-1] == state.layer
+            steps = 2 * len(state.starts) - pending + replicas
         assert steps <= 2  # at most 3 random actions, the first chose the count
         starts.add(state)
         again, _ = env.reset(seed=seed)
