@@ -14,6 +14,11 @@ groups and devices.
   (:func:`allocation_inputs`); a **left-over device** choosing a group to join as a replica
   sees each group's shares, primary device, stage time before and after the join, replicas,
   node sharing, memory fit and the all-reduce the join adds (:func:`replica_keys`).
+- A **stage's microbatch size** (per-stage head, UMPIPE's unequal data partition) is scored
+  per allowed size from the stage's busy time over the whole batch at that size (its
+  microbatches' compute plus rule 2b's gradient accumulation) against its best size and
+  against the busiest stage at the shared size, with the size itself and the stage's place
+  (:func:`stage_size_inputs`).
 
 Every width is fixed (independent of the model and the cluster), so one policy can plan any
 model on any cluster. Times are relative to :func:`reference_time`. Memory, compute and
@@ -51,6 +56,7 @@ KEY_IN = DEVICE_STATIC + 3  # + same node as previous, group fits, group time on
 REPLICA_QUERY_IN = DEVICE_STATIC + 2  # the device's features, groups open, devices left
 REPLICA_KEY_IN = 3 + DEVICE_STATIC + 7 + 1  # shares, primary device, join features, idle flag
 MICROBATCH_IN = 4  # log2 M, log2 b, log model size, device count
+STAGE_SIZE_IN = 7  # size, shared-size flag, busy vs best size and vs busiest, place (3)
 SHARES = slice(WIDTH + FEEDS, WIDTH + FEEDS + 3)
 """Where a group vector holds its shares of parameters, FLOPs and activations."""
 
@@ -68,6 +74,7 @@ class PlanContext:
     schedule: Schedule
     sizes: tuple[int, ...]  # allowed microbatch sizes
     max_groups: int
+    unequal: bool  # each stage samples its own microbatch size (else every stage the shared)
     layer_inputs: Tensor  # (L, LAYER_IN)
     successor: Tensor  # (L, L) float: [l, m] = 1 when m is a successor of l
     shares: Tensor  # (L, 3) share of params, FLOPs, activations
@@ -76,6 +83,7 @@ class PlanContext:
     fixed: Tensor  # (D, L) seconds per call, fwd + bwd, float64
     per_sample: Tensor  # (D, L) seconds per sample, fwd + bwd, float64
     capacity: Tensor  # (D,) bytes, float64
+    memory_bandwidth: Tensor  # (D,) memory_bandwidth_gbps of each device, float64
     node: Tensor  # (D,) node index
     device_static: Tensor  # (D, DEVICE_STATIC)
     microbatch_inputs: Tensor  # (K, MICROBATCH_IN)
@@ -102,8 +110,10 @@ def make_context(
     sizes: Sequence[int],
     schedule: Schedule = Schedule.GPIPE,
     max_groups: int | None = None,
+    unequal: bool = True,
 ) -> PlanContext:
-    """Precompute the tensors of one planning problem."""
+    """Precompute the tensors of one planning problem (``unequal``: each stage chooses its
+    own microbatch size among ``sizes``)."""
     L, ids = len(profile), cluster.device_ids
     D = len(ids)
     G = min(D, L, max_groups or D)
@@ -126,6 +136,7 @@ def make_context(
         schedule=Schedule(schedule),
         sizes=tuple(sizes),
         max_groups=G,
+        unequal=unequal and len(sizes) > 1,
         layer_inputs=torch.cat([enc, torch.tensor(size_in).expand(L, 2)], dim=1),
         successor=succ,
         shares=enc[:, cols],
@@ -134,6 +145,7 @@ def make_context(
         fixed=torch.from_numpy(fixed),
         per_sample=torch.from_numpy(per_sample),
         capacity=torch.from_numpy(tb.dev_capacity),
+        memory_bandwidth=torch.from_numpy(tb.dev_membw),
         node=torch.from_numpy(tb.dev_node),
         device_static=torch.tensor(_device_static(types, params), dtype=torch.float32),
         microbatch_inputs=_microbatch_inputs(global_batch, sizes, size_in),
@@ -355,3 +367,51 @@ def replica_keys(
     idle = torch.zeros(n, 1, REPLICA_KEY_IN)
     idle[..., -1] = 1.0
     return torch.cat([keys, idle], dim=1)
+
+
+def stage_size_inputs(
+    ctx: PlanContext, groups: GroupTables, member: Tensor, shared: Tensor
+) -> Tensor:
+    """(P, G, K, STAGE_SIZE_IN) float32: what each stage sees of each allowed microbatch size
+    ``b_k`` (``member``: (P, G, D) bool, the devices serving each group; ``shared``: (P,) the
+    index of the size the plan sampled first). Per size: ``log2 b_k / log2 B``, whether it is
+    the shared size, ``log`` of the stage's busy time over the batch at ``b_k`` over its least
+    busy time at any size, ``log1p`` of that busy time over the busiest stage's at the shared
+    size, then the stage's place (position, first, last). Busy time is ``ceil(B / b_k)``
+    microbatches of the slowest replica's compute (rules 1-2) plus its gradient accumulation
+    (rule 2b) on that replica's memory."""
+    P, G, D = member.shape
+    sizes = torch.tensor([float(b) for b in ctx.sizes], dtype=torch.float64)  # (K,)
+    K = sizes.shape[0]
+    r = member.sum(-1).clamp(min=1).double()  # (P, G)
+    share = sizes[None, None, :] / r[..., None]  # (P, G, K)
+    t = rules.compute_s(
+        groups.fixed[..., None], groups.per_sample[..., None], share[:, :, None, :]
+    )  # (P, G, D, K)
+    micro = torch.ceil(ctx.global_batch / sizes)  # (K,)
+    update = rules.update_s(groups.params[..., None], ctx.memory_bandwidth[None, None, :])
+    accumulate = rules.accumulation_s(update[..., None], micro) * micro  # (P, G, D, K)
+    busy = torch.where(member[..., None], micro * t + accumulate, torch.zeros(()))
+    busy = busy.amax(2)  # (P, G, K): the slowest replica
+    stage = torch.arange(G)[None, :] < groups.n_groups[:, None]  # (P, G)
+    tiny = 1e-30
+    vs_best = torch.log(busy.clamp(min=tiny) / busy.amin(-1, keepdim=True).clamp(min=tiny))
+    at_shared = busy.gather(2, shared[:, None, None].expand(P, G, 1)).squeeze(-1)  # (P, G)
+    busiest = torch.where(stage, at_shared, torch.zeros(())).amax(-1).clamp(min=tiny)
+    vs_busiest = torch.log1p(busy / busiest[:, None, None])
+    log_b = math.log2(ctx.global_batch) if ctx.global_batch > 1 else 1.0
+    size = (torch.log2(sizes) / log_b).expand(P, G, K)
+    is_shared = F.one_hot(shared, K).double()[:, None, :].expand(P, G, K)
+    g = torch.arange(G, dtype=torch.float64)
+    last = (groups.n_groups - 1).clamp(min=1).double()[:, None]
+    place = torch.stack(
+        [g / last, (g == 0).double().expand(P, G), (g[None] == last).double()], -1
+    )  # (P, G, 3)
+    out = torch.cat(
+        [
+            torch.stack([size, is_shared, vs_best.clamp(max=5.0), vs_busiest], -1),
+            place[:, :, None, :].expand(P, G, K, 3),
+        ],
+        -1,
+    )
+    return out.float()

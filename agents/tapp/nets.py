@@ -3,7 +3,8 @@ microbatch head, held together by :class:`TAPPPolicy`.
 
 The partition network scores "open the next group" for one layer; the allocation network
 is scaled dot-product attention of one query over a set of keys (a group over the devices,
-or a left-over device over the groups and "idle"). Their inputs are built in
+or a left-over device over the groups and "idle"); the stage-microbatch head scores each
+allowed microbatch size for one stage (UMPIPE's unequal sizes). Their inputs are built in
 :mod:`agents.tapp.features` and the decisions drawn in :mod:`agents.tapp.sampling`. Every
 width is fixed, so one policy plans any model on any cluster.
 """
@@ -23,6 +24,7 @@ from agents.tapp.features import (
     QUERY_IN,
     REPLICA_KEY_IN,
     REPLICA_QUERY_IN,
+    STAGE_SIZE_IN,
 )
 
 
@@ -72,7 +74,8 @@ class AllocationNet(nn.Module):
 
 
 class TAPPPolicy(nn.Module):
-    """The four heads of a TAPP plan: microbatch, partition, allocation, replicas."""
+    """The five heads of a TAPP plan: microbatch (shared), partition, allocation, replicas,
+    and each stage's own microbatch size."""
 
     def __init__(self, hidden: int = 64, attention_dim: int = 32) -> None:
         super().__init__()
@@ -81,6 +84,7 @@ class TAPPPolicy(nn.Module):
         self.partition = PartitionNet(hidden)
         self.allocation = AllocationNet(hidden, attention_dim)
         self.replica = AllocationNet(hidden, attention_dim, REPLICA_QUERY_IN, REPLICA_KEY_IN)
+        self.stage_microbatch = _mlp(STAGE_SIZE_IN, hidden, 1)
 
     def save(self, path: str | Path) -> None:
         torch.save(
@@ -94,7 +98,16 @@ class TAPPPolicy(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> TAPPPolicy:
+        """A policy saved by :meth:`save`. One saved before the stage-microbatch head existed
+        loads with that head freshly initialised (seeded: every such load gives the same)."""
         doc = torch.load(path, weights_only=True)
-        policy = cls(int(doc["hidden"]), int(doc["attention_dim"]))
-        policy.load_state_dict(doc["state"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            policy = cls(int(doc["hidden"]), int(doc["attention_dim"]))
+        missing, unexpected = policy.load_state_dict(doc["state"], strict=False)
+        absent = [k for k in missing if not k.startswith("stage_microbatch.")]
+        if absent or unexpected:
+            raise ValueError(
+                f"{path}: not a TAPP policy: missing {absent}, unexpected {list(unexpected)}"
+            )
         return policy

@@ -1,10 +1,11 @@
 """Sampling plans from TAPP's policy, in batches of ``n``, with each plan's log-probability
 and entropy for REINFORCE.
 
-A sampled plan is four decisions, in this order:
+A sampled plan is five decisions, in this order:
 
-1. **microbatch**: one size for every stage, from the allowed ones (a small head scoring each
-   candidate from its size and the model/cluster size);
+1. **microbatch**: one shared size, from the allowed ones (a small head scoring each
+   candidate from its size and the model/cluster size); the partition and allocation
+   features are priced at it, and it is every stage's size unless step 5 changes it;
 2. **partition** (the partition network, layer by layer): layer 0 opens group 0; every later
    layer ``l`` opens the next group with probability ``sigmoid(f(x_l) + prior)``, else it
    stays in its predecessor's group, so groups are contiguous by construction; once
@@ -21,7 +22,13 @@ A sampled plan is four decisions, in this order:
    replicas, DESIGN.md rule 2) or stays unused. The idle slot starts at probability 1/2
    (``log(groups)`` added to its score), so the ``cost`` objective can keep devices idle and
    ``time`` can use them all. Only devices no group holds can join (no device twice); the
-   cost model decides memory fit.
+   cost model decides memory fit;
+5. **stage microbatches** (beyond the paper: UMPIPE's unequal data partition, when the
+   context allows it): every stage, independently, scores each allowed size from its busy
+   time at that size (:func:`~agents.tapp.features.stage_size_inputs`) and samples its own.
+   The shared size gets ``log(KEEP_SHARED (K - 1) / (1 - KEEP_SHARED))`` added to its score
+   (K allowed sizes), so a fresh policy keeps it with probability :data:`KEEP_SHARED` and
+   spreads the rest over the other sizes: early search looks like the paper's equal sizes.
 
 The entropy of a plan is the sum over the heads of the mean entropy per decision (so an
 entropy weight means the same for 20 or 300 layers). ``sample_plans(..., given=sample)``
@@ -32,6 +39,7 @@ features save is measured by ``bench/rl_quality.py`` (bench/results/rl_quality.j
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,19 +56,24 @@ from agents.tapp.features import (
     group_tables,
     group_time_feature,
     replica_keys,
+    stage_size_inputs,
 )
 from agents.tapp.nets import TAPPPolicy
 from core.plan import Plan, Stage
+
+KEEP_SHARED = 0.9
+"""A fresh policy's probability that a stage keeps the shared microbatch size."""
 
 
 @dataclass(frozen=True)
 class Sample:
     """``n`` sampled plans as arrays, with the log-probability and entropy of each."""
 
-    size_index: np.ndarray  # (n,) index into context.sizes
+    size_index: np.ndarray  # (n,) index into context.sizes: the shared size
     opens: np.ndarray  # (n, L) bool: layer l opens a group
     devices: np.ndarray  # (n, G) primary device index of each group, -1 past the last group
     replica_of: np.ndarray  # (n, D) group a device joins as a replica, -1: primary or idle
+    stage_size: np.ndarray  # (n, G) index into context.sizes per group, -1 past the last group
     log_prob: Tensor  # (n,)
     entropy: Tensor  # (n,)
 
@@ -79,18 +92,21 @@ class Sample:
         """A hashable identity of plan ``i`` (equal plans, equal keys; which of a group's
         devices is its primary does not matter)."""
         return (
-            self.size_index[i].tobytes() + np.packbits(self.opens[i]).tobytes()
-            + self.group_of(i).tobytes()
+            np.packbits(self.opens[i]).tobytes() + self.group_of(i).tobytes()
+            + self.stage_size[i].tobytes()
         )  # fmt: skip
 
     def plan(self, i: int, ctx: PlanContext) -> Plan:
         ids = ctx.cluster.device_ids
         starts = np.flatnonzero(self.opens[i]).tolist()
         ends = [*starts[1:], ctx.n_layers]
-        b = ctx.sizes[int(self.size_index[i])]
         group = self.group_of(i)
         stages = tuple(
-            Stage((s, e), tuple(ids[d] for d in np.flatnonzero(group == g)), b)
+            Stage(
+                (s, e),
+                tuple(ids[d] for d in np.flatnonzero(group == g)),
+                ctx.sizes[int(self.stage_size[i, g])],
+            )
             for g, (s, e) in enumerate(zip(starts, ends, strict=True))
         )
         return Plan(ctx.global_batch, stages, ctx.schedule)
@@ -101,7 +117,7 @@ class Sample:
         t = torch.from_numpy(idx)
         return Sample(
             self.size_index[idx], self.opens[idx], self.devices[idx], self.replica_of[idx],
-            self.log_prob.detach()[t], self.entropy.detach()[t],
+            self.stage_size[idx], self.log_prob.detach()[t], self.entropy.detach()[t],
         )  # fmt: skip
 
     @staticmethod
@@ -111,6 +127,7 @@ class Sample:
             np.concatenate([p.opens for p in parts]),
             np.concatenate([p.devices for p in parts]),
             np.concatenate([p.replica_of for p in parts]),
+            np.concatenate([p.stage_size for p in parts]),
             torch.cat([p.log_prob for p in parts]),
             torch.cat([p.entropy for p in parts]),
         )
@@ -156,13 +173,17 @@ def sample_plans(
     groups = group_tables(ctx, opens, b, cuts)
     lp_alloc, ent_alloc, devices = _sample_allocation(policy, ctx, groups, draw)
     lp_rep, ent_rep, replica_of = _sample_replicas(policy, ctx, groups, devices, draw)
+    lp_st, ent_st, stage_size = _sample_stage_sizes(
+        policy, ctx, groups, devices, replica_of, size_index, draw
+    )
     return Sample(
         size_index=size_index.numpy(),
         opens=opens.numpy(),
         devices=devices.numpy(),
         replica_of=replica_of.numpy(),
-        log_prob=lp_mb + lp_part + lp_alloc + lp_rep,
-        entropy=ent_mb + ent_part + ent_alloc + ent_rep,
+        stage_size=stage_size.numpy(),
+        log_prob=lp_mb + lp_part + lp_alloc + lp_rep + lp_st,
+        entropy=ent_mb + ent_part + ent_alloc + ent_rep + ent_st,
     )
 
 
@@ -288,3 +309,39 @@ def _sample_replicas(
         replica_of[:, k] = torch.where(joins, choice, torch.full_like(choice, -1))
         member[rows[joins], choice[joins], k] = True
     return logp, ent / decisions.clamp(min=1), replica_of
+
+
+def _sample_stage_sizes(
+    policy: TAPPPolicy,
+    ctx: PlanContext,
+    groups: GroupTables,
+    devices: Tensor,
+    replica_of: Tensor,
+    shared: Tensor,
+    draw: Draw,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every stage samples its own microbatch size (all at once: the choices are independent
+    given the plan so far); without ``ctx.unequal`` every stage takes the shared size at no
+    log-probability. (logp, entropy: mean over the stages, stage_size)."""
+    n, D, G = groups.b.shape[0], ctx.n_devices, ctx.max_groups
+    stage = torch.arange(G)[None, :] < groups.n_groups[:, None]  # (n, G)
+    none = torch.full((n, G), -1, dtype=torch.long)
+    if not ctx.unequal:
+        return torch.zeros(n), torch.zeros(n), torch.where(stage, shared[:, None], none)
+    member = replica_of[:, None, :] == torch.arange(G)[None, :, None]  # (n, G, D)
+    primary = devices >= 0
+    member[primary] |= F.one_hot(devices[primary], D).bool()
+    x = stage_size_inputs(ctx, groups, member, shared)  # (n, G, K, STAGE_SIZE_IN)
+    K = x.shape[2]
+    bonus = math.log(KEEP_SHARED * (K - 1) / (1.0 - KEEP_SHARED))
+    keep = F.one_hot(shared, K).float()[:, None, :] * bonus
+    logits = (policy.stage_microbatch(x).squeeze(-1) + keep) / draw.temperature  # (n, G, K)
+    given = None
+    if draw.given is not None:
+        given = draw.given.stage_size.clip(min=0).reshape(-1)
+    choice = draw.choose(logits.detach().reshape(n * G, K), given).reshape(n, G)
+    lsm = F.log_softmax(logits, -1)
+    zero = torch.zeros(())
+    lp = torch.where(stage, lsm.gather(-1, choice[..., None]).squeeze(-1), zero).sum(-1)
+    h = torch.where(stage, -(lsm.exp() * lsm).sum(-1), zero).sum(-1)
+    return lp, h / groups.n_groups, torch.where(stage, choice, none)

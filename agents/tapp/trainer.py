@@ -13,11 +13,12 @@ drifting away from the best region it has found (self-imitation).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,12 @@ class TAPPConfig:
     """divide every logit by this when sampling (> 1 explores more, e.g. a pretrained policy)"""
     pretrained: str | None = None
     """path of a policy saved by ``TAPPPolicy.save`` to start from (its sizes win)"""
+    unequal: bool = True
+    """each stage samples its own microbatch size (UMPIPE's unequal data partition); False:
+    one shared size for every stage, as in the paper"""
+    threads: int | None = 1
+    """torch threads while training (the networks' tensors are small: one thread is as fast,
+    and more wait on each other when other processes hold the cores); None: torch's own"""
     elite: int = 8
     """replay the best this many distinct plans seen in every update (their decisions, their
     cached rewards; no evaluation): self-imitation of the elite (0: off; its effect is in
@@ -88,7 +95,7 @@ class TAPPConfig:
         for name in ("entropy_coef", "infeasible_penalty", "greedy_every", "elite"):
             if getattr(self, name) < 0:
                 raise ProblemError(f"tapp.{name}: must be >= 0, got {getattr(self, name)!r}")
-        for name in ("max_groups", "iterations", "patience"):
+        for name in ("max_groups", "iterations", "patience", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ProblemError(f"tapp.{name}: must be None or >= 1, got {value!r}")
@@ -282,6 +289,31 @@ def train(
     """Run REINFORCE over ``tasks`` (picked uniformly at random when several) until
     ``config.iterations``, ``config.patience``, ``should_stop()`` or ``remaining() == 0``;
     every ``config.greedy_every`` iterations the policy's most likely plan is evaluated too."""
+    with torch_threads(config.threads):
+        return _train(policy, tasks, config, seed, should_stop, remaining, on_iteration)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch intra-op threads (None: as set), then restore."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(
+    policy: TAPPPolicy,
+    tasks: Sequence[Task],
+    config: TAPPConfig,
+    seed: int,
+    should_stop: Callable[[], bool],
+    remaining: Callable[[], int | None],
+    on_iteration: OnIteration | None,
+) -> list[IterationLog]:
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
@@ -328,6 +360,7 @@ def problem_context(problem: Problem, config: TAPPConfig) -> PlanContext:
         problem.microbatch_sizes(),
         problem.schedule,
         config.max_groups,
+        config.unequal,
     )
 
 
@@ -381,7 +414,7 @@ def train_policy(
         )
         ctx = make_context(
             profile, spec, global_batch, problem.microbatch_sizes(), problem.schedule,
-            config.max_groups,
+            config.max_groups, config.unequal,
         )  # fmt: skip
         tasks.append(Task(ctx, Search(problem, "tapp", {})))
     policy = new_policy(config, seed)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.search import Search
 from agents.tapp import TAPPConfig, TAPPPlanner, TAPPPolicy, make_context, train_policy
-from agents.tapp.sampling import Sample, sample_plans
+from agents.tapp.features import cut_cost, group_tables, stage_size_inputs
+from agents.tapp.sampling import KEEP_SHARED, Sample, sample_plans
 from agents.tapp.trainer import Task, advantages, reinforce_loss, shape_rewards, update_elite
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.formats.pipedream import load_pipedream
@@ -118,6 +119,7 @@ def test_rewards_are_log_ratios_and_infeasible_plans_sit_below_the_worst() -> No
     seed=st.integers(0, 1000),
     greedy=st.booleans(),
     temperature=st.sampled_from([0.5, 1.0, 4.0]),
+    unequal=st.booleans(),
 )
 def test_sampled_plans_are_valid(
     profile: ModelProfile,
@@ -126,8 +128,9 @@ def test_sampled_plans_are_valid(
     seed: int,
     greedy: bool,
     temperature: float,
+    unequal: bool,
 ) -> None:
-    ctx = make_context(profile, cluster, 8, divisors(8), schedule)
+    ctx = make_context(profile, cluster, 8, divisors(8), schedule, unequal=unequal)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         policy = TAPPPolicy(hidden=8, attention_dim=4)
@@ -143,7 +146,48 @@ def test_sampled_plans_are_valid(
         joined = sample.replica_of[i][sample.replica_of[i] >= 0]
         assert (joined < plan.num_stages).all()  # replicas join open groups only
         assert sum(st.replicas - 1 for st in plan.stages) == joined.size
-        assert len({st.microbatch for st in plan.stages}) == 1  # equal microbatches
+        sizes = [ctx.sizes[k] for k in sample.stage_size[i][: plan.num_stages]]
+        assert [st.microbatch for st in plan.stages] == sizes
+        assert (sample.stage_size[i][plan.num_stages :] == -1).all()
+        if not unequal:
+            assert set(sizes) == {ctx.sizes[int(sample.size_index[i])]}
+
+
+def test_each_stage_samples_its_own_microbatch_and_a_fresh_policy_keeps_the_shared_one() -> None:
+    ctx = make_context(alexnet(), local(), 16, divisors(16), Schedule.GPIPE)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        policy = TAPPPolicy()
+    with torch.no_grad():
+        sample = sample_plans(policy, ctx, 512, torch.Generator().manual_seed(0))
+    stages = sample.stage_size >= 0
+    kept = (sample.stage_size == sample.size_index[:, None])[stages].mean()
+    assert abs(kept - KEEP_SHARED) < 0.05  # the shared size's prior at a uniform start
+    plans = [sample.plan(i, ctx) for i in range(sample.n)]
+    assert any(len({st.microbatch for st in p.stages}) > 1 for p in plans)
+    equal = make_context(alexnet(), local(), 16, divisors(16), Schedule.GPIPE, unequal=False)
+    with torch.no_grad():
+        same = sample_plans(policy, equal, 64, torch.Generator().manual_seed(0))
+    assert all(len({st.microbatch for st in same.plan(i, equal).stages}) == 1 for i in range(64))
+
+
+def test_stage_size_inputs_price_the_busy_time_of_each_size() -> None:
+    """A stage's busy time at ``b``: ``B / b`` microbatches of ``fixed + b x per-sample``
+    plus rule 2b's accumulation; the feature is its log over the stage's least busy size."""
+    ctx = make_context(alexnet(), local(), 16, divisors(16), Schedule.GPIPE)
+    opens = torch.zeros(1, ctx.n_layers, dtype=torch.bool)
+    opens[0, 0] = True
+    b = torch.tensor([4.0], dtype=torch.float64)
+    groups = group_tables(ctx, opens, b, cut_cost(ctx, b))
+    member = torch.zeros(1, ctx.max_groups, ctx.n_devices, dtype=torch.bool)
+    member[0, 0, 0] = True
+    x = stage_size_inputs(ctx, groups, member, torch.tensor([2]))
+    fixed, per = float(groups.fixed[0, 0, 0]), float(groups.per_sample[0, 0, 0])
+    update = 4 * float(groups.params[0, 0]) / (float(ctx.memory_bandwidth[0]) * 1e9)
+    busy = [16 / s * (fixed + s * per) + (16 / s - 1) * update for s in ctx.sizes]
+    expect = np.log(np.array(busy) / min(busy))
+    assert np.allclose(x[0, 0, :, 2].numpy(), np.minimum(expect, 5.0), rtol=1e-5, atol=1e-6)
+    assert x[0, 0, :, 1].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]  # the shared size: index 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,7 +225,9 @@ def test_replicated_stages_are_sampled_and_keys_ignore_which_replica_is_primary(
     g = int(one.replica_of[0, k])
     devices, replica_of = one.devices.copy(), one.replica_of.copy()
     replica_of[0, devices[0, g]], replica_of[0, k], devices[0, g] = g, -1, k
-    swapped = Sample(one.size_index, one.opens, devices, replica_of, one.log_prob, one.entropy)
+    swapped = Sample(
+        one.size_index, one.opens, devices, replica_of, one.stage_size, one.log_prob, one.entropy
+    )
     assert swapped.key(0) == one.key(0) and swapped.plan(0, ctx) == one.plan(0, ctx)
 
 
@@ -249,6 +295,17 @@ def test_bad_options_are_refused_before_any_search() -> None:
         make_planner("tapp", learning_rat=0.1)
     with pytest.raises(ProblemError, match="batch_size"):
         make_planner("tapp", batch_size=0)
+    with pytest.raises(ProblemError, match=r"tapp\.threads: must be None or >= 1, got 0"):
+        make_planner("tapp", threads=0)
+
+
+def test_training_runs_on_its_own_torch_threads_and_restores_them() -> None:
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    planner = TAPPPlanner(on_iteration=lambda log: seen.append(torch.get_num_threads()))
+    planner.plan(problem(seed=0, evaluations=64))
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
 
 
 def test_cost_objective_plans_meet_the_throughput_target() -> None:
