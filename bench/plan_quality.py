@@ -19,19 +19,35 @@ issue's checks, each reported per instance rather than asserted:
 
 The cost objective's throughput target is half the throughput of ``dp``'s fastest plan.
 
+**Realistic section** (``--realistic``, issue #16): VGG-16 and ResNet-50 at their full 224x224
+input (profiled as ``pipeplan plan --model M --input-size 224`` profiles them: analytic, FLOP
+times) on ``cloud-mix`` (7 devices), batch 64, time objective. ``dp``, ``genetic`` (unequal
+microbatches), ``genetic-equal``, ``tapp`` and ``ppo`` (registry defaults; PPO on a local Ray
+started for the section), each with the same search budget in seconds; the learned planners
+over ``--seeds`` seeds. Per run: batch time, gap to the best plan any planner found in the
+run, search seconds, seconds until within 2% of that best, evaluations, stages and
+microbatch sizes; per learned planner: the worst gap and the range over seeds, and whether
+it came within 2% in at most 60 s (a planner that fails, e.g. PPO without Ray, is a row with
+its error, not a crash).
+
     .venv/bin/python -m bench.plan_quality --quick             # two models, two clusters
     .venv/bin/python -m bench.plan_quality --models alexnet --out part.json   # one part
     .venv/bin/python -m bench.plan_quality --merge a.json,b.json              # parts -> one
-Writes bench/results/plan_quality.json and plan_quality.png (or --out and its .png); failed
-runs have the value ``Infinity`` (as Python's json writes and reads it).
+    .venv/bin/python -m bench.plan_quality --realistic --seeds 3              # the section
+Writes bench/results/plan_quality.json and plan_quality.png (or --out and its .png), and
+``--realistic`` bench/results/plan_quality_realistic.json; failed runs have the value
+``Infinity`` (as Python's json writes and reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import os
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +61,7 @@ from agents import Budget, Objective, Problem, compare
 from agents.baselines.dp import DPPlanner, explain_gap
 from agents.compare import Entry, run_entry
 from bench.instances import PIPEDREAM, PRESETS, WEIGHT_READS, ZOO, Instance, instances
+from bench.instances import cluster as preset
 from core.batch_eval import BatchEvaluator
 from core.plan import Plan
 from core.tables import layer_costs
@@ -68,6 +85,8 @@ EQUAL: tuple[str, ...] = (
     *("uniform", "balanced", "data_parallel", "greedy", "pipedream_dp", "dp", "brute"),
     "genetic-equal",
 )
+# the learned planners, run in the realistic section only
+LEARNED: dict[str, tuple[str, dict[str, Any]]] = {"tapp": ("tapp", {}), "ppo": ("ppo", {})}
 GENETIC_SECONDS, GENETIC_RATIO = 30.0, 1.02  # the issue's targets
 SPEEDUP, UEDP_GAIN = 1.3, 0.05
 UMPIPE_MODELS = ("vgg16", "gpt")  # also benchmarked with per-call weight reads
@@ -84,6 +103,8 @@ class Run:
     evaluations: int = 0
     error: str = ""
     plan: dict[str, Any] | None = field(default=None)
+    seed: int = 0
+    curve: list[list[float]] = field(default_factory=list)  # [evaluations, seconds, best]
 
 
 def problem_for(
@@ -100,12 +121,14 @@ def problem_for(
     )
 
 
-def run(label: str, problem: Problem) -> Run:
-    name, options = PLANNERS[label]
-    row = run_entry(Entry(label, name, options), problem, catch_bugs=False)
+def run(label: str, problem: Problem, *, catch_bugs: bool = False, curve: bool = False) -> Run:
+    """One planner (:data:`PLANNERS` or :data:`LEARNED`) on ``problem``; ``catch_bugs``: any
+    exception becomes the run's error; ``curve``: keep the search history."""
+    name, options = {**PLANNERS, **LEARNED}[label]
+    row = run_entry(Entry(label, name, options), problem, catch_bugs=catch_bugs)
     if row.result is None:
         first_line = (row.error.splitlines() or [""])[0]
-        return Run(label, math.inf, seconds=row.search_s, error=first_line)
+        return Run(label, math.inf, seconds=row.search_s, error=first_line, seed=problem.seed)
     r, est = row.result, row.result.estimate
     return Run(
         label,
@@ -116,6 +139,8 @@ def run(label: str, problem: Problem) -> Run:
         r.wall_time_s,
         r.evaluations,
         plan=r.plan.to_dict(),
+        seed=problem.seed,
+        curve=[[h.evaluations, round(h.seconds, 3), h.best] for h in r.history] if curve else [],
     )
 
 
@@ -552,6 +577,189 @@ def draw(docs: list[Doc], labels: list[str], path: Path) -> None:
     plt.close(fig)
 
 
+# --- the realistic section ----------------------------------------------------------------------
+
+REALISTIC_MODELS = ("vgg16", "resnet50")
+REALISTIC_CLUSTER = "cloud-mix"
+REALISTIC_INPUT = 224
+REALISTIC_LABELS = ("dp", "genetic", "genetic-equal", "tapp", "ppo")
+LEARNED_RATIO, LEARNED_SECONDS = 1.02, 60.0  # the issue's target for tapp and ppo
+
+
+def realistic_instance(model: str, input_size: int, cluster_name: str) -> Instance:
+    """``model`` from the zoo at ``input_size``, profiled as ``pipeplan plan --model MODEL
+    --input-size N`` profiles it (analytic: FLOPs and sizes, times from device FLOP/s)."""
+    from models import profiler, zoo
+
+    module, example = zoo.build(model, input_size)
+    profile = profiler.profile_model(module, example, name=model, device_type=None)
+    return Instance(model, cluster_name, profile, preset(cluster_name))
+
+
+def seconds_within(curve: list[list[float]], target: float) -> float | None:
+    """Search seconds until the best value was within ``target`` (None: never)."""
+    return next((t for _, t, best in curve if best <= target), None)
+
+
+def learned_verdict(runs: list[Doc], best: float) -> Doc:
+    """Worst and best gap over a learned planner's seeds, its slowest search and its slowest
+    time to within :data:`LEARNED_RATIO` of ``best``; met: every seed within the ratio in at
+    most :data:`LEARNED_SECONDS`."""
+    gaps = [r["gap"] for r in runs]
+    to_target = [r["seconds_to_target"] for r in runs]
+    met = bool(runs) and all(
+        t is not None and t <= LEARNED_SECONDS and g <= LEARNED_RATIO - 1.0
+        for g, t in zip(gaps, to_target, strict=True)
+    )
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "worst_gap": max(gaps, default=math.inf),
+        "best_gap": min(gaps, default=math.inf),
+        "max_seconds": max((r["seconds"] for r in runs), default=math.nan),
+        "worst_seconds_to_target": None if None in to_target else max(to_target, default=None),
+        "met": met,
+        "errors": sorted({r["error"] for r in runs if r["error"]}),
+    }
+
+
+def evaluate_realistic(inst: Instance, a: argparse.Namespace, labels: list[str]) -> Doc:
+    """Every planner in ``labels`` on ``inst`` (learned ones over ``a.seeds`` seeds)."""
+    runs: dict[str, list[Run]] = {}
+    for lb in labels:
+        seeds = range(a.seed, a.seed + (a.seeds if lb in LEARNED else 1))
+        runs[lb] = [
+            run(lb, problem_for(inst, Objective.TIME, a.batch, None, a.seconds, seed),
+                catch_bugs=True, curve=True)
+            for seed in seeds
+        ]  # fmt: skip
+    best = min((r.value for rs in runs.values() for r in rs), default=math.inf)
+    best_by = next((lb for lb, rs in runs.items() for r in rs if r.value == best), None)
+    doc_runs: dict[str, list[Doc]] = {}
+    for lb, rs in runs.items():
+        doc_runs[lb] = []
+        for r in rs:
+            d = asdict(r)
+            d["gap"] = r.value / best - 1.0 if math.isfinite(best) else math.inf
+            d["seconds_to_target"] = seconds_within(r.curve, LEARNED_RATIO * best)
+            doc_runs[lb].append(d)
+    return {
+        "instance": inst.name,
+        "model": inst.model,
+        "cluster": inst.cluster,
+        "layers": len(inst.profile),
+        "devices": len(inst.spec.device_ids),
+        "best": best,
+        "best_by": best_by,
+        "runs": doc_runs,
+        "learned": {lb: learned_verdict(doc_runs[lb], best) for lb in doc_runs if lb in LEARNED},
+    }
+
+
+def realistic_table(doc: Doc) -> Table:
+    t = _table(
+        f"{doc['instance']} ({doc['layers']} layers, {doc['devices']} devices): time, best "
+        f"{_fmt(doc['best'], '.4f')} s by {doc['best_by']}",
+        ["planner", "seed", "batch s", "gap to best", "search s", f"s to {LEARNED_RATIO - 1:.0%}",
+         "evals", "stages", "microbatches", "error"],
+        ("planner", "microbatches", "error"),
+    )  # fmt: skip
+    for lb, rs in doc["runs"].items():
+        for r in rs:
+            stages = r["plan"]["stages"] if r["plan"] else []
+            _row(
+                t,
+                lb,
+                str(r["seed"]),
+                _fmt(r["value"], ".4f"),
+                _fmt(100 * r["gap"], "+.1f", "%"),
+                _fmt(r["seconds"], ".1f"),
+                _fmt(r["seconds_to_target"], ".1f"),
+                str(r["evaluations"]),
+                str(len(stages)) if stages else "-",
+                ",".join(str(s["microbatch"]) for s in stages),
+                r["error"][:70],
+            )
+    return t
+
+
+def learned_table(docs: list[Doc]) -> Table:
+    t = _table(
+        f"Learned planners on realistic instances (target: every seed within "
+        f"{LEARNED_RATIO - 1:.0%} of the best plan any planner found, in <= "
+        f"{LEARNED_SECONDS:.0f} s of search)",
+        ["instance", "planner", "seeds", "worst gap", "range", "max search s",
+         f"worst s to {LEARNED_RATIO - 1:.0%}", "met", "error"],
+        ("instance", "planner", "error"),
+    )  # fmt: skip
+    for d in docs:
+        for lb, v in d["learned"].items():
+            _row(
+                t,
+                d["instance"],
+                lb,
+                str(len(v["seeds"])),
+                _fmt(100 * v["worst_gap"], "+.1f", "%"),
+                f"{_fmt(100 * v['best_gap'], '+.1f', '%')} .. "
+                f"{_fmt(100 * v['worst_gap'], '+.1f', '%')}",
+                _fmt(v["max_seconds"], ".1f"),
+                _fmt(v["worst_seconds_to_target"], ".1f"),
+                "yes" if v["met"] else "NO",
+                "; ".join(v["errors"])[:60],
+            )
+    return t
+
+
+def realistic(a: argparse.Namespace, console: Console) -> None:
+    """The realistic section: run, print, write ``a.realistic_out``."""
+    labels = [p for p in a.realistic_planners.split(",") if p]
+    unknown = [p for p in labels if p not in REALISTIC_LABELS]
+    if unknown:
+        raise SystemExit(
+            f"--realistic-planners: unknown {unknown} (known: {', '.join(REALISTIC_LABELS)})"
+        )
+    if a.seeds < 1:
+        raise SystemExit(f"--seeds: must be >= 1, got {a.seeds}")
+    from executor import runtime
+
+    ray_error = ""
+    if "ppo" in labels:
+        try:
+            runtime.start_local()
+        except Exception as e:  # PPO's rows carry it; the other planners still run
+            ray_error = f"Ray did not start: {type(e).__name__}: {e}"
+    docs = []
+    try:
+        for model in a.realistic_models.split(","):
+            inst = realistic_instance(model, a.input_size, REALISTIC_CLUSTER)
+            doc = evaluate_realistic(inst, a, labels)
+            if ray_error:
+                for r in doc["runs"].get("ppo", []):
+                    r["error"] = ray_error + " / " + r["error"]
+            docs.append(doc)
+            console.print(realistic_table(doc))
+    finally:
+        if "ppo" in labels and not ray_error:
+            runtime.shutdown()
+    console.print(learned_table(docs))
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "command": "python -m bench.plan_quality " + " ".join(sys.argv[1:]),
+        "load_average": list(os.getloadavg()),
+        "cluster": REALISTIC_CLUSTER,
+        "input_size": a.input_size,
+        "batch": a.batch,
+        "objective": "time",
+        "seconds_per_planner": a.seconds,
+        "seeds": a.seeds,
+        "planners": {lb: list({**PLANNERS, **LEARNED}[lb]) for lb in labels},
+        "target": {"ratio": LEARNED_RATIO, "seconds": LEARNED_SECONDS},
+    }
+    out = Path(a.realistic_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**meta, "instances": docs}, indent=1, default=str) + "\n")
+    console.print(f"wrote {out}")
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -593,7 +801,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two models on two clusters")
     ap.add_argument("--merge", default="", help="comma-separated JSON parts: tables, no runs")
     ap.add_argument("--out", default=str(RESULTS / "plan_quality.json"))
+    ap.add_argument("--realistic", action="store_true", help="only the realistic section")
+    ap.add_argument("--realistic-models", default=",".join(REALISTIC_MODELS))
+    ap.add_argument("--realistic-planners", default=",".join(REALISTIC_LABELS))
+    ap.add_argument("--input-size", type=int, default=REALISTIC_INPUT, help="realistic: input")
+    ap.add_argument("--seeds", type=int, default=1, help="realistic: seeds of tapp and ppo")
+    ap.add_argument("--realistic-out", default=str(RESULTS / "plan_quality_realistic.json"))
     a = ap.parse_args()
+    if a.realistic:
+        if a.seconds == ap.get_default("seconds"):
+            a.seconds = LEARNED_SECONDS  # the issue's budget
+        realistic(a, Console(width=200))
+        return
     labels = [p for p in a.planners.split(",") if p]
     unknown = [p for p in labels if p not in PLANNERS]
     if unknown:
