@@ -40,10 +40,13 @@ runners' best plan; a measured source runs a plan once however often it comes ba
 the polish.
 
 Hyper-parameters: the reward comes once, at the end, so ``gamma = 1`` (RLlib's default 0.99
-discounts the first decisions of a 24-step episode by 0.8); small train batches and several
-epochs make more updates within ~40 iterations. The defaults come from a handful of runs of
-``bench/ppo_quality.py``, which reports how far PPO alone and PPO + polish land from the exact
-answer (``bench/results/ppo_quality.json``).
+discounts the first decisions of a 24-step episode by 0.8). With the ``stages`` action space
+an episode is a few steps per stage, so a train batch of 1,000 steps holds ~120 episodes;
+80 iterations (~10-16k episodes) are what the hardest ``bench/ppo_quality.py`` instance
+needed to leave the local optimum that 40 iterations of 500 steps stopped at (the defaults
+come from a handful of such runs; entropy and learning-rate changes did not help there).
+That bench reports how far PPO alone lands from the exact answer and after how many
+evaluations (``bench/results/ppo_quality.json``).
 """
 
 from __future__ import annotations
@@ -82,11 +85,11 @@ the env runners' episodes count as the search's evaluations."""
 class PPOOptions:
     """Options of the ``ppo`` planner."""
 
-    iterations: int = 40  # PPO training iterations (each samples train_batch env steps)
+    iterations: int = 80  # PPO training iterations (each samples train_batch env steps)
     num_env_runners: int | None = None  # sampling actors (0: in the driver; None: spare CPUs)
-    envs_per_runner: int = 1  # envs each runner steps together (one batched policy call)
-    train_batch: int = 500  # env steps per iteration
-    minibatch: int = 125  # SGD minibatch size
+    envs_per_runner: int = 2  # envs each runner steps together (one batched policy call)
+    train_batch: int = 1000  # env steps per iteration
+    minibatch: int = 250  # SGD minibatch size
     epochs: int = 6  # SGD passes over each batch
     lr: float = 5e-4
     entropy_coeff: float = 0.005
