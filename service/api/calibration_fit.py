@@ -72,6 +72,19 @@ class FitOutcome(TypedDict):
 # --- the fit (either side of the boundary) ----------------------------------------------------
 
 
+def _end_with_parent(parent: int) -> None:
+    """In the worker: a daemon thread that ends the process once ``parent`` (the API's
+    process) is gone, so that a service or test that never closed its worker leaves no
+    process behind (the pool's own shutdown is not reached when the parent is killed)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
 def _median_abs(values: Sequence[float]) -> float | None:
     return statistics.median(abs(v) for v in values) if values else None
 
@@ -196,7 +209,12 @@ class FitWorker:
         with self._lock:
             if self._pool is None:
                 context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=context,
+                    initializer=_end_with_parent,
+                    initargs=(os.getpid(),),
+                )
             return self._pool
 
     def fit(self, payload: FitPayload) -> FitOutcome:
