@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from agents.tapp.features import (
     KEY_IN,
+    LAYER_IN,
     MICROBATCH_IN,
     PARTITION_IN,
     QUERY_IN,
@@ -43,7 +46,12 @@ def _mlp(n_in: int, hidden: int, n_out: int, last_std: float = 0.0) -> nn.Sequen
 
 
 class PartitionNet(nn.Module):
-    """(..., PARTITION_IN) -> (...,) logit of "open the next group" (before the prior)."""
+    """(..., PARTITION_IN) -> (...,) logit of "open the next group" (before the prior).
+
+    The input is a layer's features (the first ``LAYER_IN``) then the decision's state.
+    :meth:`layer_part` and :meth:`from_layer_part` compute the same logit in two parts, so
+    that a sampler multiplies each layer's features by the first linear layer once per
+    layer, not once per plan and decision."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -52,6 +60,18 @@ class PartitionNet(nn.Module):
     def forward(self, layers: Tensor) -> Tensor:
         out: Tensor = self.net(layers).squeeze(-1)
         return out
+
+    def layer_part(self, layer_inputs: Tensor) -> Tensor:
+        """(..., LAYER_IN) -> (..., hidden): the layer features through the first linear
+        layer's columns for them, bias included."""
+        first = cast(nn.Linear, self.net[0])
+        return F.linear(layer_inputs, first.weight[:, :LAYER_IN], first.bias)
+
+    def from_layer_part(self, layer_part: Tensor, state: Tensor) -> Tensor:
+        """The logit from :meth:`layer_part`'s output and the state columns, (..., 3)."""
+        first = cast(nn.Linear, self.net[0])
+        out: Tensor = self.net[1:](layer_part + F.linear(state, first.weight[:, LAYER_IN:]))
+        return out.squeeze(-1)
 
 
 class AllocationNet(nn.Module):

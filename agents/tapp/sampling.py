@@ -202,36 +202,79 @@ def _sample_partition(
     policy: TAPPPolicy, ctx: PlanContext, cuts: Tensor, draw: Draw
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Layer 0 opens group 0; layer l opens the next group with probability p_l while fewer
-    than max_groups are open. Entropy is the mean over the real (unforced) decisions."""
-    n, (L, G) = cuts.shape[0], (ctx.n_layers, ctx.max_groups)
+    than max_groups are open. The decisions are drawn layer by layer without autograd
+    (:func:`_draw_partition`), then scored in one batched pass (:func:`_score_partition`):
+    the state a decision reads is a function of the decisions before it, so the
+    log-probability of a whole partition needs no sequential graph."""
+    if draw.given is not None:
+        opens = torch.from_numpy(draw.given.opens.copy())
+    else:
+        with torch.no_grad():
+            opens = _draw_partition(policy, ctx, cuts, draw)
+    logp, ent = _score_partition(policy, ctx, cuts, opens, draw.temperature)
+    return logp, ent, opens
+
+
+def _partition_logit(
+    policy: TAPPPolicy, ctx: PlanContext, layer_part: Tensor, state: Tensor, temperature: float
+) -> Tensor:
+    """The partition network's tempered logit, prior added, from the layer's precomputed
+    share of its first linear layer (``layer_part``, :meth:`PartitionNet.layer_part`) and the
+    decision's state (FLOP share of the open group, groups open, cost of the cut)."""
+    logit = policy.partition.from_layer_part(layer_part, state)
+    return (logit + ctx.partition_prior) / temperature
+
+
+def _draw_partition(policy: TAPPPolicy, ctx: PlanContext, cuts: Tensor, draw: Draw) -> Tensor:
+    """(n, L) bool: the drawn partition (``opens[:, l]``: layer l opens a group)."""
+    n, L, G = cuts.shape[0], ctx.n_layers, ctx.max_groups
     flops = ctx.shares[:, 1]
+    layer_part = policy.partition.layer_part(ctx.layer_inputs)
     fill = flops[0].expand(n)  # FLOP share of the open group so far
     count = torch.ones(n)  # groups open
     opens = [torch.ones(n, dtype=torch.bool)]
-    logp, ent, decisions = torch.zeros(n), torch.zeros(n), torch.zeros(n)
-    zero = torch.zeros(())
     for layer in range(1, L):
         state = torch.stack([fill, count / G, cuts[:, layer]], -1)
-        x = torch.cat([ctx.layer_inputs[layer].expand(n, -1), state], -1)
-        logit = (policy.partition(x) + ctx.partition_prior) / draw.temperature
-        p = torch.sigmoid(logit).detach()
-        if draw.given is not None:
-            raw = torch.from_numpy(draw.given.opens[:, layer].copy())
-        elif draw.greedy:
-            raw = p > 0.5
+        logit = _partition_logit(policy, ctx, layer_part[layer], state, draw.temperature)
+        if draw.greedy:
+            raw = logit > 0.0
         else:
-            raw = torch.rand(n, generator=draw.generator) < p
-        free = count < G  # a real decision (else forced to stay)
-        opened = raw & free
-        lp = torch.where(opened, F.logsigmoid(logit), F.logsigmoid(-logit))
-        h = F.binary_cross_entropy_with_logits(logit, torch.sigmoid(logit), reduction="none")
-        logp = logp + torch.where(free, lp, zero)
-        ent = ent + torch.where(free, h, zero)
-        decisions = decisions + free.float()
+            raw = torch.rand(n, generator=draw.generator) < torch.sigmoid(logit)
+        opened = raw & (count < G)  # once G groups are open the rest stay (forced)
         count = count + opened.float()
         fill = torch.where(opened, flops[layer], fill + flops[layer])
         opens.append(opened)
-    return logp, ent / decisions.clamp(min=1), torch.stack(opens, 1)
+    return torch.stack(opens, 1)
+
+
+def _score_partition(
+    policy: TAPPPolicy, ctx: PlanContext, cuts: Tensor, opens: Tensor, temperature: float
+) -> tuple[Tensor, Tensor]:
+    """(log-probability, entropy) of the partitions ``opens`` under the policy, every layer
+    at once. The state of layer l's decision: groups open before it (the cumulative count of
+    opens), the FLOP share of the open group (layers since the last open, by prefix sums)
+    and the cut's cost. Entropy is the mean over the real (unforced) decisions."""
+    n, L, G = opens.shape[0], ctx.n_layers, ctx.max_groups
+    if L < 2:
+        return torch.zeros(n), torch.zeros(n)
+    flops = ctx.shares[:, 1].double()
+    prefix = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(flops, 0)])  # (L+1,)
+    count = torch.cumsum(opens.long(), 1)[:, :-1].float()  # (n, L-1) open before layer l
+    index = torch.arange(L)[None].expand(n, -1)
+    start = torch.cummax(torch.where(opens, index, torch.zeros_like(index)), 1).values[:, :-1]
+    fill = (prefix[1:L][None] - prefix[start]).float()  # layers start..l-1
+    state = torch.stack([fill, count / G, cuts[:, 1:L]], -1)  # (n, L-1, 3)
+    logit = _partition_logit(
+        policy, ctx, policy.partition.layer_part(ctx.layer_inputs[1:]), state, temperature
+    )
+    free = count < G  # a real decision (else forced to stay)
+    opened = opens[:, 1:]
+    lp = torch.where(opened, F.logsigmoid(logit), F.logsigmoid(-logit))
+    h = F.binary_cross_entropy_with_logits(logit, torch.sigmoid(logit), reduction="none")
+    zero = torch.zeros(())
+    logp = torch.where(free, lp, zero).sum(-1)
+    ent = torch.where(free, h, zero).sum(-1)
+    return logp, ent / free.sum(-1).clamp(min=1)
 
 
 def _sample_allocation(

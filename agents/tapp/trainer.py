@@ -8,12 +8,16 @@ one already averages repeats), compute the
 one policy-gradient step (entropy bonus, gradient clipping). The best plan seen is kept, and
 the best few distinct plans (the elite) are replayed into every update with their cached
 rewards (their decisions re-scored by the current policy), which keeps the search from
-drifting away from the best region it has found (self-imitation).
+drifting away from the best region it has found (self-imitation). A policy that finds
+nothing better for ``restart_after`` iterations has converged on a local optimum: learning
+starts over from the initial weights (the plans seen and the best plan are kept), so the
+rest of the budget follows another trajectory (random restarts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import itertools
 import math
@@ -51,8 +55,9 @@ class TAPPConfig:
     """moving-average baseline: ``b <- decay * b + (1 - decay) * mean reward``"""
     normalize_advantages: bool = True
     """divide the advantages by the batch's reward standard deviation"""
-    entropy_coef: float = 0.3
-    """weight of the entropy bonus (per-decision mean entropy of each head, summed)"""
+    entropy_coef: float = 1.0
+    """weight of the entropy bonus (per-decision mean entropy of each head, summed; 1.0
+    rather than 0.3: see bench/results/plan_quality_realistic.json)"""
     max_grad_norm: float = 1.0
     """clip the gradient to this global L2 norm"""
     infeasible_penalty: float = 1.0
@@ -63,6 +68,11 @@ class TAPPConfig:
     """most iterations (None: until the budget or the patience runs out)"""
     patience: int | None = 300
     """stop after this many iterations without a better plan (None: never)"""
+    restart_after: int | None = 100
+    """start learning over after this many iterations without a better plan (None: never):
+    the policy's initial weights, a fresh optimizer, baseline and elite; the plans seen and
+    the best plan are kept. A policy that has converged on a local optimum samples little
+    that is new; a restart spends the rest of the budget on another trajectory"""
     greedy_every: int = 10
     """every this many iterations also evaluate the policy's most likely plan (no gradient)"""
     frozen: bool = False
@@ -95,7 +105,7 @@ class TAPPConfig:
         for name in ("entropy_coef", "infeasible_penalty", "greedy_every", "elite"):
             if getattr(self, name) < 0:
                 raise ProblemError(f"tapp.{name}: must be >= 0, got {getattr(self, name)!r}")
-        for name in ("max_groups", "iterations", "patience", "threads"):
+        for name in ("max_groups", "iterations", "patience", "restart_after", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ProblemError(f"tapp.{name}: must be None or >= 1, got {value!r}")
@@ -316,12 +326,18 @@ def _train(
 ) -> list[IterationLog]:
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
+    initial = copy.deepcopy(policy.state_dict())
+    optimizer: torch.optim.Optimizer = torch.optim.Adam(
+        policy.parameters(), lr=config.learning_rate
+    )
     logs: list[IterationLog] = []
-    start, it, stale = time.perf_counter(), 0, 0
+    start, it, stale, fresh = time.perf_counter(), 0, 0, 0
     while config.iterations is None or it < config.iterations:
         if should_stop() or (config.patience is not None and stale >= config.patience):
             break
+        if config.restart_after is not None and fresh >= config.restart_after:
+            optimizer = restart(policy, initial, tasks, config)
+            fresh = 0
         task = tasks[int(rng.integers(len(tasks)))] if len(tasks) > 1 else tasks[0]
         best_before = task.best_value
         if config.greedy_every and it % config.greedy_every == 0:
@@ -333,6 +349,7 @@ def _train(
             break
         step = reinforce_step(policy, optimizer, task, config, gen, n)
         stale = 0 if task.best_value < best_before else stale + 1
+        fresh = 0 if stale == 0 else fresh + 1
         it += 1
         log = IterationLog(
             iteration=it,
@@ -348,6 +365,19 @@ def _train(
         if on_iteration is not None:
             on_iteration(log)
     return logs
+
+
+def restart(
+    policy: TAPPPolicy, initial: dict[str, Tensor], tasks: Sequence[Task], config: TAPPConfig
+) -> torch.optim.Optimizer:
+    """Start learning over (``config.restart_after``): the policy back to its ``initial``
+    weights, every task's learner state (reference, baseline, elite) forgotten; the plans
+    seen (cache) and the best plan stay. Returns the fresh optimizer."""
+    policy.load_state_dict(initial)
+    for task in tasks:
+        task.reference = task.worst = task.baseline = None
+        task.elite = {}
+    return torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
 
 
 def problem_context(problem: Problem, config: TAPPConfig) -> PlanContext:
@@ -418,6 +448,6 @@ def train_policy(
         )  # fmt: skip
         tasks.append(Task(ctx, Search(problem, "tapp", {})))
     policy = new_policy(config, seed)
-    run = dataclasses.replace(config, iterations=iterations, patience=None)
+    run = dataclasses.replace(config, iterations=iterations, patience=None, restart_after=None)
     train(policy, tasks, run, seed=seed, on_iteration=on_iteration)
     return policy

@@ -5,6 +5,7 @@ replicated stage), pretrained policies, and a planner valued by another reward s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -16,10 +17,24 @@ from hypothesis import strategies as st
 
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.search import Search
-from agents.tapp import TAPPConfig, TAPPPlanner, TAPPPolicy, make_context, train_policy
+from agents.tapp import (
+    IterationLog,
+    TAPPConfig,
+    TAPPPlanner,
+    TAPPPolicy,
+    make_context,
+    train_policy,
+)
 from agents.tapp.features import cut_cost, group_tables, stage_size_inputs
-from agents.tapp.sampling import KEEP_SHARED, Sample, sample_plans
-from agents.tapp.trainer import Task, advantages, reinforce_loss, shape_rewards, update_elite
+from agents.tapp.sampling import KEEP_SHARED, Sample, _score_partition, sample_plans
+from agents.tapp.trainer import (
+    Task,
+    advantages,
+    reinforce_loss,
+    restart,
+    shape_rewards,
+    update_elite,
+)
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.formats.pipedream import load_pipedream
 from core.plan import Schedule
@@ -210,6 +225,39 @@ def test_replaying_a_sample_gives_its_plans_and_log_probabilities(
     assert torch.allclose(again.entropy, sample.entropy, atol=1e-5)
 
 
+def test_the_batched_partition_score_is_the_product_of_its_layer_decisions() -> None:
+    """Sampling scores a partition in one pass; the definition is a walk over the layers:
+    layer l opens a group with p = sigmoid(net(layer l, FLOP share of the open group, groups
+    open / G, cut cost) + prior), forced to stay once G groups are open."""
+    ctx = make_context(alexnet(), local(), 16, [4], Schedule.GPIPE, max_groups=3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        policy = TAPPPolicy(hidden=16, attention_dim=8)
+    with torch.no_grad():
+        sample = sample_plans(policy, ctx, 32, torch.Generator().manual_seed(0), temperature=3.0)
+        opens = torch.from_numpy(sample.opens)
+        cuts = cut_cost(ctx, torch.full((32,), 4.0, dtype=torch.float64))
+        logp, _ = _score_partition(policy, ctx, cuts, opens, temperature=3.0)
+    flops = ctx.shares[:, 1].tolist()
+    for i in range(32):
+        want, fill, count = 0.0, flops[0], 1
+        for layer in range(1, ctx.n_layers):
+            x = torch.cat(
+                [ctx.layer_inputs[layer], torch.tensor([fill, count / 3, cuts[i, layer]])]
+            )
+            with torch.no_grad():
+                logit = (float(policy.partition(x)) + ctx.partition_prior) / 3.0
+            opened = bool(opens[i, layer])
+            if count < 3:
+                p = 1.0 / (1.0 + math.exp(-logit))
+                want += math.log(p if opened else 1.0 - p)
+            else:
+                assert not opened  # forced to stay
+            count, fill = (count + 1, flops[layer]) if opened else (count, fill + flops[layer])
+        assert float(logp[i]) == pytest.approx(want, abs=1e-4)
+    assert len({tuple(row) for row in sample.opens.tolist()}) > 1
+
+
 def test_replicated_stages_are_sampled_and_keys_ignore_which_replica_is_primary() -> None:
     ctx = make_context(alexnet(), local(), 16, [4], Schedule.GPIPE)
     policy = TAPPPolicy()
@@ -279,6 +327,42 @@ def test_the_elite_keeps_the_best_distinct_feasible_plans() -> None:
     assert set(task.elite) == {sample.key(4), sample.key(5), sample.key(1)}
     update_elite(task, sample, values, size=3)  # seen again: nothing changes
     assert sorted(value for value, _ in task.elite.values()) == [1.0, 2.0, 3.0]
+
+
+def test_a_restart_forgets_the_learning_and_keeps_what_was_found() -> None:
+    ctx = make_context(alexnet(), local(), 16, [4], Schedule.GPIPE)
+    policy = TAPPPolicy(hidden=8, attention_dim=4)
+    initial = {k: v.clone() for k, v in policy.state_dict().items()}
+    task = Task(ctx, Search(problem(), "tapp", {}))
+    sample = sample_plans(policy, ctx, 4, torch.Generator().manual_seed(0))
+    task.cache[b"seen"], task.best_value, task.best_plan = 2.0, 2.0, sample.plan(0, ctx)
+    task.reference, task.worst, task.baseline = 3.0, 4.0, 0.1
+    update_elite(task, sample, np.array([1.0, 2.0, 3.0, 4.0]), size=2)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    optimizer = restart(policy, initial, [task], TAPPConfig())
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in initial.items())
+    assert task.reference is task.worst is task.baseline is None and task.elite == {}
+    assert task.cache == {b"seen": 2.0} and task.best_value == 2.0 and task.best_plan is not None
+    assert optimizer.param_groups[0]["params"] == list(policy.parameters())
+
+
+def best_of(into: list[float]) -> Callable[[IterationLog], None]:
+    return lambda log: into.append(log.best_value)
+
+
+def test_restarts_keep_the_best_plan_and_stay_seeded() -> None:
+    seen: list[list[float]] = []
+    runs = []
+    for _ in range(2):
+        best: list[float] = []
+        planner = TAPPPlanner(batch_size=8, restart_after=1, on_iteration=best_of(best))
+        runs.append(planner.plan(problem(seed=2, evaluations=120)))
+        seen.append(best)
+    assert runs[0].plan == runs[1].plan and runs[0].value == runs[1].value
+    assert seen[0] == seen[1] and runs[0].value == min(seen[0])
+    assert all(a >= b for a, b in zip(seen[0], seen[0][1:], strict=False))  # never lost
 
 
 def test_same_seed_same_plan_and_history() -> None:
