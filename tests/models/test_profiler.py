@@ -20,7 +20,7 @@ from core.errors import PipeplanError
 from core.profile import ModelProfile
 from models import zoo
 from models.fx_layers import layer_nodes, layer_of_nodes, trace
-from models.layer_timing import calibrated, fit_fixed_per_sample
+from models.layer_timing import calibrated, fit_fixed_per_sample, fit_layers
 from models.profiler import profile_model
 
 
@@ -357,6 +357,25 @@ def test_loss_needs_one_output_tensor() -> None:
 
     with pytest.raises(PipeplanError, match="loss: needs a model with one output tensor"):
         profile_model(TwoHeads(), torch.randn(1, 4), "two", "cpu", loss=lambda t: t.sum())
+
+
+def test_fitted_layers_sum_to_the_measured_totals_at_both_sizes() -> None:
+    # layer 0 is slower at 2 samples than at 8 (clipped: all fixed), layer 1 superlinear
+    # (clipped: all per sample), layer 2 linear
+    t1, t2 = [1.0, 0.1, 0.5], [0.9, 1.0, 1.1]
+    fits = fit_layers(2, t1, 8, t2)
+    assert sum(f + 2 * p for f, p in fits) == pytest.approx(sum(t1))
+    assert sum(f + 8 * p for f, p in fits) == pytest.approx(sum(t2))
+    assert all(f >= 0 and p >= 0 for f, p in fits)
+    clipped = [fit_fixed_per_sample(2, a, 8, b) for a, b in zip(t1, t2, strict=True)]
+    assert sum(f + 8 * p for f, p in clipped) == pytest.approx(1.1 * sum(t2))  # the clips cost
+    # shares of each part are the clipped fits' (layer 0 holds most of the fixed part)
+    assert fits[0][0] / sum(f for f, _ in fits) == pytest.approx(
+        clipped[0][0] / sum(f for f, _ in clipped)
+    )
+    linear = fit_layers(2, [1.0, 2.0], 8, [1.6, 5.0])  # no clip: each layer's own fit
+    assert linear == [pytest.approx((0.8, 0.1)), pytest.approx((1.0, 0.5))]
+    assert fit_layers(2, [0.0, 0.0], 8, [0.0, 0.0]) == [(0.0, 0.0), (0.0, 0.0)]
 
 
 def test_fit_fixed_per_sample() -> None:
