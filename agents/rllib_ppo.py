@@ -23,7 +23,16 @@ episodes and a large cluster does not start hundreds of idle processes.
 Episodes are costed inside the env by the contract cost model. Unless the problem (or the
 ``microbatches`` option) fixes the microbatch count, the first action of an episode chooses
 it among the problem's counts, and a stage may take replicas (up to ``max_replicas``), so
-the env's space holds ``brute``'s optimum over equal microbatches. After every training
+the env's space holds ``brute``'s optimum over equal microbatches. With the ``stages``
+actions and several counts, ``stage_sizes=True`` also lets each stage choose its own
+microbatch size right after its end (UMPIPE's unequal microbatches, the env's
+``stage_sizes``): the space then holds ``brute``'s ``unequal`` optimum too, plans such as
+small microbatches for VGG-16's convolutions and the whole batch for its classifier, whose
+gradient accumulation (rule 2b) costs the most per microbatch. It is off by default: the
+defaults below are those ``bench/ppo_quality.py`` measured (equal microbatches), and the
+longer episodes need their own tuning (``bench.plan_quality --realistic`` runs it as
+``ppo-unequal``, with the smaller, more frequent updates that did better there in 60 s).
+After every training
 iteration the best plan any runner has seen is valued through the search, so through its
 reward source, and the best plan so valued is the answer. With ``polish_evaluations=N``
 (default 0: PPO's own plan, pure RL) that plan is then polished by a steepest-descent local
@@ -100,6 +109,7 @@ class PPOOptions:
     microbatches: int | None = None  # fixed microbatch count (None: problem's, else chosen)
     max_replicas: int | None = None  # devices per stage at most (None: every device)
     actions: str = STAGES  # the env's action space: "stages" or "layers" (envs.mdp)
+    stage_sizes: bool = False  # stages choose their own microbatch sizes (stages, >1 count)
     exploring_starts: float = 0.5  # episodes that start after a few random actions
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
@@ -131,6 +141,8 @@ class PPOOptions:
             raise ProblemError(
                 f"ppo.exploring_starts: must be in [0, 1], got {self.exploring_starts}"
             )
+        if not isinstance(self.stage_sizes, bool):
+            raise ProblemError(f"ppo.stage_sizes: must be true or false, got {self.stage_sizes!r}")
         if self.actions not in ACTION_SPACES:
             raise ProblemError(
                 f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
@@ -143,10 +155,14 @@ def env_config(
     max_replicas: int | None = None,
     actions: str = STAGES,
     exploring_starts: float = 0.0,
+    stage_sizes: bool = False,
 ) -> dict[str, Any]:
-    """The env's config; ``microbatches`` None: the episode chooses among the problem's."""
+    """The env's config; ``microbatches`` None: the episode chooses among the problem's;
+    ``stage_sizes``: each stage chooses its own size too, where the env allows it (``stages``
+    actions, several counts)."""
     n_dev = len(problem.cluster.device_ids)
     counts = microbatches or [problem.global_batch // b for b in problem.microbatch_sizes()]
+    several = isinstance(counts, list) and len(counts) > 1
     return {
         "profile": problem.profile,
         "cluster": problem.cluster,
@@ -158,6 +174,7 @@ def env_config(
         "max_replicas": min(max_replicas or n_dev, n_dev),
         "actions": actions,
         "exploring_starts": exploring_starts,
+        "stage_sizes": stage_sizes and actions == STAGES and several,
     }
 
 
@@ -250,7 +267,12 @@ class PPOPlanner(Planner):
             .environment(
                 PlacementEnv,
                 env_config=env_config(
-                    problem, microbatches, c.max_replicas, c.actions, c.exploring_starts
+                    problem,
+                    microbatches,
+                    c.max_replicas,
+                    c.actions,
+                    c.exploring_starts,
+                    c.stage_sizes,
                 ),
             )
             .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)

@@ -23,7 +23,7 @@ from core.plan import Schedule
 from core.profile import ModelProfile
 from core.tables import CostTables
 from envs.encoding import encode_profile
-from envs.mdp import ACTION_SPACES, LAYERS, Instance
+from envs.mdp import ACTION_SPACES, LAYERS, STAGES, Instance
 
 
 class EnvConfigError(PipeplanError):
@@ -63,6 +63,10 @@ class EnvOptions:
     (:func:`envs.mdp.exploring_start`) instead of from the empty plan."""
     start_steps: int = 3
     """The most random actions an exploring start takes (at least one)."""
+    stage_sizes: bool = False
+    """``stages`` with several counts only: after each stage's end, one more step chooses
+    that stage's own microbatch size among the counts' sizes (UMPIPE's unequal microbatches);
+    False: every stage takes the shared one."""
 
 
 OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
@@ -83,6 +87,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
     top = n_dev if opt.max_stages is None else opt.max_stages
     counts = _counts(opt.global_batch, opt.microbatches)
     objective, schedule = _check_options(opt, top, n_dev)
+    _check_stage_sizes(opt, counts)
     if opt.min_stages > len(profile):
         raise EnvConfigError(
             f"min_stages: {opt.min_stages} exceeds the {len(profile)} layers of {profile.name!r}"
@@ -115,6 +120,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         capacity=tb.dev_capacity,
         speed=tb.dev_flops / tb.dev_flops.max(),
         node=tb.dev_node,
+        membw=tb.dev_membw,
         cuts=tb.cuts,
         link_lat=tb.link_lat,
         link_bps=tb.link_bps,
@@ -122,6 +128,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         actions=opt.actions,
         exploring_starts=float(opt.exploring_starts),
         start_steps=opt.start_steps,
+        stage_sizes=bool(opt.stage_sizes),
     )
 
 
@@ -191,6 +198,17 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
             f"actions: unknown {opt.actions!r} (one of {', '.join(ACTION_SPACES)})"
         )
     return objective, schedule
+
+
+def _check_stage_sizes(opt: EnvOptions, counts: tuple[int, ...]) -> None:
+    """``stage_sizes`` is a bool, and True only where a stage has sizes to choose from."""
+    if not isinstance(opt.stage_sizes, bool | np.bool_):
+        raise EnvConfigError(f"stage_sizes: must be true or false, got {opt.stage_sizes!r}")
+    if opt.stage_sizes and (opt.actions != STAGES or len(counts) < 2):
+        raise EnvConfigError(
+            f"stage_sizes: True needs actions {STAGES!r} and several microbatch counts, got "
+            f"actions {opt.actions!r} and counts {list(counts)}"
+        )
 
 
 def instances_from_config(config: Mapping[str, Any]) -> list[Instance]:

@@ -38,8 +38,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     layer ``i-1``, or open a new stage for it on an unused device. Right after a stage is
     opened (it holds one layer), a step may instead add an unused device to it as a replica
     (``max_replicas > 1``); such a step places no layer. At the end the stages form a
-    :class:`core.plan.Plan` (equal microbatches of ``global_batch / M`` samples) that the
-    contract cost model costs.
+    :class:`core.plan.Plan` (equal microbatches of ``global_batch / M`` samples, or with
+    ``stage_sizes`` each stage's own) that the contract cost model costs.
 
     ## Action Space
 
@@ -77,10 +77,19 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ``max_stages`` stages are open or no device is free, and ends whose stage would not fit
     its devices' memory (unless nothing fits).
 
+    With ``stage_sizes`` (``stages`` and ``K > 1`` only) each stage gets its own microbatch
+    size: ``Discrete(D + R + S + 2 K)``, where ``D + R + S + K + k`` gives the stage just
+    ended microbatches of ``global_batch // counts[k]`` samples. The first step still
+    chooses the shared count (the end features and the memory masks are priced at its
+    size); after every end the mask allows only the size actions, less those whose stage
+    would not fit its devices' memory (rule 9 at that size; unless none fits).
+
     ## Observation Space
 
     ``Dict(observations=Box(-1, 1, (32 (1 + lookahead) + 5 D + 10,)), action_mask=Box(0, 1,
-    (1 + D + R + K,)))``, float32, as RLlib's action-masking modules expect.
+    (1 + D + R + K,)))``, float32, as RLlib's action-masking modules expect (``stages``:
+    ``3 S`` more observations, ``stage_sizes``: ``4 K`` more; the mask as wide as the action
+    space).
     ``observations`` holds the TAPP encoding (:mod:`envs.encoding`) of layer ``i`` and the
     next ``lookahead`` layers (zero rows past the end), per device its speed (FLOP/s over
     the fastest), memory left (fraction), whether the remaining layers would fit in that
@@ -89,10 +98,15 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     FLOP share, load ``t / (t + T / D)`` (``t`` its microbatch time on its slowest replica,
     ``T`` the whole model's on the fastest device) and replicas ``/ D``, the worst load of
     the closed stages, the microbatch size ``log b / log B`` and whether the step chooses
-    the microbatch count. With ``actions: stages`` two features per end slot follow
+    the microbatch count. With ``actions: stages`` three features per end slot follow
     (:func:`envs.mdp.end_features`): while a stage's end is chosen, ending it after layer
-    ``k`` gives the stage the load ``t / (t + T / D)`` and the share ``t / (t + r)`` against
-    ``r``, the rest of the model spread over the free devices (0.5: balanced with them).
+    ``k`` gives the stage the load ``t / (t + T / D)``, the share ``t / (t + r)`` against
+    ``r``, the rest of the model spread over the free devices (0.5: balanced with them), and
+    the cut's transfer against ``T / D``. With ``stage_sizes`` four features per allowed
+    size follow (:func:`envs.mdp.size_features`, zeros unless a size is chosen): the
+    stage's busy time over the whole batch (compute plus rule 2b's gradient accumulation,
+    slowest replica) at its best size over that at this size, whether it is the shared
+    size, ``log b / log B``, and that busy time's load against the whole model's.
 
     ## Rewards
 
@@ -112,7 +126,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ## Episode End
 
     Terminates when every layer is placed and the last stage takes no replica (none allowed,
-    or the agent chose ``0``); ``info`` then holds ``plan``, ``estimate``
+    or the agent chose ``0``; ``stages``: its end is chosen, and with ``stage_sizes`` its
+    size); ``info`` then holds ``plan``, ``estimate``
     (:class:`core.costmodel.Estimate`), ``value`` and ``feasible``. Never truncated.
 
     ## Arguments
@@ -125,8 +140,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
     D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``,
     ``actions`` (``layers``, the default, or ``stages``), ``exploring_starts``,
-    ``start_steps``. A bad
-    key or value raises :class:`envs.config.EnvConfigError` naming it.
+    ``start_steps``, ``stage_sizes`` (default False). A bad key or value raises
+    :class:`envs.config.EnvConfigError` naming it.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}

@@ -20,8 +20,16 @@ of two action spaces (:data:`ACTION_SPACES`, the env config's ``actions``) build
   chosen, the observation holds, for every candidate end, the stage's time against the
   balanced share and against the rest of the model spread over the free devices.
 
+With ``stage_sizes`` (``stages`` only, several counts offered) each stage also gets its own
+microbatch size (UMPIPE's unequal microbatches): the first action still chooses the shared
+count, which prices the end features and the memory masks, and right after a stage's end one
+more step chooses that stage's size among the sizes of the offered counts; while it does,
+the observation holds, for every size, the stage's busy time over the whole batch at that
+size (:func:`size_features`). The episode ends once the last stage's size is chosen.
+
 Both hold every plan of equal microbatches that ``brute`` enumerates (DESIGN.md,
-"Planners"), not only one device per stage.
+"Planners"), not only one device per stage; with ``stage_sizes``, ``stages`` also holds
+those of ``brute``'s ``unequal`` option.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ replicas, the closed stages' worst load, the microbatch size, choosing the micro
 END_FEATURES = 3
 """``stages`` actions, per candidate end: the stage's load, its share against the rest, the
 cut's transfer against the balanced share."""
+SIZE_FEATURES = 4
+"""``stage_sizes``, per allowed microbatch size: the stage's busy time at its best size over
+that at this one, the shared size, the size, the busy time's load over the batch."""
 LAYERS, STAGES = "layers", "stages"
 ACTION_SPACES = (LAYERS, STAGES)
 
@@ -62,7 +73,8 @@ class Instance:
     ``a..b-1``; ``fixed[d, b] - fixed[d, a] + n * (per_sample[d, b] - per_sample[d, a])``
     their forward + backward seconds for ``n`` samples on device ``d`` (index into
     ``cluster.device_ids``). ``counts`` are the microbatch counts an episode may use (one:
-    fixed, no choosing step).
+    fixed, no choosing step); with ``stage_sizes`` a stage may also take the size
+    ``global_batch // c`` of any of them (:attr:`sizes`).
     """
 
     profile: ModelProfile
@@ -86,6 +98,7 @@ class Instance:
     capacity: np.ndarray  # (D,) bytes
     speed: np.ndarray  # (D,) flops / fastest flops
     node: np.ndarray  # (D,) node index
+    membw: np.ndarray  # (D,) memory bandwidth, GB/s (rule 8's update, rule 2b)
     cuts: np.ndarray  # (L+1,) activation bytes per sample crossing a cut before layer c
     link_lat: np.ndarray  # (2,) seconds: within a node, between nodes (core.tables)
     link_bps: np.ndarray  # (2,) bytes/s, the same classes
@@ -94,6 +107,7 @@ class Instance:
     exploring_starts: float = 0.0  # probability of an exploring start (exploring_start)
     start_steps: int = 3  # the most random actions of an exploring start
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
+    stage_sizes: bool = False  # ``stages``: each stage chooses its own microbatch size
 
     @property
     def n_layers(self) -> int:
@@ -110,6 +124,11 @@ class Instance:
     @property
     def by_stage(self) -> bool:
         return self.actions == STAGES
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The microbatch size of each count: ``global_batch // counts[k]``."""
+        return tuple(self.global_batch // c for c in self.counts)
 
     @property
     def open_offset(self) -> int:
@@ -137,8 +156,14 @@ class Instance:
         return self.end_offset + self.end_slots
 
     @property
-    def n_actions(self) -> int:
+    def size_offset(self) -> int:
+        """``stage_sizes``: first "choose the closed stage's microbatch size" action
+        (``size_offset + k``: ``sizes[k]``)."""
         return self.count_offset + (len(self.counts) if self.chooses_microbatches else 0)
+
+    @property
+    def n_actions(self) -> int:
+        return self.size_offset + (len(self.counts) if self.stage_sizes else 0)
 
     def stage_time(self, d: int, start: int, end: int, samples: float) -> float:
         """Forward + backward seconds of layers ``[start, end)`` for ``samples`` on ``d``."""
@@ -155,13 +180,16 @@ class State:
     """Layers ``0..layer-1`` are placed; stage ``k`` starts at ``starts[k]`` on the devices
     ``devices[k]`` (the first opened it, the rest are replicas). ``count`` indexes the
     instance's microbatch counts (-1: not chosen yet); ``closed``: the agent ended the
-    episode at the last layer instead of adding a replica."""
+    episode at the last layer instead of adding a replica; ``sizes`` (``stage_sizes``): the
+    own microbatch size of stages ``0, 1, ...`` whose end is chosen, as indices into the
+    instance's counts (the rest take the shared one)."""
 
     layer: int
     starts: tuple[int, ...]
     devices: tuple[tuple[int, ...], ...]
     count: int
     closed: bool = False
+    sizes: tuple[int, ...] = ()
 
     @property
     def used(self) -> tuple[int, ...]:
@@ -184,12 +212,23 @@ def in_flight(inst: Instance, state: State) -> int:
     return int(rules.in_flight(inst.schedule, count, 1))  # 1F1B: as if the last stage
 
 
-def stage_memory(inst: Instance, state: State, start: int, end: int, replicas: int) -> float:
-    """Rule 9 for layers ``[start, end)`` on each of ``replicas`` devices."""
+def stage_memory(
+    inst: Instance, state: State, start: int, end: int, replicas: int, count: int | None = None
+) -> float:
+    """Rule 9 for layers ``[start, end)`` on each of ``replicas`` devices, in microbatches of
+    the shared size or of the ``count``-th count's."""
+    if count is not None:
+        state = replace(state, count=count)
     params = inst.params[end] - inst.params[start]
     acts = inst.acts[end] - inst.acts[start]
     share = microbatch_size(inst, state) / replicas
     return float(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
+
+
+def stage_bounds(state: State) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` of every stage opened (the open one ends at ``state.layer``)."""
+    ends = (*state.starts[1:], state.layer) if state.starts else ()
+    return tuple(zip(state.starts, ends, strict=True))
 
 
 def _replica_slots(inst: Instance, state: State) -> bool:
@@ -207,25 +246,38 @@ def _replica_slots(inst: Instance, state: State) -> bool:
     return free - 1 >= max(inst.min_stages - len(state.starts), 0)
 
 
+def size_pending(inst: Instance, state: State) -> bool:
+    """``stage_sizes``: a stage's end is chosen and its own microbatch size not yet."""
+    if not inst.stage_sizes:
+        return False
+    ended = len(state.starts) - _pending(inst, state)
+    return len(state.sizes) < ended
+
+
 def is_terminal(inst: Instance, state: State) -> bool:
     """Every layer is placed and the last stage takes no more replicas (or the agent chose
-    to stay; ``stages``: the last stage's end was chosen)."""
+    to stay; ``stages``: the last stage's end was chosen, and with ``stage_sizes`` its
+    size)."""
     if inst.by_stage:
-        return state.layer >= inst.n_layers
+        return state.layer >= inst.n_layers and not size_pending(inst, state)
     return state.layer >= inst.n_layers and (state.closed or not _replica_slots(inst, state))
 
 
 def structural_mask(inst: Instance, state: State) -> np.ndarray:
     """(n_actions,) bool: actions that keep the plan valid (contiguous, no device twice, stage
     count within ``[min_stages, max_stages]``, replicas within ``max_replicas``, one
-    microbatch count chosen first). Always allows at least one action."""
+    microbatch count chosen first, a stage's own size right after its end). Always allows at
+    least one action."""
     D = inst.n_devices
     mask = np.zeros(inst.n_actions, dtype=bool)
     if is_terminal(inst, state):
         mask[0] = True
         return mask
     if state.count < 0:
-        mask[inst.count_offset :] = True
+        mask[inst.count_offset : inst.size_offset] = True
+        return mask
+    if size_pending(inst, state):
+        mask[inst.size_offset :] = True
         return mask
     free = np.ones(D, dtype=bool)
     free[np.asarray(state.used, dtype=np.int64)] = False
@@ -304,16 +356,30 @@ def stage_memory_ends(
     return np.asarray(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
 
 
+def size_memory(inst: Instance, state: State) -> np.ndarray:
+    """``stage_sizes``: (K,) :func:`stage_memory` of the stage whose size is pending, in
+    microbatches of each allowed size."""
+    k = len(state.sizes)
+    (start, end), devs = stage_bounds(state)[k], state.devices[k]
+    return np.array(
+        [stage_memory(inst, state, start, end, len(devs), c) for c in range(len(inst.counts))]
+    )
+
+
 def memory_mask(inst: Instance, state: State) -> np.ndarray:
     """(n_actions,) bool: actions whose stage still fits all its devices' memory after this
-    step (choosing the microbatch count is never masked for memory)."""
+    step (choosing the microbatch count is never masked for memory; a stage's own size is)."""
     i, D = state.layer, inst.n_devices
     mask = np.zeros(inst.n_actions, dtype=bool)
     if is_terminal(inst, state):
         mask[0] = True
         return mask
-    mask[inst.count_offset :] = True
+    mask[inst.count_offset : inst.size_offset] = True
     if state.count < 0:
+        return mask
+    if size_pending(inst, state):
+        worst = inst.capacity[list(state.devices[len(state.sizes)])].min()
+        mask[inst.size_offset :] = size_memory(inst, state) <= worst
         return mask
     if inst.by_stage:
         return _stage_memory_mask(inst, state, mask)
@@ -343,7 +409,10 @@ def transition(inst: Instance, state: State, action: int) -> State:
     stage (at the end: closes the episode), ``1..D`` opens a stage on device ``action - 1``,
     then adds a replica device to the open stage, then chooses a microbatch count.
     ``stages``: ``0..D-1`` opens a stage on a device at the first unplaced layer, then adds a
-    replica, then ends the open stage after a layer, then chooses a microbatch count."""
+    replica, then ends the open stage after a layer, then chooses a microbatch count, then
+    (``stage_sizes``) the size of the stage just ended."""
+    if action >= inst.size_offset:
+        return replace(state, sizes=(*state.sizes, action - inst.size_offset))
     if action >= inst.count_offset:
         return replace(state, count=action - inst.count_offset)
     if inst.by_stage and action >= inst.end_offset:
@@ -353,7 +422,7 @@ def transition(inst: Instance, state: State, action: int) -> State:
         return replace(state, devices=(*state.devices[:-1], (*state.devices[-1], d)))
     if inst.by_stage:  # open a stage on a device; its end comes later
         d = action - inst.open_offset
-        return State(state.layer, (*state.starts, state.layer), (*state.devices, (d,)), state.count)
+        return replace(state, starts=(*state.starts, state.layer), devices=(*state.devices, (d,)))
     if action == 0:
         if state.layer >= inst.n_layers:
             return replace(state, closed=True)
@@ -396,13 +465,15 @@ def legal_action(mask: np.ndarray, action: int) -> int:
 
 
 def to_plan(inst: Instance, state: State) -> Plan:
-    """The plan of a terminal state: its stages and replicas, equal microbatches."""
+    """The plan of a terminal state: its stages and replicas, each stage in microbatches of
+    its own size (``stage_sizes``) or else of the shared one."""
     ids = inst.cluster.device_ids
     ends = (*state.starts[1:], inst.n_layers)
-    b = microbatch_size(inst, state)
+    own = [inst.sizes[k] for k in state.sizes]
+    sizes = own + [microbatch_size(inst, state)] * (len(state.starts) - len(own))
     stages = tuple(
         Stage((s, e), tuple(ids[d] for d in devs), b)
-        for s, e, devs in zip(state.starts, ends, state.devices, strict=True)
+        for s, e, devs, b in zip(state.starts, ends, state.devices, sizes, strict=True)
     )
     return Plan(inst.global_batch, stages, inst.schedule)
 
@@ -435,7 +506,8 @@ def reward(inst: Instance, value: float) -> float:
 
 def observation_size(inst: Instance) -> int:
     base = WIDTH * (1 + inst.lookahead) + DEVICE_FEATURES * inst.n_devices + GLOBAL_FEATURES
-    return base + END_FEATURES * inst.end_slots
+    sizes = SIZE_FEATURES * len(inst.counts) if inst.stage_sizes else 0
+    return base + END_FEATURES * inst.end_slots + sizes
 
 
 def _load(inst: Instance, state: State, start: int, end: int, devs: tuple[int, ...]) -> float:
@@ -453,7 +525,8 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     past the end), then per device (speed, memory left, remaining layers fit, used, holds the
     open stage), then global features (progress, layers left, stages opened, open stage size,
     its FLOP share, its load, its replicas, the closed stages' worst load, the microbatch size
-    ``log b / log B``, choosing the microbatch count)."""
+    ``log b / log B``, choosing the microbatch count); ``stages``: :func:`end_features`;
+    ``stage_sizes``: :func:`size_features`."""
     L, D, i = inst.n_layers, inst.n_devices, min(state.layer, inst.n_layers)
     rows = np.zeros((1 + inst.lookahead, WIDTH), dtype=np.float32)
     ahead = inst.encoding[i : i + 1 + inst.lookahead]
@@ -464,10 +537,11 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     left = inst.capacity.copy()
     ends = (*state.starts[1:], i) if state.starts else ()
     glob = np.zeros(GLOBAL_FEATURES)
-    for s, e, devs in zip(state.starts, ends, state.devices, strict=True):
+    own = (*state.sizes, *[None] * (len(state.starts) - len(state.sizes)))
+    for s, e, devs, c in zip(state.starts, ends, state.devices, own, strict=True):
         for d in devs:
             used[d] = 1.0
-            left[d] -= stage_memory(inst, state, s, e, len(devs))
+            left[d] -= stage_memory(inst, state, s, e, len(devs), c)
     for s, e, devs in zip(state.starts[:-1], ends[:-1], state.devices[:-1], strict=True):
         glob[7] = max(glob[7], _load(inst, state, s, e, devs))
     dev[:, 1] = np.clip(left / inst.capacity, 0.0, 1.0)
@@ -490,6 +564,8 @@ def observe(inst: Instance, state: State) -> np.ndarray:
     parts: list[np.ndarray] = [rows.ravel(), dev.ravel(), glob]
     if inst.by_stage:
         parts.append(end_features(inst, state).ravel())
+    if inst.stage_sizes:
+        parts.append(size_features(inst, state).ravel())
     out = np.concatenate(parts).astype(np.float32)
     return np.clip(out, -1.0, 1.0)
 
@@ -547,4 +623,42 @@ def end_features(inst: Instance, state: State) -> np.ndarray:
     out[ends - 1, 1] = np.where(t + r > 0, share, 0.5)
     comm = _cut_seconds(inst, devs, free, ends, b)
     out[ends - 1, 2] = comm / (comm + balanced) if balanced > 0 else (comm > 0)
+    return out
+
+
+def size_features(inst: Instance, state: State) -> np.ndarray:
+    """``stage_sizes``: (K, 4) in ``[0, 1]``; row ``k`` describes giving the stage whose size
+    is pending microbatches of ``b_k = sizes[k]`` (zeros while none is pending). Its busy
+    time over the whole batch at ``b_k`` is, on its slowest replica, ``B / b_k`` microbatches
+    of compute (rules 1-2, ``b_k / r`` samples each) plus their gradient accumulation (rule
+    2b), which grows with the count and with the stage's parameters; the row holds that
+    stage's least busy time at any size over this one (1: its best size), whether ``b_k`` is
+    the shared size, ``log b_k / log B`` (smaller microbatches fill the pipeline sooner, which
+    busy time does not see), and the load ``t / (t + T / D)`` of busy time ``t`` against the
+    whole model's over the batch at the shared size on the fastest device, ``T``."""
+    K = len(inst.counts)
+    out = np.zeros((K, SIZE_FEATURES))
+    if not size_pending(inst, state):
+        return out
+    k = len(state.sizes)
+    (start, end), d = stage_bounds(state)[k], np.asarray(state.devices[k])
+    sizes = np.asarray(inst.sizes, dtype=np.float64)
+    micro = np.ceil(inst.global_batch / sizes)  # (K,)
+    t = rules.compute_s(
+        (inst.fixed[d, end] - inst.fixed[d, start])[:, None],
+        (inst.per_sample[d, end] - inst.per_sample[d, start])[:, None],
+        sizes[None, :] / len(d),
+    )  # (R, K): a microbatch on each replica
+    update = rules.update_s(inst.params[end] - inst.params[start], inst.membw[d])  # (R,)
+    accumulate = rules.accumulation_s(update[:, None], micro[None, :]) * micro[None, :]
+    busy = (micro[None, :] * t + accumulate).max(axis=0)  # (K,)
+    best = busy.min()
+    out[:, 0] = np.where(busy > 0, best / np.where(busy > 0, busy, 1.0), 1.0)
+    out[state.count, 1] = 1.0
+    B = inst.global_batch
+    out[:, 2] = np.log(sizes) / np.log(B) if B > 1 else 0.0
+    shared, count = microbatch_size(inst, state), inst.counts[state.count]
+    whole = min(inst.stage_time(j, 0, inst.n_layers, shared) for j in range(inst.n_devices))
+    balanced = count * whole / inst.n_devices
+    out[:, 3] = busy / (busy + balanced) if balanced > 0 else (busy > 0)
     return out

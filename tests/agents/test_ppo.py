@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents import Budget, Problem, ProblemError, make_planner
+from agents.rllib_ppo import PPOOptions, env_config
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.profile import LayerProfile, ModelProfile
+from envs import PlacementEnv
 from executor import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,19 +60,21 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
         train_batch=60,
         minibatch=30,
         epochs=1,
+        stage_sizes=True,
         checkpoint=str(ckpt),
     )
     result = planner.plan(problem)
     result.plan.validate(problem.profile, cluster)
     assert result.estimate.fits
-    # every episode (a microbatch count, at most 6 stages of an open, replicas and an end)
-    # costs one plan
-    assert result.evaluations >= 60 // (1 + 6 * 2 + 5)
+    # every episode (a microbatch count, at most 6 stages of an open, replicas, an end and
+    # the stage's own microbatch size) costs one plan
+    assert result.evaluations >= 60 // (1 + 6 * 3 + 5)
     assert result.history and result.history[-1].best == result.value
     assert ckpt.exists()
     again = make_planner(
-        "ppo", iterations=1, train_batch=60, minibatch=30, epochs=1, restore=str(ckpt)
-    ).plan(problem)
+        "ppo", iterations=1, train_batch=60, minibatch=30, epochs=1, stage_sizes=True,
+        restore=str(ckpt),
+    ).plan(problem)  # fmt: skip
     again.plan.validate(problem.profile, cluster)
 
 
@@ -81,3 +85,19 @@ def test_bad_options_are_refused_before_ray_starts() -> None:
         make_planner("ppo", learning_rate=1.0)
     with pytest.raises(ProblemError, match="ppo.actions: unknown 'stage'"):
         make_planner("ppo", actions="stage")
+    with pytest.raises(ProblemError, match="ppo.stage_sizes: must be true or false, got 1"):
+        make_planner("ppo", stage_sizes=1)
+
+
+def test_stages_choose_their_own_sizes_only_where_the_env_offers_several() -> None:
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    problem = Problem(chain(), cluster, global_batch=8, budget=Budget(None, None))
+    assert not PPOOptions().stage_sizes  # the measured defaults: equal microbatches
+    assert env_config(problem, None, stage_sizes=True)["stage_sizes"] is True
+    assert env_config(problem, None, stage_sizes=False)["stage_sizes"] is False
+    assert env_config(problem, 2, stage_sizes=True)["stage_sizes"] is False  # one count
+    assert env_config(problem, None, actions="layers", stage_sizes=True)["stage_sizes"] is False
+    fixed = Problem(chain(), cluster, global_batch=8, microbatches=4, budget=Budget(None, None))
+    assert env_config(fixed, None, stage_sizes=True)["stage_sizes"] is False
+    env = PlacementEnv(env_config(problem, None, stage_sizes=True))
+    assert env.instance.stage_sizes and env.instance.sizes == (1, 2, 4, 8)

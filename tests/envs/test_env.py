@@ -28,6 +28,7 @@ from envs.mdp import (
     is_terminal,
     memory_mask,
     observe,
+    size_features,
     structural_mask,
     to_plan,
     transition,
@@ -59,8 +60,9 @@ def two_devices(memory_gb: float = 16.0) -> ClusterSpec:
         {"microbatches": None, "max_replicas": 3},
         {"actions": "stages"},
         {"actions": "stages", "microbatches": None, "max_replicas": 3},
+        {"actions": "stages", "microbatches": None, "max_replicas": 3, "stage_sizes": True},
     ],
-    ids=["fixed", "choices+replicas", "stages", "stages+choices+replicas"],
+    ids=["fixed", "choices+replicas", "stages", "stages+choices+replicas", "stage_sizes"],
 )
 def test_check_env_passes_without_warnings(tmp_path: Path, extra: dict[str, object]) -> None:
     profile = tmp_path / "chain.json"
@@ -174,6 +176,12 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
         ({"actions": "layer"}, "actions: unknown 'layer'"),
         ({"exploring_starts": 1.5}, r"exploring_starts: must be in \[0, 1\], got 1.5"),
         ({"start_steps": 0}, "start_steps: must be an integer >= 1, got 0"),
+        ({"stage_sizes": "yes"}, "stage_sizes: must be true or false, got 'yes'"),
+        ({"stage_sizes": True, "microbatches": None}, "stage_sizes: True needs actions 'stages'"),
+        (
+            {"stage_sizes": True, "actions": "stages", "microbatches": 2},
+            r"stage_sizes: .* several microbatch counts, got actions 'stages' and counts \[2\]",
+        ),
     ],
 )
 def test_bad_config_names_the_key(change: dict[str, object], message: str) -> None:
@@ -191,7 +199,7 @@ def test_bad_config_names_the_key(change: dict[str, object], message: str) -> No
     cluster=clusters(),
     schedule=st.sampled_from(["gpipe", "1f1b"]),
     m=st.sampled_from([1, 2, 4, None, [8, 2]]),
-    actions=st.sampled_from(["layers", "stages"]),
+    actions=st.sampled_from(["layers", "stages", "stage_sizes"]),
     data=st.data(),
 )
 def test_random_masked_rollouts_give_valid_plans(
@@ -206,10 +214,11 @@ def test_random_masked_rollouts_give_valid_plans(
     top = data.draw(st.integers(1, n_dev))
     low = data.draw(st.integers(1, min(top, len(profile))))
     replicas = data.draw(st.integers(1, n_dev))
+    sizes = actions == "stage_sizes" and not isinstance(m, int)  # per stage, from several
     env = PlacementEnv(
         {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": m,
          "schedule": schedule, "min_stages": low, "max_stages": top, "max_replicas": replicas,
-         "actions": actions}
+         "actions": "layers" if actions == "layers" else "stages", "stage_sizes": sizes}
     )  # fmt: skip
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     obs, _ = env.reset(seed=0)
@@ -228,6 +237,10 @@ def test_random_masked_rollouts_give_valid_plans(
     assert all(s.replicas <= replicas for s in plan.stages)
     if isinstance(m, int):
         assert {s.microbatch for s in plan.stages} == {8 // m}
+    elif sizes:
+        assert {s.microbatch for s in plan.stages} <= set(env.instance.sizes)
+    else:
+        assert len({s.microbatch for s in plan.stages}) == 1
     if not fell_back and schedule == "gpipe":
         assert info["estimate"].fits  # the memory mask is exact for GPipe
 
@@ -312,7 +325,8 @@ def small_clusters(draw: st.DrawFn) -> ClusterSpec:
 
 
 def optimum_actions(inst: Any, plan: Any, ids: tuple[str, ...]) -> list[int]:
-    """The actions that build ``plan`` in ``inst``'s action space."""
+    """The actions that build ``plan`` in ``inst``'s action space (the shared count: the
+    first stage's)."""
     actions = [inst.count_offset + inst.counts.index(8 // plan.stages[0].microbatch)]
     for st_ in plan.stages:
         first, *rest = (ids.index(d) for d in st_.devices)
@@ -321,7 +335,25 @@ def optimum_actions(inst: Any, plan: Any, ids: tuple[str, ...]) -> list[int]:
             actions.append(inst.end_offset + st_.end - 1)
         else:
             actions += [0] * (st_.end - st_.start - 1)
+        if inst.stage_sizes:
+            actions.append(inst.size_offset + inst.sizes.index(st_.microbatch))
     return actions
+
+
+def replay(env: PlacementEnv, actions: list[int]) -> dict[str, Any]:
+    """Step ``actions`` from a reset (none repaired, the last one ends the episode, or a
+    final ``0`` does: ``layers``, the last stage could still take a replica); its info."""
+    env.reset(seed=0)
+    info: dict[str, Any] = {}
+    done = False
+    for a in actions:
+        assert not done
+        _, _, done, _, info = env.step(a)
+        assert not info["repaired"]
+    if not done and not env.instance.by_stage:
+        _, _, done, _, info = env.step(0)
+    assert done
+    return info
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -344,16 +376,28 @@ def test_the_exact_optimum_is_an_episode_of_the_env(
         {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": None,
          "max_replicas": n_dev, "max_stages": min(3, n_dev), "actions": actions}
     )  # fmt: skip
-    env.reset(seed=0)
-    info: dict[str, object] = {}
-    done = False
-    for a in optimum_actions(env.instance, best.plan, cluster.device_ids):
-        assert not done
-        _, _, done, _, info = env.step(a)
-        assert not info["repaired"]
-    if not done and actions == "layers":  # the last stage could still take a replica
-        _, _, done, _, info = env.step(0)
-    assert done
+    info = replay(env, optimum_actions(env.instance, best.plan, cluster.device_ids))
+    assert info["value"] == pytest.approx(best.value, rel=1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profile=profiles(min_layers=1, max_layers=4), cluster=small_clusters())
+def test_the_exact_unequal_optimum_is_an_episode_of_the_env_with_stage_sizes(
+    profile: ModelProfile, cluster: ClusterSpec
+) -> None:
+    n_dev = len(cluster.device_ids)
+    problem = Problem(profile, cluster, global_batch=8, budget=Budget(None, None))
+    try:
+        best = make_planner("brute", max_stages=min(3, n_dev), unequal=True).plan(problem)
+    except InfeasibleError:
+        return
+    env = PlacementEnv(
+        {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": None,
+         "max_replicas": n_dev, "max_stages": min(3, n_dev), "actions": "stages",
+         "stage_sizes": True}
+    )  # fmt: skip
+    info = replay(env, optimum_actions(env.instance, best.plan, cluster.device_ids))
+    assert info["plan"] == best.plan
     assert info["value"] == pytest.approx(best.value, rel=1e-9)
 
 
@@ -408,10 +452,78 @@ def test_end_features_say_where_a_stage_balances_the_rest() -> None:
     assert not observe(inst, initial_state(inst))[-12:].any()  # no stage pending: zeros
 
 
-@pytest.mark.parametrize("actions", ["layers", "stages"])
-def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str) -> None:
+def test_stage_sizes_choose_each_stage_its_own_microbatch_after_its_end() -> None:
+    env = PlacementEnv(
+        {"profile": chain(3), "cluster": two_devices(), "global_batch": 8, "microbatches": None,
+         "actions": "stages", "stage_sizes": True}
+    )  # fmt: skip
+    inst = env.instance
+    assert inst.counts == (1, 2, 4, 8) and inst.sizes == (8, 4, 2, 1)
+    # open on 2 devices, end after 3 layers, the shared count, a stage's size (no replicas)
+    assert (inst.end_offset, inst.count_offset, inst.size_offset) == (2, 5, 9)
+    assert env.action_space.n == 2 + 3 + 4 + 4
+    assert env.observation_space["observations"].shape == (WIDTH * 3 + 5 * 2 + 10 + 3 * 3 + 4 * 4,)
+    obs, _ = env.reset(seed=0)
+    assert obs["action_mask"].tolist() == [0] * 5 + [1] * 4 + [0] * 4  # the shared count
+    assert not obs["observations"][-16:].any()  # no size pending
+    env.step(5 + 2)  # M = 4: the ends and memory are priced at 2 samples
+    env.step(0)  # a stage on device 0
+    obs, r, done, *_ = env.step(2 + 1)  # ends after layer 1: [0, 2)
+    assert not done and r == 0.0 and env.state.sizes == ()
+    assert obs["action_mask"].tolist() == [0] * 9 + [1] * 4  # only its size
+    assert obs["observations"][-16:].reshape(4, 4)[:, 1].tolist() == [0, 0, 1, 0]  # shared
+    obs, *_ = env.step(9 + 3)  # 1 sample per microbatch
+    assert env.state.sizes == (3,)
+    assert obs["action_mask"].tolist() == [0, 1] + [0] * 11  # open the next stage
+    assert not obs["observations"][-16:].any()
+    env.step(1)
+    obs, _, done, *_ = env.step(2 + 2)  # the last stage ends at the last layer: its size next
+    assert not done and obs["action_mask"].tolist() == [0] * 9 + [1] * 4
+    _, r, done, _, info = env.step(9 + 0)  # the whole batch at once
+    plan = info["plan"]
+    assert done and [(s.layers, s.microbatch) for s in plan.stages] == [((0, 2), 1), ((2, 3), 8)]
+    est = simulate(plan, inst.profile, inst.cluster)
+    assert info["value"] == est.batch_time_s and r == pytest.approx(
+        inst.reference / est.batch_time_s
+    )
+
+
+def test_size_features_rank_sizes_by_the_stage_busy_time_over_the_batch() -> None:
+    # layer 0 has no parameters, layer 1 1 GB: its update streams 4 GB at 100 GB/s, 0.04 s,
+    # and each of M microbatches but the first adds that (rule 2b); the compute over the
+    # batch, 8 samples x 3 ms, is the same at every size (no fixed time)
+    layers = [
+        LayerProfile("conv", "conv", 0, 1e9, 10**5, (1,)),
+        LayerProfile("fc", "fc", 10**9, 1e9, 10**5, ()),
+    ]
+    inst = make_instance(
+        ModelProfile("two", (3, 8, 8), tuple(layers)), two_devices(), global_batch=8,
+        microbatches=None, actions="stages", stage_sizes=True
+    )  # fmt: skip
+    shared = transition(inst, initial_state(inst), inst.count_offset + 2)  # M = 4, b = 2
+    s = transition(inst, transition(inst, shared, 0), inst.end_offset + 0)  # [0, 1) on dev 0
+    first = size_features(inst, s)
+    assert first[:, 0].tolist() == [1.0] * 4  # no parameters: every size is as busy
+    assert first[:, 1].tolist() == [0, 0, 1, 0]
+    assert first[:, 2].tolist() == pytest.approx([1, 2 / 3, 1 / 3, 0])  # log b / log 8
+    # the whole model on one device over the batch, over 2 devices: 8 x 6 ms / 2 = 24 ms
+    assert first[:, 3].tolist() == pytest.approx([0.024 / 0.048] * 4)
+    s = transition(inst, transition(inst, s, inst.size_offset + 2), 1)
+    s = transition(inst, s, inst.end_offset + 1)  # [1, 2) on dev 1: fc
+    feats = observe(inst, s)[-16:].reshape(4, 4)
+    busy = np.array([0.024 + (m - 1) * 0.04 for m in (1, 2, 4, 8)])
+    assert feats[:, 0] == pytest.approx(0.024 / busy, rel=1e-6)  # the whole batch is best
+    assert feats[:, 3] == pytest.approx(busy / (busy + 0.024), rel=1e-6)
+    assert (np.diff(feats[:, 0]) < 0).all()  # sizes 8 > 4 > 2 > 1
+
+
+@pytest.mark.parametrize(
+    ("actions", "sizes"), [("layers", False), ("stages", False), ("stages", True)]
+)
+def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str, sizes: bool) -> None:
     config = {"profile": chain(6), "cluster": ClusterSpec.load(CLUSTER), "global_batch": 16,
-              "microbatches": None, "max_replicas": 2, "actions": actions}  # fmt: skip
+              "microbatches": None, "max_replicas": 2, "actions": actions,
+              "stage_sizes": sizes}  # fmt: skip
     plain = PlacementEnv(config)
     env = PlacementEnv({**config, "exploring_starts": 1.0, "start_steps": 3})
     starts = set()
@@ -424,9 +536,9 @@ def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str) -
         replicas = sum(len(d) - 1 for d in state.devices)
         if actions == "layers":  # a step places a layer or adds a replica
             steps = state.layer + replicas
-        else:  # a step opens a stage, adds a replica or ends a stage
+        else:  # a step opens a stage, adds a replica, ends a stage or chooses its size
             pending = bool(state.starts) and state.starts[-1] == state.layer
-            steps = 2 * len(state.starts) - pending + replicas
+            steps = 2 * len(state.starts) - pending + replicas + len(state.sizes)
         assert steps <= 2  # at most 3 random actions, the first chose the count
         starts.add(state)
         again, _ = env.reset(seed=seed)
