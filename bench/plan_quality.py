@@ -90,8 +90,8 @@ EQUAL: tuple[str, ...] = (
 LEARNED: dict[str, tuple[str, dict[str, Any]]] = {
     "tapp": ("tapp", {}),
     "ppo": ("ppo", {}),
-    # per-stage microbatch sizes, and smaller, more frequent updates (chosen from three
-    # 60 s runs on VGG-16, seed 0: +2.5% against +12% with the defaults' 1,000-step batches)
+    # per-stage microbatch sizes, and smaller, more frequent updates (chosen from a few
+    # one-off 60 s runs on VGG-16, seed 0; this section's JSON holds what they give)
     "ppo-unequal": (
         "ppo",
         {"stage_sizes": True, "train_batch": 500, "minibatch": 125, "epochs": 4, "lr": 1e-3},

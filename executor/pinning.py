@@ -34,16 +34,15 @@ an accelerator's caching allocator (CUDA's) does.
 
 By default glibc maps every block above its mmap threshold (32 MiB at most) afresh and
 unmaps it when freed, and hands freed heap tops back to the OS. A backward then page-faults
-its large gradients into existing on every call: VGG-16's classifier (a 411 MB weight
-gradient) took ~115k minor faults and ~160 ms of system time per backward of a 4-sample
-microbatch here, half its CPU time, and how long the kernel takes to fault pages in varies
-with what else holds memory, so a pipeline stage measured 1.5x what the profiler had
-measured for the same layers (the VGG-16 1F1B plan of ``bench.fidelity``, -33%). No mmap
+its large gradients into existence on every call (VGG-16's classifier: a 411 MB weight
+gradient, about half of that backward's CPU time in system time), and how long the kernel
+takes varies with what else holds memory, so a pipeline stage measured far more than the
+profiler had for the same layers (README, the ``bench.fidelity`` row). No mmap
 (``MALLOC_MMAP_MAX_=0``: every block comes from the heap) and a trim threshold that is never
 reached keep an actor's activations and gradients in memory it has touched already: an
-operation costs its kernels' time, the same in the profiler and in a stage (0 faults, 141 ms
-for that backward). This is also what PyTorch's CPU performance guides recommend (a caching
-malloc such as jemalloc or tcmalloc). Other C libraries ignore these variables."""
+operation costs its kernels' time, the same in the profiler and in a stage. This is also
+what PyTorch's CPU performance guides recommend (a caching malloc such as jemalloc or
+tcmalloc). Other C libraries ignore these variables."""
 
 
 def check_shares(plan: Plan) -> None:

@@ -431,9 +431,8 @@ def touch_heap(n_bytes: int) -> None:
     """Allocate ``n_bytes``, write them, free them: with the actors' malloc settings
     (:data:`executor.pinning.WORKER_ENV`: no mmap, no trimming) the heap keeps those pages,
     so the first operations allocate from memory already faulted in. Without it the heap grows
-    over the first calls, and a run whose warm-up is one call per stage (one microbatch)
-    measured page faults in its first timed step (VGG-16's whole model at 16 samples: ~145k
-    faults and 0.2 s of system time in its first call, ~84k in its second, none after)."""
+    over the first two calls or so, and a run whose warm-up is one call per stage (one
+    microbatch) still paid page faults in its first timed step."""
     if n_bytes > 0:
         block = torch.empty(n_bytes, dtype=torch.uint8)
         block.fill_(0)

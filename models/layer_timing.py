@@ -302,7 +302,8 @@ def fit_layers(
     layer no longer passes through its two times: a layer slower at the smaller size (oneDNN
     picks other kernels: ResNet-50's 1x1 convolutions on 2x2 maps) keeps its small-size
     time as a fixed cost, so the fit over-predicts it at the larger size, and over a whole
-    model those clips added up to +22% (forward +30%) at 32 samples. So the layers' fixed
+    model those clips add up (ResNet-50 at 32 samples: README, ``bench.fidelity``). So the
+    layers' fixed
     parts are scaled to sum to the total's fixed part, and their per-sample parts to the
     total's per-sample part (the total's own fit, clipped the same way): the layers keep
     their measured shares of each part and sum to the whole model's time at both sizes."""
