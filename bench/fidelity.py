@@ -41,8 +41,8 @@ profile is timed in CPU time too (:mod:`executor.measured_profile`). A pipeline'
 into the step's gradients; the cost model charges that from the parameters' size
 (:mod:`core.costmodel`, ``bench/grad_accumulation.py``).
 
-    .venv/bin/python -m bench.fidelity            # 4 models x 5 plans (~9 min on 2 cores)
-    .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans (~3 min)
+    .venv/bin/python -m bench.fidelity            # 4 models x 5 plans, 3 runs each
+    .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans, 2 runs each
 Writes bench/results/fidelity.json and fidelity.png (``--quick``: fidelity_quick.*).
 """
 

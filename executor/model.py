@@ -89,6 +89,14 @@ class OptimizerConfig:
                 f"{self.weight_decay!r}"
             )
 
+    @property
+    def state_buffers(self) -> int:
+        """Buffers of the parameters' size the optimizer keeps: Adam's two moments, SGD's
+        momentum buffer (when it has momentum), else none."""
+        if self.kind == "adam":
+            return 2
+        return 1 if self.momentum > 0 else 0
+
     def make(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         if self.kind == "adam":
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)

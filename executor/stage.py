@@ -202,9 +202,8 @@ class StageWorker:
         # A stage of activations and pools alone has nothing to optimise.
         self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
         if self.device.type == "cpu":
-            touch_heap(
-                HEAP_RESERVE * sum(p.numel() * p.element_size() for p in self.params.values())
-            )
+            param_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
+            touch_heap(heap_reserve(param_bytes, spec.optimizer.state_buffers))
         self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.losses: dict[Key, torch.Tensor] = {}
         self.ring: RingState | None = None
@@ -422,9 +421,22 @@ class StageWorker:
         )
 
 
-HEAP_RESERVE = 2
-"""Parameter sizes of heap a CPU stage faults in when it starts (:func:`touch_heap`): its
-gradients and the backward's new weight gradients beside them."""
+HEAP_RESERVE = 4
+"""Parameter sizes of heap a CPU stage faults in when it starts (:func:`touch_heap`), besides
+the optimizer's state: the step's gradients and a backward's new weight gradients beside them
+(2), and as much again, because the other allocations between them (saved activations,
+payloads) fragment the heap while a weight gradient needs one contiguous block as large as its
+layer's weights. With less (2 or 3), VGG-16's last stage under 1F1B still grew its heap in
+some timed steps -- a few hundred MB of page faults in one backward, scaled by the emulation
+(README, fidelity)."""
+
+
+def heap_reserve(param_bytes: int, state_buffers: int) -> int:
+    """Bytes of heap a CPU stage of ``param_bytes`` of parameters faults in at start: the
+    :data:`HEAP_RESERVE` parameter sizes plus the optimizer's ``state_buffers``
+    (:attr:`executor.model.OptimizerConfig.state_buffers`), which its first update
+    allocates."""
+    return (HEAP_RESERVE + state_buffers) * param_bytes
 
 
 def touch_heap(n_bytes: int) -> None:

@@ -25,7 +25,15 @@ from executor.partition import ValueKind, count_layers, partition
 from executor.payloads import gather, gather_gradients
 from executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
 from executor.ring import RingState, ring_table, rounds
-from executor.stage import Clock, Failure, OpRecord, StageWorker, WorkerSpec
+from executor.stage import (
+    HEAP_RESERVE,
+    Clock,
+    Failure,
+    OpRecord,
+    StageWorker,
+    WorkerSpec,
+    heap_reserve,
+)
 from models import zoo
 from tests.executor.models import skipnet
 
@@ -338,6 +346,16 @@ def test_the_worker_env_lets_a_process_reuse_large_blocks_without_page_faults() 
     plain = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     assert faults(plain) > 5 * 2**25 * 4 // 4096 // 2  # every block faulted in again
     assert faults({**plain, **WORKER_ENV}) < 1000
+
+
+def test_the_heap_reserve_counts_the_optimizers_state() -> None:
+    for optimizer, buffers in (
+        (OptimizerConfig(), 0),
+        (OptimizerConfig(momentum=0.9), 1),
+        (OptimizerConfig(kind="adam"), 2),
+    ):
+        assert optimizer.state_buffers == buffers
+        assert heap_reserve(100, optimizer.state_buffers) == (HEAP_RESERVE + buffers) * 100
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
