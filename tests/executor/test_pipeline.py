@@ -25,6 +25,7 @@ from core.errors import PlanError
 from core.plan import Plan, Schedule, Stage
 from executor import metrics, runtime
 from executor.data import digits_batches, synthetic_batches
+from executor.emulation import slowdown
 from executor.live_cluster import discover, live_nodes, node_resource
 from executor.local_cluster import LocalCluster
 from executor.model import Batch, ModelSource, OptimizerConfig, train_single_process
@@ -194,11 +195,11 @@ def test_emulated_measurement(digits_pipe: Pipeline) -> None:
     assert m.throughput == pytest.approx(16 / m.batch_time_s)
     assert 0.0 < m.comm_fraction < 1.0
     fast, _, slow = m.stages
-    # local-hetero's headroom 2.5: fast = 2.5x, slow = 10x. Each forward and backward lasts
-    # max(wall, k x its CPU time), the sleep making up the difference (at most (k-1)/k of
-    # it, as wall >= CPU -- up to the two clocks' granularity: a short compute may read a few
-    # microseconds more CPU than wall time); the memory-bound update is not slowed
-    for stage, k in ((fast, 2.5), (slow, 10.0)):
+    # Each forward and backward lasts max(wall, k x its CPU time), k the type's slowdown
+    # (local-hetero: fast 2.5, slow 10), the sleep making up the difference (at most (k-1)/k
+    # of it, as wall >= CPU -- up to the two clocks' granularity: a short compute may read a
+    # few microseconds more CPU than wall time); the memory-bound update is not slowed
+    for stage, k in ((fast, slowdown(SPEC, "fast")), (slow, slowdown(SPEC, "slow"))):
         assert stage.compute_s >= k * stage.cpu_s * (1 - 1e-9)
         assert 0.0 <= stage.emulated_s <= (k - 1) / k * stage.compute_s * (1 + 1e-3)
     assert slow.emulated_s > 0.0 and fast.cpu_s > 0.0
