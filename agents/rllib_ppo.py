@@ -39,6 +39,18 @@ reward source, and the best plan so valued is the answer. With ``polish_evaluati
 search over one-edit neighbours (:func:`agents.local_search.polish`), at most N evaluations
 through the same source; the result's options say it was.
 
+Elite starts and restarts (both off by default; ``bench.plan_quality --realistic`` runs
+``ppo-unequal`` with them): a PPO policy settles on one plan within a few thousand episodes,
+and which one depends on the seed. Every env runner keeps its best distinct plans
+(:class:`BestPlan`, one episode per plan); after every iteration the ``elites`` best of all
+runners go back to every env (``PlacementEnv.set_elites``), and with ``elite_starts=q`` an
+episode starts, with probability ``q``, from a random prefix of one of them
+(:func:`envs.mdp.elite_start`, Go-Explore's return to a promising state): the policy then
+learns the continuations of the best plans' beginnings, and samples them however it has
+converged. With ``restart_after=N``, after N iterations without a better plan the policy,
+its value function and the optimizer go back to their initial state (:class:`Restart`, as
+TAPP's ``restart_after``); the elites stay, so a fresh policy explores from the best plans.
+
 Reward sources: RLlib's env runners learn from the cost model in the env whatever the
 source; the source decides which of PPO's plans is the answer. With a source that values
 plans as the env does (``simulated``, ``parallel``: :data:`COST_MODEL_SOURCES`) every episode
@@ -60,7 +72,9 @@ evaluations (``bench/results/ppo_quality.json``).
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,8 +83,10 @@ import numpy as np
 import ray
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from agents.local_search import polish
 from agents.problem import Problem, ProblemError
@@ -85,6 +101,8 @@ DRIVER_CPUS = 1.0
 """CPUs left to the driver (it runs the learner) when the env runners are counted."""
 MIN_STEPS_PER_RUNNER = 32
 """Env steps of a train batch per runner at least, when their number is the default."""
+RUNNER_ELITES = 16
+"""Best distinct episodes each env runner keeps (the planner takes its ``elites`` of all)."""
 COST_MODEL_SOURCES = frozenset({"simulated", "parallel"})
 """Reward sources that value a plan as the env does (the contract cost model): with these,
 the env runners' episodes count as the search's evaluations."""
@@ -111,16 +129,28 @@ class PPOOptions:
     actions: str = STAGES  # the env's action space: "stages" or "layers" (envs.mdp)
     stage_sizes: bool = False  # stages choose their own microbatch sizes (stages, >1 count)
     exploring_starts: float = 0.5  # episodes that start after a few random actions
+    elite_starts: float = 0.0  # episodes that start from a prefix of an elite episode
+    elites: int = 8  # the best distinct episodes elite starts draw from
+    restart_after: int | None = None  # iterations without a better plan before starting over
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
 
     def __post_init__(self) -> None:
-        for key in ("iterations", "train_batch", "minibatch", "epochs", "envs_per_runner"):
+        for key in (
+            "iterations",
+            "train_batch",
+            "minibatch",
+            "epochs",
+            "envs_per_runner",
+            "elites",
+        ):
             if getattr(self, key) < 1:
                 raise ProblemError(f"ppo.{key}: must be >= 1, got {getattr(self, key)}")
         if self.num_env_runners is not None and self.num_env_runners < 0:
             raise ProblemError(f"ppo.num_env_runners: must be >= 0, got {self.num_env_runners}")
+        if self.restart_after is not None and self.restart_after < 1:
+            raise ProblemError(f"ppo.restart_after: must be >= 1, got {self.restart_after}")
         for key in ("gamma", "lambda_"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ProblemError(f"ppo.{key}: must be in [0, 1], got {getattr(self, key)}")
@@ -137,10 +167,9 @@ class PPOOptions:
             raise ProblemError(f"ppo.microbatches: must be >= 1, got {self.microbatches}")
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ProblemError(f"ppo.max_replicas: must be >= 1, got {self.max_replicas}")
-        if not 0.0 <= self.exploring_starts <= 1.0:
-            raise ProblemError(
-                f"ppo.exploring_starts: must be in [0, 1], got {self.exploring_starts}"
-            )
+        for key in ("exploring_starts", "elite_starts"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ProblemError(f"ppo.{key}: must be in [0, 1], got {getattr(self, key)}")
         if not isinstance(self.stage_sizes, bool):
             raise ProblemError(f"ppo.stage_sizes: must be true or false, got {self.stage_sizes!r}")
         if self.actions not in ACTION_SPACES:
@@ -156,6 +185,7 @@ def env_config(
     actions: str = STAGES,
     exploring_starts: float = 0.0,
     stage_sizes: bool = False,
+    elite_starts: float = 0.0,
 ) -> dict[str, Any]:
     """The env's config; ``microbatches`` None: the episode chooses among the problem's;
     ``stage_sizes``: each stage chooses its own size too, where the env allows it (``stages``
@@ -174,6 +204,7 @@ def env_config(
         "max_replicas": min(max_replicas or n_dev, n_dev),
         "actions": actions,
         "exploring_starts": exploring_starts,
+        "elite_starts": elite_starts,
         "stage_sizes": stage_sizes and actions == STAGES and several,
     }
 
@@ -211,32 +242,88 @@ def _microbatches(problem: Problem, option: int | None) -> int | None:
     return option
 
 
+Elite = tuple[float, dict[str, Any], tuple[int, ...]]
+"""A feasible episode: its value, its plan (as a dict) and its actions (start included)."""
+
+
+def best_distinct(elites: Sequence[Elite], size: int) -> list[Elite]:
+    """The ``size`` best of ``elites``, one per plan (ties: the first). Episodes that differ
+    only in decisions the plan does not keep (the shared microbatch count when every stage
+    chooses its own size, an exploring start's order) are one plan: keeping them all would
+    fill the elite with one plan."""
+    seen: dict[str, Elite] = {}
+    for e in sorted(elites, key=lambda e: e[0]):
+        seen.setdefault(json.dumps(e[1], sort_keys=True), e)
+    return list(seen.values())[:size]
+
+
 class BestPlan(RLlibCallback):  # type: ignore[misc]
-    """Keeps, on each env runner, the best plan its episodes produced."""
+    """Keeps, on each env runner, the best distinct episodes its envs produced
+    (:data:`RUNNER_ELITES` of them)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.best: tuple[float, dict[str, Any]] | None = None
+        self.elites: list[Elite] = []
         self.episodes = 0
 
     def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
         info = episode.get_infos(-1)
         self.episodes += 1
         value = float(info.get("value", np.inf))
-        if np.isfinite(value) and (self.best is None or value < self.best[0]):
-            self.best = (value, info["plan"].to_dict())
+        if np.isfinite(value) and (len(self.elites) < RUNNER_ELITES or value < self.elites[-1][0]):
+            entry = (value, info["plan"].to_dict(), tuple(info["actions"]))
+            self.elites = best_distinct([*self.elites, entry], RUNNER_ELITES)
 
 
-def _gather(algo: Any) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
-    """(episodes so far, best plan of every runner) across all env runners."""
+def _gather(algo: Any) -> tuple[int, list[Elite]]:
+    """(episodes so far, the elites of every runner) across all env runners."""
 
-    def read(runner: Any) -> tuple[int, Any]:
-        cbs = [c for c in runner._callbacks if hasattr(c, "best")]
-        return sum(c.episodes for c in cbs), [c.best for c in cbs if c.best is not None]
+    def read(runner: Any) -> tuple[int, list[Elite]]:
+        cbs = [c for c in runner._callbacks if hasattr(c, "elites")]
+        return sum(c.episodes for c in cbs), [e for c in cbs for e in c.elites]
 
     results = algo.env_runner_group.foreach_env_runner(read, local_env_runner=True)
     episodes = sum(r[0] for r in results)
-    return episodes, [b for r in results for b in r[1]]
+    return episodes, [e for r in results for e in r[1]]
+
+
+def _share_elites(algo: Any, profile: str, elites: list[Elite]) -> None:
+    """Give every env of every runner the ``elites``' actions to start from."""
+    payload = {profile: [e[2] for e in elites]}
+
+    def give(runner: Any) -> None:
+        if runner.env is not None:  # the driver's runner has none when others sample
+            runner.env.unwrapped.call("set_elites", payload)
+
+    algo.env_runner_group.foreach_env_runner(give, local_env_runner=True)
+
+
+class Restart:
+    """The algorithm's initial policy and optimizer, taken when it is built, to start learning
+    over from (the ``restart_after`` option, as TAPP's): the learner gets both back and every
+    env runner the initial policy, whatever weights it holds (sequence number 0 always
+    loads)."""
+
+    def __init__(self, algo: Any) -> None:
+        learner = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"
+        self.learner = algo.learner_group.get_state(
+            components=[learner, f"{COMPONENT_LEARNER}/{COMPONENT_OPTIMIZER}"]
+        )
+        sampler = algo.learner_group.get_state(components=[learner], inference_only=True)
+        self.sampler = {
+            COMPONENT_RL_MODULE: sampler[COMPONENT_LEARNER][COMPONENT_RL_MODULE],
+            WEIGHTS_SEQ_NO: 0,
+        }
+
+    def __call__(self, algo: Any) -> None:
+        algo.learner_group.set_state(self.learner)
+        weights = self.sampler
+
+        def load(runner: Any) -> None:
+            if runner.module is not None:  # the driver's runner has none when others sample
+                runner.set_state(weights)
+
+        algo.env_runner_group.foreach_env_runner(load, local_env_runner=True)
 
 
 class PPOPlanner(Planner):
@@ -256,7 +343,7 @@ class PPOPlanner(Planner):
         search.options["num_env_runners"] = runners  # the result says how many it took
         algo = self._build(problem, m, runners)
         try:
-            self._train(algo, search)
+            self._train(algo, search, problem.profile.name)
         finally:
             algo.stop()
 
@@ -273,6 +360,7 @@ class PPOPlanner(Planner):
                     c.actions,
                     c.exploring_starts,
                     c.stage_sizes,
+                    c.elite_starts,
                 ),
             )
             .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)
@@ -306,17 +394,25 @@ class PPOPlanner(Planner):
             algo.restore_from_path(str(Path(c.restore).resolve()))
         return algo
 
-    def _train(self, algo: Any, search: Search) -> None:
-        counted = 0
+    def _train(self, algo: Any, search: Search, profile: str) -> None:
+        counted, best, stale = 0, math.inf, 0
+        restart = Restart(algo) if self.config.restart_after is not None else None
         for _ in range(self.config.iterations):
+            if restart is not None and stale >= (self.config.restart_after or 0):
+                restart(algo)
+                stale = 0
             algo.train()
-            episodes, bests = _gather(algo)
+            episodes, found = _gather(algo)
             if search.reward.name in COST_MODEL_SOURCES:
                 search.record([], np.zeros(0), evaluations=episodes - counted)
             counted = episodes
-            if bests:
-                value, doc = min(bests, key=lambda b: b[0])
-                search.evaluate_plans([Plan.from_dict(doc)])
+            elites = best_distinct(found, self.config.elites)
+            stale = 0 if elites and elites[0][0] < best else stale + 1
+            if elites:
+                best = min(best, elites[0][0])
+                search.evaluate_plans([Plan.from_dict(elites[0][1])])
+                if self.config.elite_starts > 0:
+                    _share_elites(algo, profile, elites)
             if search.exhausted():
                 break
         if self.config.checkpoint:

@@ -90,11 +90,23 @@ EQUAL: tuple[str, ...] = (
 LEARNED: dict[str, tuple[str, dict[str, Any]]] = {
     "tapp": ("tapp", {}),
     "ppo": ("ppo", {}),
-    # per-stage microbatch sizes, and smaller, more frequent updates (chosen from a few
-    # one-off 60 s runs on VGG-16, seed 0; this section's JSON holds what they give)
+    # per-stage microbatch sizes, smaller, more frequent updates, elite starts and restarts,
+    # two env runners of 8 envs (chosen from one-off 60 s runs on VGG-16, seeds 0-2; this
+    # section's JSON holds what they give)
     "ppo-unequal": (
         "ppo",
-        {"stage_sizes": True, "train_batch": 500, "minibatch": 125, "epochs": 4, "lr": 1e-3},
+        {
+            "stage_sizes": True,
+            "train_batch": 500,
+            "minibatch": 125,
+            "epochs": 4,
+            "lr": 1e-3,
+            "elite_starts": 0.5,
+            "elites": 4,
+            "restart_after": 30,
+            "num_env_runners": 2,
+            "envs_per_runner": 8,
+        },
     ),
 }
 GENETIC_SECONDS, GENETIC_RATIO = 30.0, 1.02  # the targets

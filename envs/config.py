@@ -63,6 +63,10 @@ class EnvOptions:
     (:func:`envs.mdp.exploring_start`) instead of from the empty plan."""
     start_steps: int = 3
     """The most random actions an exploring start takes (at least one)."""
+    elite_starts: float = 0.0
+    """Probability that an episode starts from a random proper prefix of an elite episode's
+    actions (:func:`envs.mdp.elite_start`; the elites are those given to
+    :meth:`envs.env.PlacementEnv.set_elites`, none: the other starts)."""
     stage_sizes: bool = False
     """``stages`` with several counts only: after each stage's end, one more step chooses
     that stage's own microbatch size among the counts' sizes (UMPIPE's unequal microbatches);
@@ -128,6 +132,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         actions=opt.actions,
         exploring_starts=float(opt.exploring_starts),
         start_steps=opt.start_steps,
+        elite_starts=float(opt.elite_starts),
         stage_sizes=bool(opt.stage_sizes),
     )
 
@@ -189,8 +194,9 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
         )
     if opt.lookahead < 0:
         raise EnvConfigError(f"lookahead: must be >= 0, got {opt.lookahead}")
-    if not 0.0 <= opt.exploring_starts <= 1.0:
-        raise EnvConfigError(f"exploring_starts: must be in [0, 1], got {opt.exploring_starts!r}")
+    for key in ("exploring_starts", "elite_starts"):
+        if not 0.0 <= getattr(opt, key) <= 1.0:
+            raise EnvConfigError(f"{key}: must be in [0, 1], got {getattr(opt, key)!r}")
     if not _is_int(opt.start_steps) or opt.start_steps < 1:
         raise EnvConfigError(f"start_steps: must be an integer >= 1, got {opt.start_steps!r}")
     if opt.actions not in ACTION_SPACES:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -14,6 +14,7 @@ from core.costmodel import simulate
 from envs.config import instances_from_config
 from envs.mdp import (
     action_mask,
+    elite_start,
     exploring_start,
     initial_state,
     is_terminal,
@@ -121,14 +122,19 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     No layer placed, no microbatch count chosen (unless fixed). With several profiles,
     ``reset`` picks one uniformly with ``self.np_random``. With ``exploring_starts: p``, an
     episode starts with probability ``p`` after ``1..start_steps`` random legal actions
-    (:func:`envs.mdp.exploring_start`), drawn with ``self.np_random`` too.
+    (:func:`envs.mdp.exploring_start`), drawn with ``self.np_random`` too. With
+    ``elite_starts: q`` and elites given to :meth:`set_elites` (action sequences of earlier
+    episodes, per profile name: a planner gives its best), an episode starts with
+    probability ``q`` from a random proper prefix of a random elite
+    (:func:`envs.mdp.elite_start`: Go-Explore's return to a promising state).
 
     ## Episode End
 
     Terminates when every layer is placed and the last stage takes no replica (none allowed,
     or the agent chose ``0``; ``stages``: its end is chosen, and with ``stage_sizes`` its
     size); ``info`` then holds ``plan``, ``estimate``
-    (:class:`core.costmodel.Estimate`), ``value`` and ``feasible``. Never truncated.
+    (:class:`core.costmodel.Estimate`), ``value``, ``feasible`` and ``actions`` (every action of
+    the episode, its start's included: what :meth:`set_elites` takes). Never truncated.
 
     ## Arguments
 
@@ -140,8 +146,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
     D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``,
     ``actions`` (``layers``, the default, or ``stages``), ``exploring_starts``,
-    ``start_steps``, ``stage_sizes`` (default False). A bad key or value raises
-    :class:`envs.config.EnvConfigError` naming it.
+    ``start_steps``, ``elite_starts`` (default 0), ``stage_sizes`` (default False). A bad key
+    or value raises :class:`envs.config.EnvConfigError` naming it.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -161,12 +167,21 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         )
         self.instance = first
         self.state = initial_state(first)
+        self.actions: list[int] = []  # this episode's, its start's included
+        self.elites: dict[str, tuple[tuple[int, ...], ...]] = {}
+        self.mask = action_mask(first, self.state)
+
+    def set_elites(self, elites: Mapping[str, Sequence[Sequence[int]]]) -> None:
+        """The episodes (their ``info["actions"]``, per profile name) whose prefixes elite
+        starts replay; replaces the previous ones."""
+        self.elites = {
+            str(name): tuple(tuple(int(a) for a in seq) for seq in seqs)
+            for name, seqs in elites.items()
+        }
 
     def _obs(self) -> dict[str, np.ndarray]:
-        return {
-            "observations": observe(self.instance, self.state),
-            "action_mask": action_mask(self.instance, self.state),
-        }
+        self.mask = action_mask(self.instance, self.state)  # step() checks the action on it
+        return {"observations": observe(self.instance, self.state), "action_mask": self.mask}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -174,14 +189,20 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         super().reset(seed=seed)
         k = int(self.np_random.integers(len(self.instances))) if len(self.instances) > 1 else 0
         self.instance = self.instances[k]
-        self.state = exploring_start(self.instance, self.np_random)
+        rng, elites = self.np_random, self.elites.get(self.instance.profile.name, ())
+        if elites and self.instance.elite_starts > 0 and rng.random() < self.instance.elite_starts:
+            self.state, start = elite_start(self.instance, elites[rng.integers(len(elites))], rng)
+        else:
+            self.state, start = exploring_start(self.instance, rng)
+        self.actions = list(start)
         return self._obs(), {"profile": self.instance.profile.name}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if is_terminal(self.instance, self.state):
             raise RuntimeError("step() after the episode ended; call reset()")
-        chosen = legal_action(action_mask(self.instance, self.state), int(action))
+        chosen = legal_action(self.mask, int(action))
         self.state = transition(self.instance, self.state, chosen)
+        self.actions.append(chosen)
         info: dict[str, Any] = {"action": chosen, "repaired": chosen != int(action)}
         if not is_terminal(self.instance, self.state):
             return self._obs(), 0.0, False, False, info
@@ -189,4 +210,5 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         est = simulate(plan, self.instance.profile, self.instance.cluster)
         value = plan_value(self.instance, est)
         info.update(plan=plan, estimate=est, value=value, feasible=bool(np.isfinite(value)))
+        info["actions"] = tuple(self.actions)
         return self._obs(), float(reward(self.instance, value)), True, False, info

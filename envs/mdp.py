@@ -106,6 +106,7 @@ class Instance:
     actions: str = LAYERS  # the action space (ACTION_SPACES)
     exploring_starts: float = 0.0  # probability of an exploring start (exploring_start)
     start_steps: int = 3  # the most random actions of an exploring start
+    elite_starts: float = 0.0  # probability of an elite start (elite_start), given elites
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
     stage_sizes: bool = False  # ``stages``: each stage chooses its own microbatch size
 
@@ -435,23 +436,51 @@ def transition(inst: Instance, state: State, action: int) -> State:
     )
 
 
-def exploring_start(inst: Instance, rng: np.random.Generator) -> State:
-    """The first state of an episode: the empty plan, or with probability
-    ``inst.exploring_starts`` the state after ``1..start_steps`` uniformly random legal
-    actions that do not end the episode (Monte Carlo with exploring starts: every start
+def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tuple[int, ...]]:
+    """The first state of an episode and the actions that led there: the empty plan, or with
+    probability ``inst.exploring_starts`` the state after ``1..start_steps`` uniformly random
+    legal actions that do not end the episode (Monte Carlo with exploring starts: every start
     keeps being tried however the policy has converged, so a plan whose first decisions look
     bad under a poor continuation -- slow devices first, with replicas -- is still learned
     from). Actions chosen here are the env's, not the agent's."""
-    state = initial_state(inst)
+    state, taken = initial_state(inst), []
     if inst.exploring_starts <= 0 or rng.random() >= inst.exploring_starts:
-        return state
+        return state, ()
     for _ in range(int(rng.integers(1, inst.start_steps + 1))):
-        allowed = np.flatnonzero(action_mask(inst, state))
-        going_on = [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
+        going_on = _going_on(inst, state)
         if not going_on:
             break
-        state = transition(inst, state, int(rng.choice(going_on)))
-    return state
+        taken.append(int(rng.choice(going_on)))
+        state = transition(inst, state, taken[-1])
+    return state, tuple(taken)
+
+
+def elite_start(
+    inst: Instance, actions: tuple[int, ...], rng: np.random.Generator
+) -> tuple[State, tuple[int, ...]]:
+    """The state after a uniformly random proper prefix (``1 .. len - 1`` actions) of an elite
+    episode's ``actions``, and that prefix: Go-Explore's return to a promising state, as the
+    env's own start; the agent decides the rest. Replay stops early at an action the mask
+    does not allow (an episode of another instance) or one that would end the episode; an
+    elite of one action gives the empty plan."""
+    state, taken = initial_state(inst), []
+    if len(actions) < 2:
+        return state, ()
+    for a in actions[: int(rng.integers(1, len(actions)))]:
+        if not 0 <= a < inst.n_actions or not action_mask(inst, state)[a]:
+            break
+        after = transition(inst, state, a)
+        if is_terminal(inst, after):
+            break
+        state = after
+        taken.append(a)
+    return state, tuple(taken)
+
+
+def _going_on(inst: Instance, state: State) -> list[int]:
+    """The legal actions from ``state`` that do not end the episode."""
+    allowed = np.flatnonzero(action_mask(inst, state))
+    return [int(a) for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
 
 
 def legal_action(mask: np.ndarray, action: int) -> int:

@@ -5,11 +5,22 @@ local search that polishes PPO's best plan is tested in ``test_local_search.py``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from agents import Budget, Problem, ProblemError, make_planner
-from agents.rllib_ppo import PPOOptions, env_config
+from agents.rllib_ppo import (
+    PPOOptions,
+    PPOPlanner,
+    Restart,
+    _gather,
+    _share_elites,
+    best_distinct,
+    env_config,
+)
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
 from core.profile import LayerProfile, ModelProfile
@@ -87,6 +98,25 @@ def test_bad_options_are_refused_before_ray_starts() -> None:
         make_planner("ppo", actions="stage")
     with pytest.raises(ProblemError, match="ppo.stage_sizes: must be true or false, got 1"):
         make_planner("ppo", stage_sizes=1)
+    with pytest.raises(ProblemError, match=r"ppo.elite_starts: must be in \[0, 1\], got 1.5"):
+        make_planner("ppo", elite_starts=1.5)
+    with pytest.raises(ProblemError, match="ppo.elites: must be >= 1, got 0"):
+        make_planner("ppo", elites=0)
+    with pytest.raises(ProblemError, match="ppo.restart_after: must be >= 1, got 0"):
+        make_planner("ppo", restart_after=0)
+
+
+def test_best_distinct_keeps_the_best_episode_of_each_plan() -> None:
+    one, two, three = {"stages": [1]}, {"stages": [2]}, {"stages": [3]}
+    elites = [(3.0, one, (0, 1)), (1.0, two, (0, 2)), (2.0, one, (1, 1)), (1.0, three, (0, 3)),
+              (1.0, dict(two), (5, 2))]  # fmt: skip
+    assert best_distinct(elites, 5) == [
+        (1.0, two, (0, 2)),
+        (1.0, three, (0, 3)),
+        (2.0, one, (1, 1)),
+    ]
+    assert best_distinct(elites, 1) == [(1.0, two, (0, 2))]  # the same plan by other actions: one
+    assert best_distinct([], 3) == []
 
 
 def test_stages_choose_their_own_sizes_only_where_the_env_offers_several() -> None:
@@ -101,3 +131,56 @@ def test_stages_choose_their_own_sizes_only_where_the_env_offers_several() -> No
     assert env_config(fixed, None, stage_sizes=True)["stage_sizes"] is False
     env = PlacementEnv(env_config(problem, None, stage_sizes=True))
     assert env.instance.stage_sizes and env.instance.sizes == (1, 2, 4, 8)
+
+
+@pytest.mark.rllib
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_session) -> None:  # type: ignore[no-untyped-def]
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    problem = Problem(chain(), cluster, global_batch=8, seed=2, budget=Budget(None, None))
+    planner = PPOPlanner(num_env_runners=1, train_batch=60, minibatch=30, epochs=1,
+                         elite_starts=0.5, elites=3)  # fmt: skip
+    algo = planner._build(problem, None, 1)
+    try:
+        restart = Restart(algo)
+        first = _sampler_weights(algo)
+        algo.train()
+        episodes, found = _gather(algo)
+        elites = best_distinct(found, 3)
+        assert episodes >= 60 // 24 and 1 <= len(elites) <= 3
+        for value, doc, actions in elites:  # each elite's actions rebuild its plan
+            env = PlacementEnv(env_config(problem, None))
+            env.reset(seed=0)
+            info: dict[str, Any] = {}
+            for a in actions:
+                _, _, _, _, info = env.step(a)
+            assert info["value"] == value and info["plan"].to_dict() == doc
+        _share_elites(algo, "chain", elites)
+        held = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.env.unwrapped.get_attr("elites") if r.env is not None else None,
+            local_env_runner=False,
+        )
+        want = {"chain": tuple(e[2] for e in elites)}
+        assert held and all(list(h) == [want] * len(h) for h in held)  # every env of every runner
+        algo.train()  # episodes now also start from the elites' prefixes
+        assert _gather(algo)[0] > episodes
+        trained = _sampler_weights(algo)
+        assert not all(torch.equal(a, b) for a, b in zip(first, trained, strict=True))
+        restart(algo)
+        assert all(torch.equal(a, b) for a, b in zip(first, _sampler_weights(algo), strict=True))
+        learner = algo.learner_group.get_weights()["default_policy"]
+        initial = restart.learner["learner"]["rl_module"]["default_policy"]
+        assert all(np.array_equal(learner[k], initial[k]) for k in initial)
+        algo.train()  # and learning goes on from there
+    finally:
+        algo.stop()
+
+
+def _sampler_weights(algo: Any) -> list[torch.Tensor]:
+    """The policy weights of the (one) remote env runner."""
+    [weights] = algo.env_runner_group.foreach_env_runner(
+        lambda r: [t.detach().clone() for t in r.module.state_dict().values()],
+        local_env_runner=False,
+    )
+    return list(weights)

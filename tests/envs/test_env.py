@@ -176,6 +176,7 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
         ({"actions": "layer"}, "actions: unknown 'layer'"),
         ({"exploring_starts": 1.5}, r"exploring_starts: must be in \[0, 1\], got 1.5"),
         ({"start_steps": 0}, "start_steps: must be an integer >= 1, got 0"),
+        ({"elite_starts": -0.1}, r"elite_starts: must be in \[0, 1\], got -0.1"),
         ({"stage_sizes": "yes"}, "stage_sizes: must be true or false, got 'yes'"),
         ({"stage_sizes": True, "microbatches": None}, "stage_sizes: True needs actions 'stages'"),
         (
@@ -550,6 +551,69 @@ def test_exploring_starts_begin_after_a_few_random_legal_actions(actions: str, s
     assert len(starts) > 5
     plain.reset(seed=0)
     assert plain.state == initial_state(plain.instance)  # exploring_starts 0: the empty plan
+
+
+def _rollout(env: PlacementEnv, seed: int) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """An episode of uniformly random legal actions; its actions and last info."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    done, info = False, dict[str, Any]()
+    while not done:
+        action = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+        obs, _, done, _, info = env.step(action)
+    return info["actions"], info
+
+
+@pytest.mark.parametrize(("actions", "sizes"), [("layers", False), ("stages", True)])
+def test_elite_starts_replay_a_proper_prefix_of_an_elite_episode(actions: str, sizes: bool) -> None:
+    config = {"profile": chain(6), "cluster": ClusterSpec.load(CLUSTER), "global_batch": 16,
+              "microbatches": None, "max_replicas": 2, "actions": actions,
+              "stage_sizes": sizes}  # fmt: skip
+    elite, info = _rollout(PlacementEnv(config), seed=3)
+    assert len(elite) >= 4
+    env = PlacementEnv({**config, "elite_starts": 1.0})
+    env.reset(seed=0)
+    assert env.state == initial_state(env.instance) and env.actions == []  # no elites yet
+    env.set_elites({"other-model": [elite]})
+    env.reset(seed=0)
+    assert env.actions == []  # elites of another profile are not this one's
+    env.set_elites({"chain": [elite]})
+    prefixes = set()
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed)
+        start = tuple(env.actions)
+        assert 1 <= len(start) < len(elite) and start == elite[: len(start)]
+        replayed = initial_state(env.instance)
+        for a in start:
+            replayed = transition(env.instance, replayed, a)
+        assert env.state == replayed
+        assert obs["action_mask"].tolist() == action_mask(env.instance, replayed).tolist()
+        prefixes.add(start)
+        done, end = False, dict[str, Any]()
+        for a in elite[len(start) :]:  # the elite's own continuation gives the elite's plan
+            assert not done
+            obs, _, done, _, end = env.step(a)
+        assert done and end["actions"] == elite and end["plan"] == info["plan"]
+    assert len(prefixes) > len(elite) // 2  # prefix lengths drawn, not one fixed
+    env.reset(seed=5)
+    first = tuple(env.actions)
+    env.reset(seed=5)
+    assert tuple(env.actions) == first  # drawn with the env's seeded generator
+
+
+def test_an_elite_start_stops_at_an_action_the_mask_forbids() -> None:
+    config = {"profile": chain(6), "cluster": ClusterSpec.load(CLUSTER), "global_batch": 16,
+              "microbatches": None, "actions": "stages", "elite_starts": 1.0}  # fmt: skip
+    env = PlacementEnv(config)
+    count = env.instance.count_offset  # choose the first count: legal on the first step
+    env.set_elites({"chain": [(count, 10_000, 1, 2)]})  # then an action this env has not
+    for seed in range(5):
+        obs, _ = env.reset(seed=seed)
+        assert env.actions == [count]  # never past the action it could not replay
+        done, info = False, dict[str, Any]()
+        while not done:
+            obs, _, done, _, info = env.step(int(np.flatnonzero(obs["action_mask"])[0]))
+        info["plan"].validate(env.instance.profile, env.instance.cluster)
 
 
 # --- the encoding ---------------------------------------------------------------------------
