@@ -300,9 +300,11 @@ def _share_elites(algo: Any, profile: str, elites: list[Elite]) -> None:
 
 class Restart:
     """The algorithm's initial policy and optimizer, taken when it is built, to start learning
-    over from (the ``restart_after`` option, as TAPP's): the learner gets both back and every
+    over from (the ``restart_after`` option, as TAPP's): the learner gets both back, every
     env runner the initial policy, whatever weights it holds (sequence number 0 always
-    loads)."""
+    loads), and the runners and their envs forget their elites (as TAPP's restart forgets
+    its elite: a fresh policy starting from the old elites' prefixes learns their basin again
+    at once). The search keeps the best plan found."""
 
     def __init__(self, algo: Any) -> None:
         learner = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"
@@ -322,6 +324,11 @@ class Restart:
         def load(runner: Any) -> None:
             if runner.module is not None:  # the driver's runner has none when others sample
                 runner.set_state(weights)
+            for callback in runner._callbacks:
+                if isinstance(callback, BestPlan):
+                    callback.elites = []
+            if runner.env is not None:
+                runner.env.unwrapped.call("set_elites", {})
 
         algo.env_runner_group.foreach_env_runner(load, local_env_runner=True)
 

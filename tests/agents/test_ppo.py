@@ -169,6 +169,11 @@ def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_s
         assert not all(torch.equal(a, b) for a, b in zip(first, trained, strict=True))
         restart(algo)
         assert all(torch.equal(a, b) for a, b in zip(first, _sampler_weights(algo), strict=True))
+        assert _gather(algo)[1] == []  # the runners forgot their elites, and so did the envs
+        forgotten = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.env.unwrapped.get_attr("elites"), local_env_runner=False
+        )
+        assert all(list(h) == [{}] * len(h) for h in forgotten)
         learner = algo.learner_group.get_weights()["default_policy"]
         initial = restart.learner["learner"]["rl_module"]["default_policy"]
         assert all(np.array_equal(learner[k], initial[k]) for k in initial)
