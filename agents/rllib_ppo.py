@@ -48,8 +48,9 @@ episode starts, with probability ``q``, from a random prefix of one of them
 (:func:`envs.mdp.elite_start`, Go-Explore's return to a promising state): the policy then
 learns the continuations of the best plans' beginnings, and samples them however it has
 converged. With ``restart_after=N``, after N iterations without a better plan the policy,
-its value function and the optimizer go back to their initial state (:class:`Restart`, as
-TAPP's ``restart_after``); the elites stay, so a fresh policy explores from the best plans.
+its value function and the optimizer go back to their initial state and the elites are
+forgotten (:class:`Restart`, as TAPP's ``restart_after``): the next trajectory starts afresh,
+and the search keeps the best plan found.
 
 Reward sources: RLlib's env runners learn from the cost model in the env whatever the
 source; the source decides which of PPO's plans is the answer. With a source that values
