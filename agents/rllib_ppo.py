@@ -280,7 +280,7 @@ def _gather(algo: Any) -> tuple[int, list[Elite]]:
     """(episodes so far, the elites of every runner) across all env runners."""
 
     def read(runner: Any) -> tuple[int, list[Elite]]:
-        cbs = [c for c in runner._callbacks if hasattr(c, "elites")]
+        cbs = [c for c in runner._callbacks if isinstance(c, BestPlan)]
         return sum(c.episodes for c in cbs), [e for c in cbs for e in c.elites]
 
     results = algo.env_runner_group.foreach_env_runner(read, local_env_runner=True)
@@ -415,9 +415,11 @@ class PPOPlanner(Planner):
                 search.record([], np.zeros(0), evaluations=episodes - counted)
             counted = episodes
             elites = best_distinct(found, self.config.elites)
-            stale = 0 if elites and elites[0][0] < best else stale + 1
+            if elites and elites[0][0] < best:
+                best, stale = elites[0][0], 0
+            else:
+                stale += 1
             if elites:
-                best = min(best, elites[0][0])
                 search.evaluate_plans([Plan.from_dict(elites[0][1])])
                 if self.config.elite_starts > 0:
                     _share_elites(algo, profile, elites)

@@ -447,7 +447,8 @@ def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tu
     if inst.exploring_starts <= 0 or rng.random() >= inst.exploring_starts:
         return state, ()
     for _ in range(int(rng.integers(1, inst.start_steps + 1))):
-        going_on = _going_on(inst, state)
+        allowed = np.flatnonzero(action_mask(inst, state))
+        going_on = [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
         if not going_on:
             break
         taken.append(int(rng.choice(going_on)))
@@ -475,12 +476,6 @@ def elite_start(
         state = after
         taken.append(a)
     return state, tuple(taken)
-
-
-def _going_on(inst: Instance, state: State) -> list[int]:
-    """The legal actions from ``state`` that do not end the episode."""
-    allowed = np.flatnonzero(action_mask(inst, state))
-    return [int(a) for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
 
 
 def legal_action(mask: np.ndarray, action: int) -> int:
