@@ -52,6 +52,15 @@ its value function and the optimizer go back to their initial state and the elit
 forgotten (:class:`Restart`, as TAPP's ``restart_after``): the next trajectory starts afresh,
 and the search keeps the best plan found.
 
+Twin opens and slot scores (both off by default; ``ppo-unequal`` runs with them): with
+``twin_opens=True`` a stage may open on a device and its free twins (same type, same node)
+as replicas in one action (the env's ``twin_opens``); the best plans on ``cloud-mix`` pair
+every GPU with its twin, which plain actions reach only through an open and a replica step
+that the policy, facing 174 end actions beside 6 replicas on ResNet-50, stops taking early.
+With ``slot_scores=True`` the policy is :class:`SlotScoringModule`: every end slot and
+every size gets a score from its own observation row by one small network shared by the
+slots, beside the MLP's logits, so what the policy learns about one end holds for all.
+
 Reward sources: RLlib's env runners learn from the cost model in the env whatever the
 source; the source decides which of PPO's plans is the answer. With a source that values
 plans as the env does (``simulated``, ``parallel``: :data:`COST_MODEL_SOURCES`) every episode
@@ -82,9 +91,11 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
+from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
@@ -96,7 +107,8 @@ from agents.search import Search
 from core.errors import PipeplanError
 from core.plan import Plan
 from envs import PlacementEnv
-from envs.mdp import ACTION_SPACES, STAGES
+from envs.config import instances_from_config
+from envs.mdp import ACTION_SPACES, GLOBAL_FEATURES, STAGES, global_offset, slot_groups
 
 DRIVER_CPUS = 1.0
 """CPUs left to the driver (it runs the learner) when the env runners are counted."""
@@ -133,6 +145,8 @@ class PPOOptions:
     elite_starts: float = 0.0  # episodes that start from a prefix of an elite episode
     elites: int = 8  # the best distinct episodes elite starts draw from
     restart_after: int | None = None  # iterations without a better plan before starting over
+    slot_scores: bool = False  # score end slots and sizes with shared scorers (SlotScoringModule)
+    twin_opens: bool = False  # a stage may open on a device and its free twins at once (stages)
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
@@ -171,8 +185,14 @@ class PPOOptions:
         for key in ("exploring_starts", "elite_starts"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ProblemError(f"ppo.{key}: must be in [0, 1], got {getattr(self, key)}")
-        if not isinstance(self.stage_sizes, bool):
-            raise ProblemError(f"ppo.stage_sizes: must be true or false, got {self.stage_sizes!r}")
+        for key in ("stage_sizes", "slot_scores", "twin_opens"):
+            if not isinstance(getattr(self, key), bool):
+                raise ProblemError(f"ppo.{key}: must be true or false, got {getattr(self, key)!r}")
+        for key in ("slot_scores", "twin_opens"):
+            if getattr(self, key) and self.actions != STAGES:
+                raise ProblemError(
+                    f"ppo.{key}: needs the {STAGES!r} actions, got actions {self.actions!r}"
+                )
         if self.actions not in ACTION_SPACES:
             raise ProblemError(
                 f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
@@ -187,6 +207,7 @@ def env_config(
     exploring_starts: float = 0.0,
     stage_sizes: bool = False,
     elite_starts: float = 0.0,
+    twin_opens: bool = False,
 ) -> dict[str, Any]:
     """The env's config; ``microbatches`` None: the episode chooses among the problem's;
     ``stage_sizes``: each stage chooses its own size too, where the env allows it (``stages``
@@ -207,6 +228,7 @@ def env_config(
         "exploring_starts": exploring_starts,
         "elite_starts": elite_starts,
         "stage_sizes": stage_sizes and actions == STAGES and several,
+        "twin_opens": twin_opens,
     }
 
 
@@ -334,6 +356,72 @@ class Restart:
         algo.env_runner_group.foreach_env_runner(load, local_env_runner=True)
 
 
+SLOT_HIDDEN = 32
+"""Hidden units of the slot scorers (:class:`SlotScoringModule`)."""
+
+
+class SlotScoringModule(ActionMaskingTorchRLModule):  # type: ignore[misc]
+    """RLlib's action-masking PPO module, plus a score for every action that has a row of
+    its own in the observation (the env's slot groups, :func:`envs.mdp.slot_groups`: the
+    ``stages`` end slots, the ``stage_sizes`` sizes), added to that action's logit.
+
+    A plain MLP head gives each of ResNet-50's 174 end slots its own output weights, so what
+    it learns about ending a stage where the share is balanced holds for one slot only. A
+    scorer is one small MLP per group, shared by the group's actions, of the action's row
+    and the observation's global features: a pointer-network-style head, as TAPP's attention
+    over devices scores every device with one function. Its last layer starts at zero, so a
+    new policy is the MLP's. ``model_config`` holds ``slot_groups`` (``[obs_offset,
+    features, action_offset, count]`` each) and ``slot_context`` (``[offset, size]`` of the
+    global features)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.slot_layout = [tuple(int(x) for x in g) for g in self.model_config["slot_groups"]]
+        self.slot_context = tuple(int(x) for x in self.model_config["slot_context"])
+        scorers = []
+        for _, features, _, _ in self.slot_layout:
+            out = torch.nn.Linear(SLOT_HIDDEN, 1)
+            torch.nn.init.zeros_(out.weight)
+            torch.nn.init.zeros_(out.bias)
+            layers = [torch.nn.Linear(features + self.slot_context[1], SLOT_HIDDEN)]
+            scorers.append(torch.nn.Sequential(*layers, torch.nn.Tanh(), out))
+        self.slot_scorers = torch.nn.ModuleList(scorers)
+
+    def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._scored(batch, super()._forward_inference(batch, **kwargs))
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._scored(batch, super()._forward_exploration(batch, **kwargs))
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._scored(batch, super()._forward_train(batch, **kwargs))
+
+    def _scored(self, batch: dict[str, Any], outs: dict[str, Any]) -> dict[str, Any]:
+        """``outs`` with every slot action's score added to its (masked) logit."""
+        obs = batch[Columns.OBS]  # the parent's forward replaced the dict by its observations
+        obs = obs["observations"] if isinstance(obs, dict) else obs
+        at, size = self.slot_context
+        context = obs[:, at : at + size]
+        logits = outs[Columns.ACTION_DIST_INPUTS]
+        for (obs_at, features, act_at, count), scorer in zip(
+            self.slot_layout, self.slot_scorers, strict=True
+        ):
+            rows = obs[:, obs_at : obs_at + features * count].reshape(-1, count, features)
+            both = torch.cat([rows, context[:, None, :].expand(-1, count, -1)], dim=-1)
+            score = scorer(both).squeeze(-1)  # (B, count)
+            pad = (act_at, logits.shape[-1] - act_at - count)
+            logits = logits + torch.nn.functional.pad(score, pad)
+        outs[Columns.ACTION_DIST_INPUTS] = logits
+        return outs
+
+
+def slot_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """:class:`SlotScoringModule`'s ``model_config`` keys for the env of ``config``."""
+    inst = instances_from_config(config)[0]
+    groups = [[g.obs_offset, g.features, g.action_offset, g.count] for g in slot_groups(inst)]
+    return {"slot_groups": groups, "slot_context": [global_offset(inst), GLOBAL_FEATURES]}
+
+
 class PPOPlanner(Planner):
     name = "ppo"
     Config = PPOOptions
@@ -357,20 +445,27 @@ class PPOPlanner(Planner):
 
     def _build(self, problem: Problem, microbatches: int | None, runners: int) -> Any:
         c = self.config
+        env = env_config(
+            problem,
+            microbatches,
+            c.max_replicas,
+            c.actions,
+            c.exploring_starts,
+            c.stage_sizes,
+            c.elite_starts,
+            c.twin_opens,
+        )
+        model: dict[str, Any] = {
+            "head_fcnet_hiddens": list(c.hidden),
+            "fcnet_hiddens": list(c.hidden),
+        }
+        module: type = ActionMaskingTorchRLModule
+        if c.slot_scores:
+            module = SlotScoringModule
+            model.update(slot_model_config(env))
         config = (
             PPOConfig()
-            .environment(
-                PlacementEnv,
-                env_config=env_config(
-                    problem,
-                    microbatches,
-                    c.max_replicas,
-                    c.actions,
-                    c.exploring_starts,
-                    c.stage_sizes,
-                    c.elite_starts,
-                ),
-            )
+            .environment(PlacementEnv, env_config=env)
             .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)
             .learners(num_learners=0)
             .training(
@@ -383,15 +478,7 @@ class PPOPlanner(Planner):
                 lambda_=c.lambda_,
                 clip_param=c.clip_param,
             )
-            .rl_module(
-                rl_module_spec=RLModuleSpec(
-                    module_class=ActionMaskingTorchRLModule,
-                    model_config={
-                        "head_fcnet_hiddens": list(c.hidden),
-                        "fcnet_hiddens": list(c.hidden),
-                    },
-                )
-            )
+            .rl_module(rl_module_spec=RLModuleSpec(module_class=module, model_config=model))
             .callbacks(BestPlan)
             .debugging(seed=problem.seed, log_level="ERROR")
         )

@@ -59,14 +59,18 @@ class EnvOptions:
     """The action space (:data:`envs.mdp.ACTION_SPACES`): ``layers`` (one layer per step) or
     ``stages`` (open a stage, add replicas, choose its end)."""
     exploring_starts: float = 0.0
-    """Probability that an episode starts after a few uniformly random legal actions
-    (:func:`envs.mdp.exploring_start`) instead of from the empty plan."""
+    """Probability that an episode starts after a few random legal actions, each of a random
+    kind (:func:`envs.mdp.exploring_start`), instead of from the empty plan."""
     start_steps: int = 3
     """The most random actions an exploring start takes (at least one)."""
     elite_starts: float = 0.0
     """Probability that an episode starts from a random proper prefix of an elite episode's
     actions (:func:`envs.mdp.elite_start`; the elites are those given to
     :meth:`envs.env.PlacementEnv.set_elites`, none: the other starts)."""
+    twin_opens: bool = False
+    """``stages`` only: D more actions, each opening a stage on a device together with its
+    free twins (the free devices of its type on its node, up to ``max_replicas``) as
+    replicas: one decision for what otherwise takes an open and a replica step per twin."""
     stage_sizes: bool = False
     """``stages`` with several counts only: after each stage's end, one more step chooses
     that stage's own microbatch size among the counts' sizes (UMPIPE's unequal microbatches);
@@ -124,6 +128,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         capacity=tb.dev_capacity,
         speed=tb.dev_flops / tb.dev_flops.max(),
         node=tb.dev_node,
+        kind=tb.dev_node * len(tb.type_index) + tb.dev_type,
         membw=tb.dev_membw,
         cuts=tb.cuts,
         link_lat=tb.link_lat,
@@ -134,6 +139,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         start_steps=opt.start_steps,
         elite_starts=float(opt.elite_starts),
         stage_sizes=bool(opt.stage_sizes),
+        twin_opens=bool(opt.twin_opens),
     )
 
 
@@ -207,7 +213,14 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
 
 
 def _check_stage_sizes(opt: EnvOptions, counts: tuple[int, ...]) -> None:
-    """``stage_sizes`` is a bool, and True only where a stage has sizes to choose from."""
+    """``stage_sizes`` is a bool, and True only where a stage has sizes to choose from;
+    ``twin_opens`` a bool, True with the ``stages`` actions only."""
+    if not isinstance(opt.twin_opens, bool | np.bool_):
+        raise EnvConfigError(f"twin_opens: must be true or false, got {opt.twin_opens!r}")
+    if opt.twin_opens and opt.actions != STAGES:
+        raise EnvConfigError(
+            f"twin_opens: True needs actions {STAGES!r}, got actions {opt.actions!r}"
+        )
     if not isinstance(opt.stage_sizes, bool | np.bool_):
         raise EnvConfigError(f"stage_sizes: must be true or false, got {opt.stage_sizes!r}")
     if opt.stage_sizes and (opt.actions != STAGES or len(counts) < 2):

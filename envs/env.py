@@ -72,6 +72,13 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
       the episode ends when a stage ends at the last layer;
     - ``D + R + S + k``: choose the ``k``-th microbatch count (first step only).
 
+    With ``twin_opens`` (``stages`` only) ``D`` more actions follow the opens,
+    ``Discrete(2 D + R + S + K)``: ``D + d`` opens a stage on device ``d`` together with its
+    free twins (the unused devices of its type on its node, in the cluster's order, up to
+    ``max_replicas`` devices in all) as replicas, one step for an open and its replica steps;
+    the mask allows it where ``d`` has a free twin and enough devices stay free for the stages
+    ``min_stages`` still needs, and the stage's one-layer share fits all of them.
+
     The mask forbids opening while a stage's end is pending, used devices, replicas beyond
     ``max_replicas`` or needed by ``min_stages``, ends that leave fewer layers or free devices
     than the stages ``min_stages`` still needs, ends before the last layer once
@@ -121,8 +128,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
 
     No layer placed, no microbatch count chosen (unless fixed). With several profiles,
     ``reset`` picks one uniformly with ``self.np_random``. With ``exploring_starts: p``, an
-    episode starts with probability ``p`` after ``1..start_steps`` random legal actions
-    (:func:`envs.mdp.exploring_start`), drawn with ``self.np_random`` too. With
+    episode starts with probability ``p`` after ``1..start_steps`` random legal actions, each
+    of a kind drawn first (open, twin open, replica, end, count, size: a replica as often as
+    an end however many ends there are; :func:`envs.mdp.exploring_start`), drawn with
+    ``self.np_random`` too. With
     ``elite_starts: q`` and elites given to :meth:`set_elites` (action sequences of earlier
     episodes, per profile name: a planner gives its best), an episode starts with
     probability ``q`` from a random proper prefix of a random elite
@@ -146,7 +155,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     ``schedule``, ``min_throughput`` (cost objective), ``min_stages``, ``max_stages`` (None =
     D), ``max_replicas`` (1: no replica actions), ``lookahead``, ``infeasible_reward``,
     ``actions`` (``layers``, the default, or ``stages``), ``exploring_starts``,
-    ``start_steps``, ``elite_starts`` (default 0), ``stage_sizes`` (default False). A bad key
+    ``start_steps``, ``elite_starts`` (default 0), ``stage_sizes`` (default False),
+    ``twin_opens`` (default False). A bad key
     or value raises :class:`envs.config.EnvConfigError` naming it.
     """
 

@@ -15,10 +15,12 @@ of two action spaces (:data:`ACTION_SPACES`, the env config's ``actions``) build
 - ``layers`` (TAPP's MDP): one layer per step, kept in the open stage or opening a new one on
   a device; a step right after opening a stage may instead add a replica device to it.
 - ``stages``: one stage per few steps: open it on a device, add replicas, then choose where
-  it ends (its last layer). Episodes are a few steps per stage instead of one per layer, so
-  the one reward at the end is credited over far fewer decisions; while a stage's end is
-  chosen, the observation holds, for every candidate end, the stage's time against the
-  balanced share and against the rest of the model spread over the free devices.
+  it ends (its last layer). With ``twin_opens`` a stage may also open on a device and its
+  free twins (same type, same node) as replicas at once. Episodes are a few steps per stage
+  instead of one per layer, so the one reward at the end is credited over far fewer
+  decisions; while a stage's end is chosen, the observation holds, for every candidate end,
+  the stage's time against the balanced share and against the rest of the model spread over
+  the free devices.
 
 With ``stage_sizes`` (``stages`` only, several counts offered) each stage also gets its own
 microbatch size (UMPIPE's unequal microbatches): the first action still chooses the shared
@@ -98,6 +100,7 @@ class Instance:
     capacity: np.ndarray  # (D,) bytes
     speed: np.ndarray  # (D,) flops / fastest flops
     node: np.ndarray  # (D,) node index
+    kind: np.ndarray  # (D,) devices of one type on one node share a value (twins)
     membw: np.ndarray  # (D,) memory bandwidth, GB/s (rule 8's update, rule 2b)
     cuts: np.ndarray  # (L+1,) activation bytes per sample crossing a cut before layer c
     link_lat: np.ndarray  # (2,) seconds: within a node, between nodes (core.tables)
@@ -109,6 +112,7 @@ class Instance:
     elite_starts: float = 0.0  # probability of an elite start (elite_start), given elites
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
     stage_sizes: bool = False  # ``stages``: each stage chooses its own microbatch size
+    twin_opens: bool = False  # ``stages``: open a stage on a device and its free twins at once
 
     @property
     def n_layers(self) -> int:
@@ -137,9 +141,15 @@ class Instance:
         return 0 if self.by_stage else 1
 
     @property
-    def replica_offset(self) -> int:
-        """First "add a replica" action (``open_offset + D``)."""
+    def twin_offset(self) -> int:
+        """``twin_opens``: first "open a stage on a device and its free twins" action
+        (``open_offset + D``)."""
         return self.open_offset + self.n_devices
+
+    @property
+    def replica_offset(self) -> int:
+        """First "add a replica" action (``twin_offset``, plus ``D`` with ``twin_opens``)."""
+        return self.twin_offset + (self.n_devices if self.twin_opens else 0)
 
     @property
     def end_offset(self) -> int:
@@ -313,6 +323,11 @@ def _stage_structural_mask(
     opened = len(state.starts)
     if not _pending(inst, state):
         mask[inst.open_offset : inst.open_offset + inst.n_devices] = free
+        if inst.twin_opens and opened < inst.max_stages:
+            for d in np.flatnonzero(free):
+                taken = len(twins(inst, state, int(d)))
+                left = int(free.sum()) - taken  # devices for the stages min_stages still needs
+                mask[inst.twin_offset + d] = taken > 1 and left >= inst.min_stages - opened - 1
         return mask
     if _replica_slots(inst, state):
         mask[inst.replica_offset : inst.replica_offset + inst.n_devices] = free
@@ -329,12 +344,18 @@ def _stage_structural_mask(
 
 
 def _stage_memory_mask(inst: Instance, state: State, mask: np.ndarray) -> np.ndarray:
-    """``stages``: a device opens a stage when one layer fits it; a replica joins when the
-    stage's one-layer share fits it; an end is allowed when the stage fits all its devices."""
+    """``stages``: a device opens a stage when one layer fits it (with its twins: when the
+    one-layer share fits them all); a replica joins when the stage's one-layer share fits
+    it; an end is allowed when the stage fits all its devices."""
     i, D = state.layer, inst.n_devices
     if not _pending(inst, state):
         need = stage_memory(inst, state, i, i + 1, 1)
         mask[inst.open_offset : inst.open_offset + D] = need <= inst.capacity
+        if inst.twin_opens:
+            for d in range(D):
+                devs = twins(inst, state, d)
+                share = stage_memory(inst, state, i, i + 1, len(devs))
+                mask[inst.twin_offset + d] = share <= inst.capacity[list(devs)].min()
         return mask
     devs = state.devices[-1]
     if inst.max_replicas > 1:
@@ -405,11 +426,20 @@ def action_mask(inst: Instance, state: State) -> np.ndarray:
     return (fitting if fitting.any() else valid).astype(np.float32)
 
 
+def twins(inst: Instance, state: State, d: int) -> tuple[int, ...]:
+    """``d`` and, as its replicas, the free devices of its type on its node (in the
+    cluster's order), ``max_replicas`` at most: the stage a twin open gives."""
+    used = set(state.used)
+    same = [k for k in np.flatnonzero(inst.kind == inst.kind[d]) if k != d and k not in used]
+    return (d, *(int(k) for k in same))[: inst.max_replicas]
+
+
 def transition(inst: Instance, state: State, action: int) -> State:
     """Apply one (allowed) action. ``layers``: 0 keeps layer ``state.layer`` in the open
     stage (at the end: closes the episode), ``1..D`` opens a stage on device ``action - 1``,
     then adds a replica device to the open stage, then chooses a microbatch count.
-    ``stages``: ``0..D-1`` opens a stage on a device at the first unplaced layer, then adds a
+    ``stages``: ``0..D-1`` opens a stage on a device at the first unplaced layer (with
+    ``twin_opens``, the next ``D`` on a device and its free :func:`twins`), then adds a
     replica, then ends the open stage after a layer, then chooses a microbatch count, then
     (``stage_sizes``) the size of the stage just ended."""
     if action >= inst.size_offset:
@@ -421,9 +451,12 @@ def transition(inst: Instance, state: State, action: int) -> State:
     if action >= inst.replica_offset:
         d = action - inst.replica_offset
         return replace(state, devices=(*state.devices[:-1], (*state.devices[-1], d)))
-    if inst.by_stage:  # open a stage on a device; its end comes later
-        d = action - inst.open_offset
-        return replace(state, starts=(*state.starts, state.layer), devices=(*state.devices, (d,)))
+    if inst.by_stage:  # open a stage on a device (and its twins); its end comes later
+        if action >= inst.twin_offset:
+            devs = twins(inst, state, action - inst.twin_offset)
+        else:
+            devs = (action - inst.open_offset,)
+        return replace(state, starts=(*state.starts, state.layer), devices=(*state.devices, devs))
     if action == 0:
         if state.layer >= inst.n_layers:
             return replace(state, closed=True)
@@ -438,11 +471,12 @@ def transition(inst: Instance, state: State, action: int) -> State:
 
 def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tuple[int, ...]]:
     """The first state of an episode and the actions that led there: the empty plan, or with
-    probability ``inst.exploring_starts`` the state after ``1..start_steps`` uniformly random
-    legal actions that do not end the episode (Monte Carlo with exploring starts: every start
-    keeps being tried however the policy has converged, so a plan whose first decisions look
-    bad under a poor continuation -- slow devices first, with replicas -- is still learned
-    from). Actions chosen here are the env's, not the agent's."""
+    probability ``inst.exploring_starts`` the state after ``1..start_steps`` random legal
+    actions that do not end the episode, each of a kind drawn uniformly
+    (:func:`action_kinds`), then uniformly among the actions of that kind (Monte Carlo with
+    exploring starts: every start keeps being tried however the policy has converged, so a
+    plan whose first decisions look bad under a poor continuation -- slow devices first, with
+    replicas -- is still learned from). Actions chosen here are the env's, not the agent's."""
     state, taken = initial_state(inst), []
     if inst.exploring_starts <= 0 or rng.random() >= inst.exploring_starts:
         return state, ()
@@ -451,9 +485,30 @@ def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tu
         going_on = [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
         if not going_on:
             break
-        taken.append(int(rng.choice(going_on)))
+        kinds = action_kinds(inst, np.asarray(going_on))
+        kind = rng.choice(np.unique(kinds))
+        taken.append(int(rng.choice(np.asarray(going_on)[kinds == kind])))
         state = transition(inst, state, taken[-1])
     return state, tuple(taken)
+
+
+def action_kinds(inst: Instance, actions: np.ndarray) -> np.ndarray:
+    """The kind of each action: 0 keep a layer (``layers``), 1 open a stage, 2 open one with
+    twins, 3 add a replica, 4 end a stage (``stages``), 5 choose the microbatch count, 6
+    choose a stage's size. An
+    exploring start draws a kind, then an action of it: drawn uniformly over actions, its
+    random steps would end ResNet-50's stages (174 end actions) and almost never add one of
+    the 6 replicas, which the best plans there all have."""
+    bounds = [
+        0,
+        inst.open_offset,
+        inst.twin_offset,
+        inst.replica_offset,
+        inst.end_offset,
+        inst.count_offset,
+        inst.size_offset,
+    ]
+    return np.searchsorted(bounds, actions, side="right") - 1
 
 
 def elite_start(
@@ -528,10 +583,40 @@ def reward(inst: Instance, value: float) -> float:
 # --- observation -----------------------------------------------------------------------------
 
 
+def global_offset(inst: Instance) -> int:
+    """Where the observation's global features (:data:`GLOBAL_FEATURES` of them) start."""
+    return WIDTH * (1 + inst.lookahead) + DEVICE_FEATURES * inst.n_devices
+
+
+@dataclass(frozen=True)
+class SlotGroup:
+    """Actions that each have a row of their own in the observation: action
+    ``action_offset + k`` is described by ``observation[obs_offset + k * features :
+    obs_offset + (k + 1) * features]``, for ``k < count`` (``stages``: the end slots and
+    :func:`end_features`; ``stage_sizes``: the sizes and :func:`size_features`). A policy
+    may score such actions from their rows with one function shared by all of them."""
+
+    obs_offset: int
+    features: int
+    action_offset: int
+    count: int
+
+
+def slot_groups(inst: Instance) -> tuple[SlotGroup, ...]:
+    """The observation's per-action rows, in the order :func:`observe` writes them."""
+    at, groups = global_offset(inst) + GLOBAL_FEATURES, []
+    if inst.by_stage:
+        groups.append(SlotGroup(at, END_FEATURES, inst.end_offset, inst.end_slots))
+        at += END_FEATURES * inst.end_slots
+    if inst.stage_sizes:
+        groups.append(SlotGroup(at, SIZE_FEATURES, inst.size_offset, len(inst.counts)))
+    return tuple(groups)
+
+
 def observation_size(inst: Instance) -> int:
-    base = WIDTH * (1 + inst.lookahead) + DEVICE_FEATURES * inst.n_devices + GLOBAL_FEATURES
-    sizes = SIZE_FEATURES * len(inst.counts) if inst.stage_sizes else 0
-    return base + END_FEATURES * inst.end_slots + sizes
+    return (
+        global_offset(inst) + GLOBAL_FEATURES + sum(g.features * g.count for g in slot_groups(inst))
+    )
 
 
 def _load(inst: Instance, state: State, start: int, end: int, devs: tuple[int, ...]) -> float:

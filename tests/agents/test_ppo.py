@@ -10,16 +10,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from ray.rllib.core.columns import Columns
 
 from agents import Budget, Problem, ProblemError, make_planner
 from agents.rllib_ppo import (
     PPOOptions,
     PPOPlanner,
     Restart,
+    SlotScoringModule,
     _gather,
     _share_elites,
     best_distinct,
     env_config,
+    slot_model_config,
 )
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
@@ -104,6 +107,10 @@ def test_bad_options_are_refused_before_ray_starts() -> None:
         make_planner("ppo", elites=0)
     with pytest.raises(ProblemError, match="ppo.restart_after: must be >= 1, got 0"):
         make_planner("ppo", restart_after=0)
+    with pytest.raises(ProblemError, match="ppo.slot_scores: must be true or false, got 'no'"):
+        make_planner("ppo", slot_scores="no")
+    with pytest.raises(ProblemError, match="ppo.twin_opens: needs the 'stages' actions"):
+        make_planner("ppo", twin_opens=True, actions="layers")
 
 
 def test_best_distinct_keeps_the_best_episode_of_each_plan() -> None:
@@ -131,6 +138,51 @@ def test_stages_choose_their_own_sizes_only_where_the_env_offers_several() -> No
     assert env_config(fixed, None, stage_sizes=True)["stage_sizes"] is False
     env = PlacementEnv(env_config(problem, None, stage_sizes=True))
     assert env.instance.stage_sizes and env.instance.sizes == (1, 2, 4, 8)
+
+
+def test_slot_scores_add_one_shared_function_of_each_slot_row_to_its_logit() -> None:
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "tapp-paper.yaml")
+    config = {"profile": chain(), "cluster": cluster, "actions": "stages", "max_replicas": 2,
+              "microbatches": None, "global_batch": 8, "stage_sizes": True}  # fmt: skip
+    env = PlacementEnv(config)
+    model = {"head_fcnet_hiddens": [16], "fcnet_hiddens": [16], **slot_model_config(config)}
+    torch.manual_seed(0)
+    module = SlotScoringModule(
+        observation_space=env.observation_space, action_space=env.action_space, model_config=model
+    )
+    inst = env.instance
+    env.reset(seed=0)
+    env.step(inst.count_offset + 1)
+    obs, *_ = env.step(0)  # a stage's end pending: the end rows are set
+
+    def logits(train: bool = False) -> torch.Tensor:
+        o = {k: torch.tensor(v)[None] for k, v in obs.items()}
+        if train:  # the learner's batch: observations and the mask apart
+            batch = {Columns.OBS: o["observations"], "action_mask": o["action_mask"]}
+            return module.forward_train(batch)[Columns.ACTION_DIST_INPUTS][0].detach()
+        return module.forward_exploration({Columns.OBS: o})[Columns.ACTION_DIST_INPUTS][0].detach()
+
+    before = logits()  # the scorers' last layers start at zero: the plain MLP's logits
+    ends, _ = module.slot_scorers
+    with torch.no_grad():
+        ends[-1].weight.fill_(0.5)
+        ends[-1].bias.fill_(0.25)
+    after = logits()
+    assert torch.equal(after, logits(train=True))
+    allowed = torch.tensor(obs["action_mask"]) > 0
+    at, n = inst.end_offset, inst.end_slots
+    changed = torch.zeros_like(allowed)
+    changed[at : at + n] = True
+    assert torch.equal(after[allowed & ~changed], before[allowed & ~changed])
+    assert (after[~allowed] < -1e30).all()  # masked actions stay masked
+    o = torch.tensor(obs["observations"])
+    (obs_at, features, _, count), (ctx_at, ctx_n) = model["slot_groups"][0], model["slot_context"]
+    rows = o[obs_at : obs_at + features * count].reshape(count, features)
+    both = torch.cat([rows, o[ctx_at : ctx_at + ctx_n].expand(count, ctx_n)], dim=1)
+    score = ends(both).squeeze(-1).detach()  # one function of each row and the context
+    free = allowed[at : at + n]
+    assert free.sum() > 1
+    assert torch.allclose((after - before)[at : at + n][free], score[free], atol=1e-5)
 
 
 @pytest.mark.rllib

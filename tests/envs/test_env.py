@@ -4,6 +4,7 @@ and the TAPP layer encoding."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,19 @@ from envs.config import EnvConfigError, make_instance
 from envs.encoding import ABSENT, WIDTH, encode_profile, op_vector
 from envs.env import PlacementEnv
 from envs.mdp import (
+    GLOBAL_FEATURES,
+    action_kinds,
     action_mask,
+    end_features,
+    exploring_start,
+    global_offset,
     initial_state,
     is_terminal,
     memory_mask,
+    observation_size,
     observe,
     size_features,
+    slot_groups,
     structural_mask,
     to_plan,
     transition,
@@ -61,8 +69,9 @@ def two_devices(memory_gb: float = 16.0) -> ClusterSpec:
         {"actions": "stages"},
         {"actions": "stages", "microbatches": None, "max_replicas": 3},
         {"actions": "stages", "microbatches": None, "max_replicas": 3, "stage_sizes": True},
+        {"actions": "stages", "max_replicas": 2, "twin_opens": True},
     ],
-    ids=["fixed", "choices+replicas", "stages", "stages+choices+replicas", "stage_sizes"],
+    ids=["fixed", "choices+replicas", "stages", "stages+choices+replicas", "stage_sizes", "twins"],
 )
 def test_check_env_passes_without_warnings(tmp_path: Path, extra: dict[str, object]) -> None:
     profile = tmp_path / "chain.json"
@@ -183,6 +192,8 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
             {"stage_sizes": True, "actions": "stages", "microbatches": 2},
             r"stage_sizes: .* several microbatch counts, got actions 'stages' and counts \[2\]",
         ),
+        ({"twin_opens": 1}, "twin_opens: must be true or false, got 1"),
+        ({"twin_opens": True}, "twin_opens: True needs actions 'stages', got actions 'layers'"),
     ],
 )
 def test_bad_config_names_the_key(change: dict[str, object], message: str) -> None:
@@ -201,6 +212,7 @@ def test_bad_config_names_the_key(change: dict[str, object], message: str) -> No
     schedule=st.sampled_from(["gpipe", "1f1b"]),
     m=st.sampled_from([1, 2, 4, None, [8, 2]]),
     actions=st.sampled_from(["layers", "stages", "stage_sizes"]),
+    twins=st.booleans(),
     data=st.data(),
 )
 def test_random_masked_rollouts_give_valid_plans(
@@ -209,6 +221,7 @@ def test_random_masked_rollouts_give_valid_plans(
     schedule: str,
     m: int | list[int] | None,
     actions: str,
+    twins: bool,
     data: st.DataObject,
 ) -> None:
     n_dev = len(cluster.device_ids)
@@ -219,7 +232,8 @@ def test_random_masked_rollouts_give_valid_plans(
     env = PlacementEnv(
         {"profile": profile, "cluster": cluster, "global_batch": 8, "microbatches": m,
          "schedule": schedule, "min_stages": low, "max_stages": top, "max_replicas": replicas,
-         "actions": "layers" if actions == "layers" else "stages", "stage_sizes": sizes}
+         "actions": "layers" if actions == "layers" else "stages", "stage_sizes": sizes,
+         "twin_opens": twins and actions != "layers"}
     )  # fmt: skip
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     obs, _ = env.reset(seed=0)
@@ -424,6 +438,71 @@ def test_stage_actions_open_add_replicas_then_choose_the_end() -> None:
     ids = cluster.device_ids
     assert done and [s.layers for s in info["plan"].stages] == [(0, 2), (2, 4)]
     assert [s.devices for s in info["plan"].stages] == [(ids[0], ids[3]), (ids[1],)]
+
+
+def test_a_twin_open_takes_the_device_and_its_free_twins_at_once() -> None:
+    cluster = ClusterSpec.load(CLUSTER)  # xeon | 2 x gtx1080ti on gpu0 | 2 x p100 on gpu1
+    ids = cluster.device_ids
+    gtx = [k for k, d in enumerate(ids) if "gtx1080ti" in d]
+    config = {"profile": chain(4), "cluster": cluster, "max_replicas": 2, "actions": "stages"}
+    env = PlacementEnv({**config, "twin_opens": True})
+    inst = env.instance
+    assert (inst.open_offset, inst.twin_offset, inst.replica_offset, inst.end_offset) == (
+        0, 5, 10, 15)  # fmt: skip
+    obs, _ = env.reset(seed=0)
+    xeon = ids.index(next(d for d in ids if "xeon" in d))
+    twin_ok = obs["action_mask"][inst.twin_offset : inst.replica_offset]
+    assert twin_ok.tolist() == [k != xeon for k in range(5)]  # the xeon has no twin
+    env.step(inst.twin_offset + gtx[1])
+    assert env.state.devices == ((gtx[1], gtx[0]),)  # the device first, its twin a replica
+    plain = PlacementEnv(config).instance  # the same stage by an open and a replica step
+    s = transition(plain, transition(plain, initial_state(plain), gtx[1]), 5 + gtx[0])
+    assert s.devices == env.state.devices and s.starts == env.state.starts
+    obs, *_ = env.step(inst.end_offset + 1)
+    twin_ok = obs["action_mask"][inst.twin_offset : inst.replica_offset]
+    assert not twin_ok[gtx].any() and twin_ok.sum() == 2  # both gtx used: the p100s remain
+    one = make_instance(chain(4), cluster, actions="stages", twin_opens=True)  # max_replicas 1
+    assert not action_mask(one, initial_state(one))[one.twin_offset : one.replica_offset].any()
+    need = make_instance(chain(4), cluster, actions="stages", twin_opens=True, max_replicas=2,
+                         min_stages=4)  # fmt: skip
+    s = transition(need, initial_state(need), need.twin_offset + gtx[0])  # 3 devices left
+    s = transition(need, s, need.end_offset)
+    assert action_mask(need, s)[need.twin_offset : need.replica_offset].sum() == 0  # 3 stages
+
+
+def test_exploring_starts_draw_a_kind_of_action_then_an_action() -> None:
+    cluster = ClusterSpec.load(CLUSTER)
+    inst = make_instance(chain(40), cluster, actions="stages", max_replicas=2)
+    kinds = action_kinds(inst, np.arange(inst.n_actions))
+    assert kinds[: inst.replica_offset].tolist() == [1] * 5  # open; no twins
+    assert set(kinds[inst.replica_offset : inst.end_offset]) == {3}  # replicas
+    assert set(kinds[inst.end_offset :]) == {4}  # 40 ends
+    starts = replace(inst, exploring_starts=1.0, start_steps=2)
+    seconds = [exploring_start(starts, np.random.default_rng(seed))[1] for seed in range(600)]
+    seconds = [taken[1] for taken in seconds if len(taken) == 2]  # the step after the open
+    replicas = sum(a < inst.end_offset for a in seconds) / len(seconds)
+    # a replica (4 free devices) or an end (40): each kind half the time, not 4 / 44 of it
+    assert len(seconds) > 200 and 0.35 < replicas < 0.65
+
+
+def test_slot_groups_locate_each_action_row_in_the_observation() -> None:
+    inst = make_instance(chain(6), ClusterSpec.load(CLUSTER), actions="stages", max_replicas=2,
+                         microbatches=None, global_batch=8, stage_sizes=True)  # fmt: skip
+    ends, sizes = slot_groups(inst)
+    assert (ends.action_offset, ends.count, ends.features) == (inst.end_offset, 6, 3)
+    assert (sizes.action_offset, sizes.count, sizes.features) == (inst.size_offset, 4, 4)
+    assert sizes.obs_offset + 4 * 4 == observation_size(inst)
+    state = transition(inst, transition(inst, initial_state(inst), inst.count_offset + 1), 2)
+    obs = observe(inst, state)  # a stage's end pending
+    rows = obs[ends.obs_offset : ends.obs_offset + 3 * 6].reshape(6, 3)
+    assert rows == pytest.approx(end_features(inst, state), abs=1e-6) and rows.any()
+    state = transition(inst, state, inst.end_offset + 2)  # its size pending
+    obs = observe(inst, state)
+    rows = obs[sizes.obs_offset : sizes.obs_offset + 4 * 4].reshape(4, 4)
+    assert rows == pytest.approx(size_features(inst, state), abs=1e-6) and rows.any()
+    context = obs[global_offset(inst) : global_offset(inst) + GLOBAL_FEATURES]
+    assert context[0] == pytest.approx(3 / 6)  # progress: the global features start there
+    assert slot_groups(make_instance(chain(6), ClusterSpec.load(CLUSTER))) == ()  # layers
 
 
 def test_stage_ends_leave_layers_for_min_stages_and_stop_at_max_stages() -> None:
