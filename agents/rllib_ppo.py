@@ -47,10 +47,13 @@ runners go back to every env (``PlacementEnv.set_elites``), and with ``elite_sta
 episode starts, with probability ``q``, from a random prefix of one of them
 (:func:`envs.mdp.elite_start`, Go-Explore's return to a promising state): the policy then
 learns the continuations of the best plans' beginnings, and samples them however it has
-converged. With ``restart_after=N``, after N iterations without a better plan the policy,
-its value function and the optimizer go back to their initial state and the elites are
-forgotten (:class:`Restart`, as TAPP's ``restart_after``): the next trajectory starts afresh,
-and the search keeps the best plan found.
+converged; with ``elite_mutations=p`` such a start, with probability ``p``, changes the last
+action of its prefix to another of its kind (another end, size or device: Go-Explore's
+exploring from the state returned to), so the best plans' neighbours keep being tried after
+the policy has settled on one. With ``restart_after=N``, after N iterations without a better
+plan the policy, its value function and the optimizer go back to their initial state and
+the elites are forgotten (:class:`Restart`, as TAPP's ``restart_after``): the next
+trajectory starts afresh, and the search keeps the best plan found.
 
 Twin opens and slot scores (both off by default; ``ppo-unequal`` runs with them): with
 ``twin_opens=True`` a stage may open on a device and its free twins (same type, same node)
@@ -143,6 +146,7 @@ class PPOOptions:
     stage_sizes: bool = False  # stages choose their own microbatch sizes (stages, >1 count)
     exploring_starts: float = 0.5  # episodes that start after a few random actions
     elite_starts: float = 0.0  # episodes that start from a prefix of an elite episode
+    elite_mutations: float = 0.0  # elite starts whose last action becomes another of its kind
     elites: int = 8  # the best distinct episodes elite starts draw from
     restart_after: int | None = None  # iterations without a better plan before starting over
     slot_scores: bool = False  # score end slots and sizes with shared scorers (SlotScoringModule)
@@ -182,7 +186,7 @@ class PPOOptions:
             raise ProblemError(f"ppo.microbatches: must be >= 1, got {self.microbatches}")
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ProblemError(f"ppo.max_replicas: must be >= 1, got {self.max_replicas}")
-        for key in ("exploring_starts", "elite_starts"):
+        for key in ("exploring_starts", "elite_starts", "elite_mutations"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ProblemError(f"ppo.{key}: must be in [0, 1], got {getattr(self, key)}")
         for key in ("stage_sizes", "slot_scores", "twin_opens"):
@@ -208,6 +212,7 @@ def env_config(
     stage_sizes: bool = False,
     elite_starts: float = 0.0,
     twin_opens: bool = False,
+    elite_mutations: float = 0.0,
 ) -> dict[str, Any]:
     """The env's config; ``microbatches`` None: the episode chooses among the problem's;
     ``stage_sizes``: each stage chooses its own size too, where the env allows it (``stages``
@@ -229,6 +234,7 @@ def env_config(
         "elite_starts": elite_starts,
         "stage_sizes": stage_sizes and actions == STAGES and several,
         "twin_opens": twin_opens,
+        "elite_mutations": elite_mutations,
     }
 
 
@@ -376,8 +382,14 @@ class SlotScoringModule(ActionMaskingTorchRLModule):  # type: ignore[misc]
 
     def setup(self) -> None:
         super().setup()
-        self.slot_layout = [tuple(int(x) for x in g) for g in self.model_config["slot_groups"]]
-        self.slot_context = tuple(int(x) for x in self.model_config["slot_context"])
+        config = self.model_config
+        if not isinstance(config, dict) or "slot_groups" not in config:
+            raise PipeplanError(
+                "SlotScoringModule: model_config needs slot_groups and slot_context "
+                f"(slot_model_config), got {config!r}"
+            )
+        self.slot_layout = [tuple(int(x) for x in g) for g in config["slot_groups"]]
+        self.slot_context = tuple(int(x) for x in config["slot_context"])
         scorers = []
         for _, features, _, _ in self.slot_layout:
             out = torch.nn.Linear(SLOT_HIDDEN, 1)
@@ -454,6 +466,7 @@ class PPOPlanner(Planner):
             c.stage_sizes,
             c.elite_starts,
             c.twin_opens,
+            c.elite_mutations,
         )
         model: dict[str, Any] = {
             "head_fcnet_hiddens": list(c.hidden),

@@ -23,13 +23,14 @@ The cost objective's throughput target is half the throughput of ``dp``'s fastes
 input (profiled as ``pipeplan plan --model M --input-size 224`` profiles them: analytic, FLOP
 times) on ``cloud-mix`` (7 devices), batch 64, time objective. ``dp``, ``genetic`` (unequal
 microbatches), ``genetic-equal``, ``tapp`` and ``ppo`` (registry defaults; PPO on a local Ray
-started for the section) and ``ppo-unequal`` (PPO with per-stage microbatch sizes and smaller
-updates, :data:`LEARNED`), each with the same search budget in seconds; the learned planners
-over ``--seeds`` seeds. Per run: batch time, gap to the best plan any planner found in the
-run, search seconds, seconds until within 2% of that best, evaluations, stages and
-microbatch sizes; per learned planner: the worst gap and the range over seeds, and whether
-it came within 2% in at most 60 s (a planner that fails, e.g. PPO without Ray, is a row with
-its error, not a crash).
+started for the section) and ``ppo-unequal`` (PPO with per-stage microbatch sizes, smaller
+updates, elite starts and mutations, restarts, twin opens and slot scores,
+:data:`LEARNED`), each with the same search budget in seconds; the learned planners over
+``--seeds`` seeds. Per run: batch time, gap to the best plan any planner found in the run,
+search seconds, seconds until within 2% of that best, evaluations, stages and microbatch
+sizes; per learned planner: the worst gap and the range over seeds, and whether it came
+within 2% in at most 60 s (a planner that fails, e.g. PPO without Ray, is a row with its
+error, not a crash).
 
     .venv/bin/python -m bench.plan_quality --quick             # two models, two clusters
     .venv/bin/python -m bench.plan_quality --models alexnet --out part.json   # one part
@@ -91,8 +92,9 @@ LEARNED: dict[str, tuple[str, dict[str, Any]]] = {
     "tapp": ("tapp", {}),
     "ppo": ("ppo", {}),
     # per-stage microbatch sizes, smaller, more frequent updates at a higher rate, elite
-    # starts and restarts, two env runners of 8 envs (chosen from one-off 60 s runs on VGG-16
-    # and ResNet-50, seeds 0-2; this section's JSON holds what they give)
+    # starts (half of them mutated) and restarts, twin opens and slot scores, two env
+    # runners of 8 envs (chosen from one-off 60 s runs on VGG-16 and ResNet-50, seeds 0-2
+    # of both and 3-4 of ResNet-50; this section's JSON holds what they give)
     "ppo-unequal": (
         "ppo",
         {
@@ -103,10 +105,13 @@ LEARNED: dict[str, tuple[str, dict[str, Any]]] = {
             "lr": 3e-3,
             "elite_starts": 0.5,
             "elites": 4,
-            "restart_after": 30,
+            "restart_after": 60,
             "num_env_runners": 2,
             "envs_per_runner": 8,
             "iterations": 1000,  # the 60 s budget ends it (80, the default, took ~42 s)
+            "twin_opens": True,
+            "slot_scores": True,
+            "elite_mutations": 0.5,
         },
     ),
 }

@@ -71,6 +71,9 @@ class EnvOptions:
     """``stages`` only: D more actions, each opening a stage on a device together with its
     free twins (the free devices of its type on its node, up to ``max_replicas``) as
     replicas: one decision for what otherwise takes an open and a replica step per twin."""
+    elite_mutations: float = 0.0
+    """Probability that an elite start replaces the last action of its prefix by another of
+    the same kind (:func:`envs.mdp.elite_start`)."""
     stage_sizes: bool = False
     """``stages`` with several counts only: after each stage's end, one more step chooses
     that stage's own microbatch size among the counts' sizes (UMPIPE's unequal microbatches);
@@ -138,6 +141,7 @@ def make_instance(profile: ModelProfile, cluster: ClusterSpec, **options: Any) -
         exploring_starts=float(opt.exploring_starts),
         start_steps=opt.start_steps,
         elite_starts=float(opt.elite_starts),
+        elite_mutations=float(opt.elite_mutations),
         stage_sizes=bool(opt.stage_sizes),
         twin_opens=bool(opt.twin_opens),
     )
@@ -200,7 +204,7 @@ def _check_options(opt: EnvOptions, max_stages: int, n_devices: int) -> tuple[Ob
         )
     if opt.lookahead < 0:
         raise EnvConfigError(f"lookahead: must be >= 0, got {opt.lookahead}")
-    for key in ("exploring_starts", "elite_starts"):
+    for key in ("exploring_starts", "elite_starts", "elite_mutations"):
         if not 0.0 <= getattr(opt, key) <= 1.0:
             raise EnvConfigError(f"{key}: must be in [0, 1], got {getattr(opt, key)!r}")
     if not _is_int(opt.start_steps) or opt.start_steps < 1:

@@ -110,6 +110,7 @@ class Instance:
     exploring_starts: float = 0.0  # probability of an exploring start (exploring_start)
     start_steps: int = 3  # the most random actions of an exploring start
     elite_starts: float = 0.0  # probability of an elite start (elite_start), given elites
+    elite_mutations: float = 0.0  # probability that an elite start changes its last action
     slots: int = 0  # ``stages``: end actions (>= n_layers; a shared env pads to its largest)
     stage_sizes: bool = False  # ``stages``: each stage chooses its own microbatch size
     twin_opens: bool = False  # ``stages``: open a stage on a device and its free twins at once
@@ -495,10 +496,9 @@ def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tu
 def action_kinds(inst: Instance, actions: np.ndarray) -> np.ndarray:
     """The kind of each action: 0 keep a layer (``layers``), 1 open a stage, 2 open one with
     twins, 3 add a replica, 4 end a stage (``stages``), 5 choose the microbatch count, 6
-    choose a stage's size. An
-    exploring start draws a kind, then an action of it: drawn uniformly over actions, its
-    random steps would end ResNet-50's stages (174 end actions) and almost never add one of
-    the 6 replicas, which the best plans there all have."""
+    choose a stage's size. An exploring start draws a kind, then an action of it: drawn
+    uniformly over actions, its random steps would end ResNet-50's stages (174 end actions)
+    and almost never add one of the 6 replicas, which the best plans there all have."""
     bounds = [
         0,
         inst.open_offset,
@@ -518,19 +518,42 @@ def elite_start(
     episode's ``actions``, and that prefix: Go-Explore's return to a promising state, as the
     env's own start; the agent decides the rest. Replay stops early at an action the mask
     does not allow (an episode of another instance) or one that would end the episode; an
-    elite of one action gives the empty plan."""
+    elite of one action gives the empty plan. With probability ``inst.elite_mutations`` the
+    prefix's last action is replaced by another of its kind (:func:`action_kinds`; another
+    end of the stage, another size, another device), drawn uniformly among the legal ones
+    that do not end the episode: Go-Explore's exploring from the state returned to, one
+    decision of a good plan changed."""
     state, taken = initial_state(inst), []
     if len(actions) < 2:
         return state, ()
-    for a in actions[: int(rng.integers(1, len(actions)))]:
+    prefix = actions[: int(rng.integers(1, len(actions)))]
+    mutate = inst.elite_mutations > 0 and rng.random() < inst.elite_mutations
+    for i, a in enumerate(prefix):
         if not 0 <= a < inst.n_actions or not action_mask(inst, state)[a]:
             break
+        if mutate and i == len(prefix) - 1:
+            a = _another_of_its_kind(inst, state, a, rng)
         after = transition(inst, state, a)
         if is_terminal(inst, after):
             break
         state = after
         taken.append(a)
     return state, tuple(taken)
+
+
+def _another_of_its_kind(
+    inst: Instance, state: State, action: int, rng: np.random.Generator
+) -> int:
+    """A uniformly drawn legal action of ``action``'s kind other than it that does not end the
+    episode (``action`` when there is none)."""
+    allowed = np.flatnonzero(action_mask(inst, state))
+    kinds = action_kinds(inst, allowed)
+    others = [
+        int(a)
+        for a in allowed[kinds == action_kinds(inst, np.array([action]))[0]]
+        if a != action and not is_terminal(inst, transition(inst, state, int(a)))
+    ]
+    return int(rng.choice(others)) if others else action
 
 
 def legal_action(mask: np.ndarray, action: int) -> int:

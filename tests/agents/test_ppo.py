@@ -75,6 +75,7 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
         minibatch=30,
         epochs=1,
         stage_sizes=True,
+        slot_scores=True,
         checkpoint=str(ckpt),
     )
     result = planner.plan(problem)
@@ -87,7 +88,7 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
     assert ckpt.exists()
     again = make_planner(
         "ppo", iterations=1, train_batch=60, minibatch=30, epochs=1, stage_sizes=True,
-        restore=str(ckpt),
+        slot_scores=True, restore=str(ckpt),
     ).plan(problem)  # fmt: skip
     again.plan.validate(problem.profile, cluster)
 
@@ -192,7 +193,8 @@ def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_s
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, seed=2, budget=Budget(None, None))
     planner = PPOPlanner(num_env_runners=1, train_batch=60, minibatch=30, epochs=1,
-                         elite_starts=0.5, elites=3)  # fmt: skip
+                         elite_starts=0.5, elites=3, elite_mutations=0.5, twin_opens=True,
+                         slot_scores=True)  # fmt: skip
     algo = planner._build(problem, None, 1)
     try:
         restart = Restart(algo)
@@ -202,7 +204,7 @@ def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_s
         elites = best_distinct(found, 3)
         assert episodes >= 60 // 24 and 1 <= len(elites) <= 3
         for value, doc, actions in elites:  # each elite's actions rebuild its plan
-            env = PlacementEnv(env_config(problem, None))
+            env = PlacementEnv(env_config(problem, None, twin_opens=True))
             env.reset(seed=0)
             info: dict[str, Any] = {}
             for a in actions:

@@ -186,6 +186,7 @@ def test_several_profiles_are_sampled_with_the_seed() -> None:
         ({"exploring_starts": 1.5}, r"exploring_starts: must be in \[0, 1\], got 1.5"),
         ({"start_steps": 0}, "start_steps: must be an integer >= 1, got 0"),
         ({"elite_starts": -0.1}, r"elite_starts: must be in \[0, 1\], got -0.1"),
+        ({"elite_mutations": 2}, r"elite_mutations: must be in \[0, 1\], got 2"),
         ({"stage_sizes": "yes"}, "stage_sizes: must be true or false, got 'yes'"),
         ({"stage_sizes": True, "microbatches": None}, "stage_sizes: True needs actions 'stages'"),
         (
@@ -678,6 +679,33 @@ def test_elite_starts_replay_a_proper_prefix_of_an_elite_episode(actions: str, s
     first = tuple(env.actions)
     env.reset(seed=5)
     assert tuple(env.actions) == first  # drawn with the env's seeded generator
+
+
+def test_an_elite_mutation_changes_the_prefix_last_action_to_another_of_its_kind() -> None:
+    config = {"profile": chain(8), "cluster": ClusterSpec.load(CLUSTER), "global_batch": 16,
+              "microbatches": None, "max_replicas": 2, "actions": "stages",
+              "stage_sizes": True, "twin_opens": True}  # fmt: skip
+    elite, _ = _rollout(PlacementEnv(config), seed=3)
+    env = PlacementEnv({**config, "elite_starts": 1.0, "elite_mutations": 1.0})
+    env.set_elites({"chain": [elite]})
+    inst, changed = env.instance, 0
+    for seed in range(40):
+        env.reset(seed=seed)
+        start = tuple(env.actions)
+        assert 1 <= len(start) < len(elite) and start[:-1] == elite[: len(start) - 1]
+        last, was = start[-1], elite[len(start) - 1]
+        assert action_kinds(inst, np.array([last])) == action_kinds(inst, np.array([was]))
+        changed += last != was  # the same when its kind has no other legal action
+        assert not is_terminal(inst, env.state)
+        done = False
+        while not done:  # the episode goes on to a valid plan
+            *_, done, _, info = env.step(int(np.flatnonzero(env.mask)[0]))
+        info["plan"].validate(inst.profile, inst.cluster)
+    assert changed > 20
+    plain = PlacementEnv({**config, "elite_starts": 1.0})
+    plain.set_elites({"chain": [elite]})
+    plain.reset(seed=0)
+    assert tuple(plain.actions) == elite[: len(plain.actions)]  # no mutation by default
 
 
 def test_an_elite_start_stops_at_an_action_the_mask_forbids() -> None:
