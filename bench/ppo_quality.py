@@ -17,7 +17,7 @@ exact; "met" judges PPO alone.
 The instances and the cost objective's throughput target (half the fastest plan's, the
 fastest found by ``dp``) are those of ``bench.rl_quality``, whose helpers this reuses.
 
-    .venv/bin/python -m bench.ppo_quality                   # four instances, ~35 min here
+    .venv/bin/python -m bench.ppo_quality                   # four instances, 7-35 min here
     .venv/bin/python -m bench.ppo_quality --instances pipedream-alexnet@random1/time
 Writes bench/results/ppo_quality.json (``--out`` to change).
 """
