@@ -482,13 +482,12 @@ def exploring_start(inst: Instance, rng: np.random.Generator) -> tuple[State, tu
     if inst.exploring_starts <= 0 or rng.random() >= inst.exploring_starts:
         return state, ()
     for _ in range(int(rng.integers(1, inst.start_steps + 1))):
-        allowed = np.flatnonzero(action_mask(inst, state))
-        going_on = [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))]
-        if not going_on:
+        going_on = _going_on(inst, state)
+        if not len(going_on):
             break
-        kinds = action_kinds(inst, np.asarray(going_on))
+        kinds = action_kinds(inst, going_on)
         kind = rng.choice(np.unique(kinds))
-        taken.append(int(rng.choice(np.asarray(going_on)[kinds == kind])))
+        taken.append(int(rng.choice(going_on[kinds == kind])))
         state = transition(inst, state, taken[-1])
     return state, tuple(taken)
 
@@ -546,14 +545,19 @@ def _another_of_its_kind(
 ) -> int:
     """A uniformly drawn legal action of ``action``'s kind other than it that does not end the
     episode (``action`` when there is none)."""
+    going_on = _going_on(inst, state)
+    kinds = action_kinds(inst, going_on)
+    others = going_on[(kinds == action_kinds(inst, np.array([action]))[0]) & (going_on != action)]
+    return int(rng.choice(others)) if len(others) else action
+
+
+def _going_on(inst: Instance, state: State) -> np.ndarray:
+    """The allowed actions of ``state`` that do not end the episode, in action order."""
     allowed = np.flatnonzero(action_mask(inst, state))
-    kinds = action_kinds(inst, allowed)
-    others = [
-        int(a)
-        for a in allowed[kinds == action_kinds(inst, np.array([action]))[0]]
-        if a != action and not is_terminal(inst, transition(inst, state, int(a)))
-    ]
-    return int(rng.choice(others)) if others else action
+    return np.array(
+        [a for a in allowed if not is_terminal(inst, transition(inst, state, int(a)))],
+        dtype=np.int64,
+    )
 
 
 def legal_action(mask: np.ndarray, action: int) -> int:

@@ -93,25 +93,23 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
     again.plan.validate(problem.profile, cluster)
 
 
-def test_bad_options_are_refused_before_ray_starts() -> None:
-    with pytest.raises(ProblemError, match="ppo.iterations: must be >= 1, got 0"):
-        make_planner("ppo", iterations=0)
-    with pytest.raises(ProblemError, match="known options"):
-        make_planner("ppo", learning_rate=1.0)
-    with pytest.raises(ProblemError, match="ppo.actions: unknown 'stage'"):
-        make_planner("ppo", actions="stage")
-    with pytest.raises(ProblemError, match="ppo.stage_sizes: must be true or false, got 1"):
-        make_planner("ppo", stage_sizes=1)
-    with pytest.raises(ProblemError, match=r"ppo.elite_starts: must be in \[0, 1\], got 1.5"):
-        make_planner("ppo", elite_starts=1.5)
-    with pytest.raises(ProblemError, match="ppo.elites: must be >= 1, got 0"):
-        make_planner("ppo", elites=0)
-    with pytest.raises(ProblemError, match="ppo.restart_after: must be >= 1, got 0"):
-        make_planner("ppo", restart_after=0)
-    with pytest.raises(ProblemError, match="ppo.slot_scores: must be true or false, got 'no'"):
-        make_planner("ppo", slot_scores="no")
-    with pytest.raises(ProblemError, match="ppo.twin_opens: needs the 'stages' actions"):
-        make_planner("ppo", twin_opens=True, actions="layers")
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"iterations": 0}, "ppo.iterations: must be >= 1, got 0"),
+        ({"learning_rate": 1.0}, "known options"),
+        ({"actions": "stage"}, "ppo.actions: unknown 'stage'"),
+        ({"stage_sizes": 1}, "ppo.stage_sizes: must be true or false, got 1"),
+        ({"elite_starts": 1.5}, r"ppo.elite_starts: must be in \[0, 1\], got 1.5"),
+        ({"elites": 0}, "ppo.elites: must be >= 1, got 0"),
+        ({"restart_after": 0}, "ppo.restart_after: must be >= 1, got 0"),
+        ({"slot_scores": "no"}, "ppo.slot_scores: must be true or false, got 'no'"),
+        ({"twin_opens": True, "actions": "layers"}, "ppo.twin_opens: needs the 'stages' actions"),
+    ],
+)
+def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProblemError, match=message):
+        make_planner("ppo", **options)
 
 
 def test_best_distinct_keeps_the_best_episode_of_each_plan() -> None:
