@@ -45,6 +45,7 @@ import torch
 from core.cluster import ClusterSpec, parse_device_id
 from core.errors import PlanError
 from core.plan import Plan
+from core.schedules import microbatch_count
 from executor import metrics, runtime
 from executor.accelerators import accelerator_of, accelerators, check_nodes
 from executor.data import digits_batches, synthetic_batches
@@ -226,6 +227,8 @@ class Pipeline:
                     slowdown=slowdowns[device] if self.config.emulate else 1.0,
                     deterministic=self.config.deterministic,
                     accelerator=accelerator_of(self.cluster, parse_device_id(device)[1]),
+                    microbatches=microbatch_count(self.plan.global_batch, stage.microbatch),
+                    replicas=len(stage.devices),
                 )
                 for k, device in enumerate(stage.devices)
             ]

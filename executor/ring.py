@@ -56,7 +56,10 @@ class RingState:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtype: np.dtype
+    flat: np.ndarray
+    """The flat gradient and presence flags; summed in place, then the result's storage."""
     chunks: list[np.ndarray] = field(default_factory=list)
+    """Views of ``flat``: a replica holds one copy of its gradient, not two."""
     done: int = 0
     """Rounds received so far."""
 
@@ -98,15 +101,17 @@ class RingState:
         flags: Sequence[float],
     ) -> RingState:
         flat = np.concatenate([*parts, np.asarray(flags, dtype)]) if parts else np.zeros(0, dtype)
-        chunks = [c.copy() for c in np.array_split(flat, replicas)]
-        return cls(replica, replicas, names, shapes, np.dtype(dtype), chunks)
+        chunks = np.array_split(flat, replicas)
+        return cls(replica, replicas, names, shapes, np.dtype(dtype), flat, chunks)
 
     @property
     def finished(self) -> bool:
         return self.done == rounds(self.replicas)
 
     def outgoing(self) -> np.ndarray | None:
-        """The chunk to send in round ``done`` (``None`` once every round is received)."""
+        """The chunk to send in round ``done`` (``None`` once every round is received): a
+        view, which the sender must copy (Ray serialises an actor's return value) before the
+        chunk changes in a later round."""
         if self.finished:
             return None
         return self.chunks[send_chunk(self.replica, self.done, self.replicas)]
@@ -126,7 +131,7 @@ class RingState:
         if u < r - 1:
             self.chunks[index] += chunk
         else:
-            self.chunks[index] = np.array(chunk, dtype=self.dtype, copy=True)
+            self.chunks[index][...] = chunk
         self.done += 1
 
     def result(self) -> dict[str, np.ndarray | None]:
@@ -135,7 +140,7 @@ class RingState:
             raise ValueError(
                 f"ring: replica {self.replica} has {self.done} of {rounds(self.replicas)} rounds"
             )
-        flat = np.concatenate(self.chunks) if self.chunks else np.zeros(0, self.dtype)
+        flat = self.flat
         flags = flat[len(flat) - len(self.names) :]
         out: dict[str, np.ndarray | None] = {}
         offset = 0

@@ -102,6 +102,11 @@ class WorkerSpec:
     """Disable dropout (for comparing with single-process training)."""
     accelerator: str | None = None
     """The device type's accelerator (``cuda``: the stage runs on a GPU; None: the CPU)."""
+    microbatches: int = 1
+    """Microbatches the stage runs per step (``ceil(B / b_s)``): with more than one its
+    backwards accumulate gradients, which needs more heap (:func:`heap_reserve`)."""
+    replicas: int = 1
+    """Replicas of the stage: with more than one it runs the ring all-reduce."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,11 @@ class StageWorker:
         self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
         if self.device.type == "cpu":
             param_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
-            touch_heap(heap_reserve(param_bytes, spec.optimizer.state_buffers))
+            touch_heap(
+                heap_reserve(
+                    param_bytes, spec.optimizer.state_buffers, spec.microbatches, spec.replicas
+                )
+            )
         self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.losses: dict[Key, torch.Tensor] = {}
         self.ring: RingState | None = None
@@ -348,6 +357,11 @@ class StageWorker:
             )
         dtype = dtypes.pop()
         self.ring = RingState.start(self.spec.replica, replicas, grads, shapes, dtype)
+        # The ring holds the gradients now (and update() puts their sum back): freeing them
+        # keeps one copy in memory, not two.
+        del grads
+        for p in self.params.values():
+            p.grad = None
         return self._record("G", step, -1, clock), self.ring.outgoing()
 
     @_guarded("G")
@@ -422,21 +436,27 @@ class StageWorker:
 
 
 HEAP_RESERVE = 4
-"""Parameter sizes of heap a CPU stage faults in when it starts (:func:`touch_heap`), besides
-the optimizer's state: the step's gradients and a backward's new weight gradients beside them
-(2), and as much again, because the other allocations between them (saved activations,
-payloads) fragment the heap while a weight gradient needs one contiguous block as large as its
-layer's weights. With less (2 or 3), VGG-16's last stage under 1F1B still grew its heap in
-some timed steps -- a few hundred MB of page faults in one backward, scaled by the emulation
-(README, fidelity)."""
+"""Parameter sizes of heap a CPU stage that accumulates gradients (several microbatches per
+step) faults in when it starts (:func:`touch_heap`), besides the optimizer's state: the
+step's gradients and a backward's new weight gradients beside them (2), and as much again,
+because the other allocations between them (saved activations, payloads) fragment the heap
+while a weight gradient needs one contiguous block as large as its layer's weights. With less
+(2 or 3), VGG-16's last stage under 1F1B still grew its heap in some timed steps -- a few
+hundred MB of page faults in one backward, scaled by the emulation (README, fidelity). The
+slack also holds a replicated stage's flat copy for the ring all-reduce."""
 
 
-def heap_reserve(param_bytes: int, state_buffers: int) -> int:
-    """Bytes of heap a CPU stage of ``param_bytes`` of parameters faults in at start: the
-    :data:`HEAP_RESERVE` parameter sizes plus the optimizer's ``state_buffers``
+def heap_reserve(param_bytes: int, state_buffers: int, microbatches: int, replicas: int) -> int:
+    """Bytes of heap a CPU stage of ``param_bytes`` of parameters faults in at start, in
+    parameter sizes: :data:`HEAP_RESERVE` when it accumulates gradients; otherwise (one
+    microbatch per step: each step's gradients take the blocks the last step's freed) 1 for
+    the gradients, and 1 more with replicas, for the ring all-reduce's flat copy
+    (:mod:`executor.ring`); plus the optimizer's ``state_buffers``
     (:attr:`executor.model.OptimizerConfig.state_buffers`), which its first update
-    allocates."""
-    return (HEAP_RESERVE + state_buffers) * param_bytes
+    allocates. Six replicas of VGG-16 (TAPP's BSP on ``local-pipeline``) need the smaller
+    reserve to fit this machine's memory."""
+    gradients = HEAP_RESERVE if microbatches > 1 else 1 + (replicas > 1)
+    return (gradients + state_buffers) * param_bytes
 
 
 def touch_heap(n_bytes: int) -> None:
