@@ -28,19 +28,19 @@ actions and several counts, ``stage_sizes=True`` also lets each stage choose its
 microbatch size right after its end (UMPIPE's unequal microbatches, the env's
 ``stage_sizes``): the space then holds ``brute``'s ``unequal`` optimum too, plans such as
 small microbatches for VGG-16's convolutions and the whole batch for its classifier, whose
-gradient accumulation (rule 2b) costs the most per microbatch. It is off by default: the
-defaults below are those ``bench/ppo_quality.py`` measured (equal microbatches), and the
-longer episodes need their own tuning (``bench.plan_quality --realistic`` runs it as
-``ppo-unequal``, with the smaller, more frequent updates that did better there in 60 s).
-After every training
+gradient accumulation (rule 2b) costs the most per microbatch. It is on by default, with the
+smaller, more frequent updates (500-step batches at lr 3e-3) that did better with its longer
+episodes: the defaults below are what ``bench.plan_quality --realistic`` tuned on VGG-16 and
+ResNet-50 on ``cloud-mix`` in 60 s of search, and ``bench.ppo_quality`` measured them on the
+small instances too (README). After every training
 iteration the best plan any runner has seen is valued through the search, so through its
 reward source, and the best plan so valued is the answer. With ``polish_evaluations=N``
 (default 0: PPO's own plan, pure RL) that plan is then polished by a steepest-descent local
 search over one-edit neighbours (:func:`agents.local_search.polish`), at most N evaluations
 through the same source; the result's options say it was.
 
-Elite starts and restarts (both off by default; ``bench.plan_quality --realistic`` runs
-``ppo-unequal`` with them): a PPO policy settles on one plan within a few thousand episodes,
+Elite starts and restarts (both on by default: ``elite_starts=0.5``, ``restart_after=60``;
+0 and None turn them off): a PPO policy settles on one plan within a few thousand episodes,
 and which one depends on the seed. Every env runner keeps its best distinct plans
 (:class:`BestPlan`, one episode per plan); after every iteration the ``elites`` best of all
 runners go back to every env (``PlacementEnv.set_elites``), and with ``elite_starts=q`` an
@@ -55,14 +55,15 @@ plan the policy, its value function and the optimizer go back to their initial s
 the elites are forgotten (:class:`Restart`, as TAPP's ``restart_after``): the next
 trajectory starts afresh, and the search keeps the best plan found.
 
-Twin opens and slot scores (both off by default; ``ppo-unequal`` runs with them): with
-``twin_opens=True`` a stage may open on a device and its free twins (same type, same node)
-as replicas in one action (the env's ``twin_opens``); the best plans on ``cloud-mix`` pair
-every GPU with its twin, which plain actions reach only through an open and a replica step
-that the policy, facing 174 end actions beside 6 replicas on ResNet-50, stops taking early.
-With ``slot_scores=True`` the policy is :class:`SlotScoringModule`: every end slot and
-every size gets a score from its own observation row by one small network shared by the
-slots, beside the MLP's logits, so what the policy learns about one end holds for all.
+Twin opens and slot scores (both on by default with the ``stages`` actions, which have the
+actions and slots they need; ``False`` turns them off): with ``twin_opens=True`` a stage may
+open on a device and its free twins (same type, same node) as replicas in one action (the env's
+``twin_opens``); the best plans on ``cloud-mix`` pair every GPU with its twin, which plain
+actions reach only through an open and a replica step that the policy, facing 174 end actions
+beside 6 replicas on ResNet-50, stops taking early. With ``slot_scores=True`` the policy is
+:class:`SlotScoringModule`: every end slot and every size gets a score from its own observation
+row by one small network shared by the slots, beside the MLP's logits, so what the policy
+learns about one end holds for all.
 
 Reward sources: RLlib's env runners learn from the cost model in the env whatever the
 source; the source decides which of PPO's plans is the answer. With a source that values
@@ -128,13 +129,13 @@ the env runners' episodes count as the search's evaluations."""
 class PPOOptions:
     """Options of the ``ppo`` planner."""
 
-    iterations: int = 80  # PPO training iterations (each samples train_batch env steps)
+    iterations: int = 160  # PPO training iterations (each samples train_batch env steps)
     num_env_runners: int | None = None  # sampling actors (0: in the driver; None: spare CPUs)
-    envs_per_runner: int = 2  # envs each runner steps together (one batched policy call)
-    train_batch: int = 1000  # env steps per iteration
-    minibatch: int = 250  # SGD minibatch size
-    epochs: int = 6  # SGD passes over each batch
-    lr: float = 5e-4
+    envs_per_runner: int = 8  # envs each runner steps together (one batched policy call)
+    train_batch: int = 500  # env steps per iteration
+    minibatch: int = 125  # SGD minibatch size
+    epochs: int = 4  # SGD passes over each batch
+    lr: float = 3e-3
     entropy_coeff: float = 0.005
     gamma: float = 1.0  # discount (the only reward is the last)
     lambda_: float = 0.95  # GAE lambda
@@ -143,14 +144,14 @@ class PPOOptions:
     microbatches: int | None = None  # fixed microbatch count (None: problem's, else chosen)
     max_replicas: int | None = None  # devices per stage at most (None: every device)
     actions: str = STAGES  # the env's action space: "stages" or "layers" (envs.mdp)
-    stage_sizes: bool = False  # stages choose their own microbatch sizes (stages, >1 count)
+    stage_sizes: bool = True  # stages choose their own microbatch sizes (stages, >1 count)
     exploring_starts: float = 0.5  # episodes that start after a few random actions
-    elite_starts: float = 0.0  # episodes that start from a prefix of an elite episode
-    elite_mutations: float = 0.0  # elite starts whose last action becomes another of its kind
-    elites: int = 8  # the best distinct episodes elite starts draw from
-    restart_after: int | None = None  # iterations without a better plan before starting over
-    slot_scores: bool = False  # score end slots and sizes with shared scorers (SlotScoringModule)
-    twin_opens: bool = False  # a stage may open on a device and its free twins at once (stages)
+    elite_starts: float = 0.5  # episodes that start from a prefix of an elite episode
+    elite_mutations: float = 0.5  # elite starts whose last action becomes another of its kind
+    elites: int = 4  # the best distinct episodes elite starts draw from
+    restart_after: int | None = 60  # iterations without a better plan before starting over
+    slot_scores: bool | None = None  # shared scorers for end slots and sizes (None: stages)
+    twin_opens: bool | None = None  # open on a device and its free twins at once (None: stages)
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
@@ -189,9 +190,13 @@ class PPOOptions:
         for key in ("exploring_starts", "elite_starts", "elite_mutations"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ProblemError(f"ppo.{key}: must be in [0, 1], got {getattr(self, key)}")
-        for key in ("stage_sizes", "slot_scores", "twin_opens"):
-            if not isinstance(getattr(self, key), bool):
-                raise ProblemError(f"ppo.{key}: must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.stage_sizes, bool):
+            raise ProblemError(f"ppo.stage_sizes: must be true or false, got {self.stage_sizes!r}")
+        for key in ("slot_scores", "twin_opens"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
+                raise ProblemError(
+                    f"ppo.{key}: must be true, false or unset, got {getattr(self, key)!r}"
+                )
         for key in ("slot_scores", "twin_opens"):
             if getattr(self, key) and self.actions != STAGES:
                 raise ProblemError(
@@ -201,6 +206,16 @@ class PPOOptions:
             raise ProblemError(
                 f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
             )
+
+    @property
+    def uses_slot_scores(self) -> bool:
+        """``slot_scores``, or when unset: with the ``stages`` actions, whose slots it scores."""
+        return self.actions == STAGES if self.slot_scores is None else self.slot_scores
+
+    @property
+    def uses_twin_opens(self) -> bool:
+        """``twin_opens``, or when unset: with the ``stages`` actions, which have them."""
+        return self.actions == STAGES if self.twin_opens is None else self.twin_opens
 
 
 def env_config(
@@ -465,7 +480,7 @@ class PPOPlanner(Planner):
             c.exploring_starts,
             c.stage_sizes,
             c.elite_starts,
-            c.twin_opens,
+            c.uses_twin_opens,
             c.elite_mutations,
         )
         model: dict[str, Any] = {
@@ -473,7 +488,7 @@ class PPOPlanner(Planner):
             "fcnet_hiddens": list(c.hidden),
         }
         module: type = ActionMaskingTorchRLModule
-        if c.slot_scores:
+        if c.uses_slot_scores:
             module = SlotScoringModule
             model.update(slot_model_config(env))
         config = (

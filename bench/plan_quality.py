@@ -22,14 +22,12 @@ The cost objective's throughput target is half the throughput of ``dp``'s fastes
 **Realistic section** (``--realistic``, issue #16): VGG-16 and ResNet-50 at their full 224x224
 input (profiled as ``pipeplan plan --model M --input-size 224`` profiles them: analytic, FLOP
 times) on ``cloud-mix`` (7 devices), batch 64, time objective. ``dp``, ``genetic`` (unequal
-microbatches), ``genetic-equal``, ``tapp`` and ``ppo`` (registry defaults; PPO on a local Ray
-started for the section) and ``ppo-unequal`` (PPO with per-stage microbatch sizes, smaller
-updates, elite starts and mutations, restarts, twin opens and slot scores,
-:data:`LEARNED`), each with the same search budget in seconds; the learned planners over
-``--seeds`` seeds. Per run: batch time, gap to the best plan any planner found in the run,
-search seconds, seconds until within 2% of that best, evaluations, stages and microbatch
-sizes; per learned planner: the worst gap and the range over seeds, and whether it came
-within 2% in at most 60 s (a planner that fails, e.g. PPO without Ray, is a row with its
+microbatches), ``genetic-equal``, ``tapp`` and ``ppo`` (registry defaults, :data:`LEARNED`; PPO
+on a local Ray started for the section), each with the same search budget in seconds; the
+learned planners over ``--seeds`` seeds. Per run: batch time, gap to the best plan any planner
+found in the run, search seconds, seconds until within 2% of that best, evaluations, stages and
+microbatch sizes; per learned planner: the worst gap and the range over seeds, and whether it
+came within 2% in at most 60 s (a planner that fails, e.g. PPO without Ray, is a row with its
 error, not a crash).
 
     .venv/bin/python -m bench.plan_quality --quick             # two models, two clusters
@@ -90,30 +88,11 @@ EQUAL: tuple[str, ...] = (
 # the learned planners, run in the realistic section only
 LEARNED: dict[str, tuple[str, dict[str, Any]]] = {
     "tapp": ("tapp", {}),
+    # the registry's defaults: per-stage microbatch sizes, 500-step batches at lr 3e-3,
+    # elite starts (half of them mutated) and restarts, twin opens and slot scores (chosen
+    # from one-off 60 s runs on VGG-16 and ResNet-50; until 2026-11-26 this section ran them
+    # as `ppo-unequal` beside the older defaults)
     "ppo": ("ppo", {}),
-    # per-stage microbatch sizes, smaller, more frequent updates at a higher rate, elite
-    # starts (half of them mutated) and restarts, twin opens and slot scores, two env
-    # runners of 8 envs (chosen from one-off 60 s runs on VGG-16 and ResNet-50, seeds 0-2
-    # of both and 3-4 of ResNet-50; this section's JSON holds what they give)
-    "ppo-unequal": (
-        "ppo",
-        {
-            "stage_sizes": True,
-            "train_batch": 500,
-            "minibatch": 125,
-            "epochs": 4,
-            "lr": 3e-3,
-            "elite_starts": 0.5,
-            "elites": 4,
-            "restart_after": 60,
-            "num_env_runners": 2,
-            "envs_per_runner": 8,
-            "iterations": 1000,  # the 60 s budget ends it (80, the default, took ~42 s)
-            "twin_opens": True,
-            "slot_scores": True,
-            "elite_mutations": 0.5,
-        },
-    ),
 }
 GENETIC_SECONDS, GENETIC_RATIO = 30.0, 1.02  # the issue's targets
 SPEEDUP, UEDP_GAIN = 1.3, 0.05
@@ -610,7 +589,7 @@ def draw(docs: list[Doc], labels: list[str], path: Path) -> None:
 REALISTIC_MODELS = ("vgg16", "resnet50")
 REALISTIC_CLUSTER = "cloud-mix"
 REALISTIC_INPUT = 224
-REALISTIC_LABELS = ("dp", "genetic", "genetic-equal", "tapp", "ppo", "ppo-unequal")
+REALISTIC_LABELS = ("dp", "genetic", "genetic-equal", "tapp", "ppo")
 LEARNED_RATIO, LEARNED_SECONDS = 1.02, 60.0  # the issue's target for tapp and ppo
 
 
@@ -762,7 +741,7 @@ def realistic(a: argparse.Namespace, console: Console) -> None:
             inst = realistic_instance(model, a.input_size, REALISTIC_CLUSTER)
             doc = evaluate_realistic(inst, a, labels)
             if ray_error:
-                for lb in ("ppo", "ppo-unequal"):
+                for lb in (lb for lb in LEARNED if LEARNED[lb][0] == "ppo"):
                     for r in doc["runs"].get(lb, []):
                         r["error"] = ray_error + " / " + r["error"]
             docs.append(doc)

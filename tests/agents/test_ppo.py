@@ -103,13 +103,21 @@ def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp
         ({"elite_starts": 1.5}, r"ppo.elite_starts: must be in \[0, 1\], got 1.5"),
         ({"elites": 0}, "ppo.elites: must be >= 1, got 0"),
         ({"restart_after": 0}, "ppo.restart_after: must be >= 1, got 0"),
-        ({"slot_scores": "no"}, "ppo.slot_scores: must be true or false, got 'no'"),
+        ({"slot_scores": "no"}, "ppo.slot_scores: must be true, false or unset, got 'no'"),
         ({"twin_opens": True, "actions": "layers"}, "ppo.twin_opens: needs the 'stages' actions"),
     ],
 )
 def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ProblemError, match=message):
         make_planner("ppo", **options)
+
+
+def test_twin_opens_and_slot_scores_default_to_the_action_space_that_has_them() -> None:
+    stages, layers = PPOOptions(), PPOOptions(actions="layers")
+    assert stages.uses_twin_opens and stages.uses_slot_scores
+    assert not layers.uses_twin_opens and not layers.uses_slot_scores  # unset: off, no error
+    off = PPOOptions(twin_opens=False, slot_scores=False)
+    assert not off.uses_twin_opens and not off.uses_slot_scores
 
 
 def test_best_distinct_keeps_the_best_episode_of_each_plan() -> None:
@@ -128,7 +136,7 @@ def test_best_distinct_keeps_the_best_episode_of_each_plan() -> None:
 def test_stages_choose_their_own_sizes_only_where_the_env_offers_several() -> None:
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, budget=Budget(None, None))
-    assert not PPOOptions().stage_sizes  # the measured defaults: equal microbatches
+    assert PPOOptions().stage_sizes  # on by default, where the env offers several sizes
     assert env_config(problem, None, stage_sizes=True)["stage_sizes"] is True
     assert env_config(problem, None, stage_sizes=False)["stage_sizes"] is False
     assert env_config(problem, 2, stage_sizes=True)["stage_sizes"] is False  # one count
@@ -202,7 +210,7 @@ def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_s
         elites = best_distinct(found, 3)
         assert episodes >= 60 // 24 and 1 <= len(elites) <= 3
         for value, doc, actions in elites:  # each elite's actions rebuild its plan
-            env = PlacementEnv(env_config(problem, None, twin_opens=True))
+            env = PlacementEnv(env_config(problem, None, stage_sizes=True, twin_opens=True))
             env.reset(seed=0)
             info: dict[str, Any] = {}
             for a in actions:
