@@ -197,7 +197,6 @@ class PPOOptions:
                 raise ProblemError(
                     f"ppo.{key}: must be true, false or unset, got {getattr(self, key)!r}"
                 )
-        for key in ("slot_scores", "twin_opens"):
             if getattr(self, key) and self.actions != STAGES:
                 raise ProblemError(
                     f"ppo.{key}: needs the {STAGES!r} actions, got actions {self.actions!r}"

@@ -18,8 +18,8 @@ least squares), so a 64 KB send counts as much as a 256 MB one.
 Both clocks are this machine's (``time.time()`` in two processes): the local cluster's nodes
 are processes of one machine.
 
-    .venv/bin/python -m bench.links                       # local-hetero's nodes
-    .venv/bin/python -m bench.links --cluster examples/clusters/local-pipeline.yaml
+    .venv/bin/python -m bench.links                       # local-pipeline's nodes
+    .venv/bin/python -m bench.links --cluster examples/clusters/local-hetero.yaml
 Prints a table (measured median and range, the spec's prediction, the fit's) and writes
 bench/results/links.json.
 """
@@ -47,7 +47,7 @@ from executor.local_cluster import LocalCluster
 from executor.pinning import actor_options
 
 RESULTS = Path(__file__).parent / "results"
-CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-hetero.yaml"
+CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"
 SIZES_KB = (64, 512, 2048, 8192, 32768, 131072, 262144)
 STORE_MB = 2400  # as bench.fidelity: a 256 MB payload and its copy fit without spilling
 
@@ -68,14 +68,14 @@ class Probe:
 @dataclass(frozen=True)
 class Fit:
     latency_s: float
-    bandwidth_bps: float  # bytes per second
+    bytes_per_s: float
 
     def predict(self, n_bytes: float) -> float:
-        return self.latency_s + n_bytes / self.bandwidth_bps
+        return self.latency_s + n_bytes / self.bytes_per_s
 
     def to_dict(self) -> dict[str, float]:
         """As a cluster spec's link: microseconds and Gbit/s."""
-        return {"latency_us": self.latency_s * 1e6, "bandwidth_gbps": self.bandwidth_bps * 8e-9}
+        return {"latency_us": self.latency_s * 1e6, "bandwidth_gbps": self.bytes_per_s * 8e-9}
 
 
 def fit_link(sizes: list[int], seconds: list[float]) -> Fit:

@@ -741,7 +741,7 @@ def realistic(a: argparse.Namespace, console: Console) -> None:
             inst = realistic_instance(model, a.input_size, REALISTIC_CLUSTER)
             doc = evaluate_realistic(inst, a, labels)
             if ray_error:
-                for lb in (lb for lb in LEARNED if LEARNED[lb][0] == "ppo"):
+                for lb in (lb for lb, (name, _) in LEARNED.items() if name == "ppo"):
                     for r in doc["runs"].get(lb, []):
                         r["error"] = ray_error + " / " + r["error"]
             docs.append(doc)

@@ -455,7 +455,7 @@ def heap_reserve(param_bytes: int, state_buffers: int, microbatches: int, replic
     (:attr:`executor.model.OptimizerConfig.state_buffers`), which its first update
     allocates. Six replicas of VGG-16 (TAPP's BSP on ``local-pipeline``) need the smaller
     reserve to fit this machine's memory."""
-    gradients = HEAP_RESERVE if microbatches > 1 else 1 + (replicas > 1)
+    gradients = HEAP_RESERVE if microbatches > 1 else 1 + int(replicas > 1)
     return (gradients + state_buffers) * param_bytes
 
 
