@@ -18,6 +18,15 @@ least squares), so a 64 KB send counts as much as a 256 MB one.
 Both clocks are this machine's (``time.time()`` in two processes): the local cluster's nodes
 are processes of one machine.
 
+A ring all-reduce sends differently: every replica sends a chunk to the next one at the same
+time, ``2 (r-1)`` rounds in a row, and adds what it receives into its own chunk
+(:mod:`executor.ring`). The ring part runs that with ``r`` probe actors (all the cluster's
+devices, as BSP; and the devices of its largest node) and times the rounds from the driver:
+per round, against the spec's ``latency + chunk / bandwidth`` for the link class the cost model
+gives those devices. On one machine the replicas' concurrent sends share its cores and its
+loopback, so a round is not a lone send. Last, the bench fits one line per class to what a
+plan sends: lone sends up to 8 MB (activations) and the ring's rounds together.
+
     .venv/bin/python -m bench.links                       # local-pipeline's nodes
     .venv/bin/python -m bench.links --cluster examples/clusters/local-hetero.yaml
 Prints a table (measured median and range, the spec's prediction, the fit's) and writes
@@ -45,10 +54,15 @@ from core.cluster import ClusterSpec, Link
 from executor.live_cluster import live_nodes
 from executor.local_cluster import LocalCluster
 from executor.pinning import actor_options
+from executor.ring import rounds
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"
 SIZES_KB = (64, 512, 2048, 8192, 32768, 131072, 262144)
+RING_CHUNKS_KB = (4096, 16384, 65536, 131072)
+"""Ring chunks: params / r, e.g. ResNet-50 (25 MB) to VGG-16 (138 MB) on four replicas."""
+ACTIVATION_MAX = 8 * 2**20
+"""Lone sends up to this size count as activations in the combined fit."""
 STORE_MB = 2400  # as bench.fidelity: a 256 MB payload and its copy fit without spilling
 
 
@@ -63,6 +77,23 @@ class Probe:
 
     def take(self, data: np.ndarray) -> tuple[float, int]:
         return time.time(), int(data.nbytes)
+
+
+@ray.remote
+class RingProbe:
+    """One replica of a measured ring all-reduce: adds each chunk it receives into its own and
+    passes its own on, as :class:`executor.ring.RingState` does."""
+
+    def start(self, n_bytes: int) -> np.ndarray:
+        self.chunk = np.ones(n_bytes // 4, dtype=np.float32)
+        return self.chunk
+
+    def step(self, received: np.ndarray) -> np.ndarray:
+        np.add(self.chunk, received, out=self.chunk)
+        return self.chunk
+
+    def free(self) -> None:
+        self.chunk = np.empty(0, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -119,6 +150,51 @@ def measure_pair(src: str, dst: str, repeats: int) -> dict[int, list[float]]:
     return out
 
 
+def measure_ring(devices: list[str], repeats: int) -> dict[int, list[float]]:
+    """Seconds per round of a ring all-reduce over ``devices``, per chunk size in bytes: all
+    ``2 (r-1)`` rounds timed from the driver (every replica's last chunk made), divided by
+    the rounds."""
+    nodes = live_nodes()
+    actors = [
+        RingProbe.options(**actor_options(d, nodes)).remote()  # type: ignore[attr-defined]
+        for d in devices
+    ]
+    r = len(actors)
+    out: dict[int, list[float]] = {}
+    try:
+        for kb in RING_CHUNKS_KB:
+            n = kb * 1024
+            times = []
+            for _ in range(repeats + 1):  # the first of each size warms the stores
+                sends = [a.start.remote(n) for a in actors]
+                ray.wait(sends, num_returns=r, fetch_local=False)
+                t0 = time.perf_counter()
+                for _ in range(rounds(r)):
+                    received = [sends[(k - 1) % r] for k in range(r)]
+                    sends = [a.step.remote(c) for a, c in zip(actors, received, strict=True)]
+                ray.wait(sends, num_returns=r, fetch_local=False)
+                times.append((time.perf_counter() - t0) / rounds(r))
+                del sends, received
+                ray.get([a.free.remote() for a in actors])
+            out[n] = times[1:]
+    finally:
+        for a in actors:
+            ray.kill(a)
+    return out
+
+
+def rings(spec: ClusterSpec) -> dict[str, list[str]]:
+    """The rings measured: every device (as BSP), and the devices of the largest node."""
+    by_node: dict[str, list[str]] = {}
+    for d in spec.device_ids:
+        by_node.setdefault(d.split("/")[0], []).append(d)
+    out = {"all devices": list(spec.device_ids)}
+    largest = max(by_node.values(), key=len)
+    if 1 < len(largest) < len(spec.device_ids):
+        out[f"node {largest[0].split('/')[0]}"] = largest
+    return out
+
+
 def pairs(spec: ClusterSpec) -> dict[str, tuple[str, str]]:
     """A device pair per link class the cluster has: two nodes' first devices, and two
     devices of one node."""
@@ -136,63 +212,115 @@ def pairs(spec: ClusterSpec) -> dict[str, tuple[str, str]]:
     return out
 
 
+def size_rows(times: dict[int, list[float]], given: Fit, fit: Fit) -> list[dict[str, Any]]:
+    """Per size: the measured seconds, their median, the spec's and the fit's prediction."""
+    rows = []
+    for n in sorted(times):
+        m = statistics.median(times[n])
+        rows.append(
+            {
+                "bytes": n,
+                "seconds": times[n],
+                "median_s": m,
+                "spec_s": given.predict(n),
+                "fit_s": fit.predict(n),
+            }
+        )
+    return rows
+
+
+def print_rows(console: Console, title: str, rows: list[dict[str, Any]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for col in ("size", "measured median", "min-max", "spec", "fit", "spec err", "fit err"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        m = r["median_s"]
+        t.add_row(
+            f"{r['bytes'] / 2**20:g} MiB",
+            f"{m * 1e3:.1f}",
+            f"{min(r['seconds']) * 1e3:.1f}-{max(r['seconds']) * 1e3:.1f}",
+            f"{r['spec_s'] * 1e3:.1f}",
+            f"{r['fit_s'] * 1e3:.1f}",
+            f"{(r['spec_s'] - m) / m:+.0%}",
+            f"{(r['fit_s'] - m) / m:+.0%}",
+        )
+    console.print(t)
+
+
+def fit_line(fit: dict[str, float], spec: dict[str, float]) -> str:
+    return (
+        f"latency {fit['latency_us']:.0f} us, bandwidth {fit['bandwidth_gbps']:.2f} Gbit/s "
+        f"(spec: {spec['latency_us']:.0f} us, {spec['bandwidth_gbps']:.2f} Gbit/s)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cluster", default=str(CLUSTER))
     ap.add_argument("--repeats", type=int, default=7, help="sends per size (after one warm-up)")
+    ap.add_argument("--ring-repeats", type=int, default=3, help="all-reduces per chunk size")
     ap.add_argument("--out", default=str(RESULTS / "links.json"))
     a = ap.parse_args()
-    if a.repeats < 1:
-        ap.error(f"--repeats: must be >= 1, got {a.repeats}")
+    for name in ("repeats", "ring_repeats"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(a, name)}")
     spec = ClusterSpec.load(a.cluster)
     console = Console(width=140)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     classes: dict[str, Any] = {}
+    ring_docs: dict[str, Any] = {}
     with LocalCluster(spec, object_store_mb=STORE_MB, keep_awake=False):
         for cls, (src, dst) in pairs(spec).items():
             times = measure_pair(src, dst, a.repeats)
-            sizes = sorted(times)
-            medians = [statistics.median(times[n]) for n in sizes]
-            fit = fit_link(sizes, medians)
+            fit = fit_link(sorted(times), [statistics.median(times[n]) for n in sorted(times)])
             given = spec_fit(getattr(spec.network, cls))
             classes[cls] = {
                 "pair": [src, dst],
                 "fit": fit.to_dict(),
                 "spec": given.to_dict(),
-                "sizes": [
-                    {
-                        "bytes": n,
-                        "seconds": times[n],
-                        "median_s": m,
-                        "spec_s": given.predict(n),
-                        "fit_s": fit.predict(n),
-                    }
-                    for n, m in zip(sizes, medians, strict=True)
-                ],
+                "sizes": size_rows(times, given, fit),
+            }
+        for name, devices in rings(spec).items():
+            times = measure_ring(devices, a.ring_repeats)
+            cls = "inter_node" if len({d.split("/")[0] for d in devices}) > 1 else "intra_node"
+            fit = fit_link(sorted(times), [statistics.median(times[n]) for n in sorted(times)])
+            given = spec_fit(getattr(spec.network, cls))
+            ring_docs[name] = {
+                "devices": devices,
+                "class": cls,
+                "rounds": rounds(len(devices)),
+                "fit": fit.to_dict(),
+                "spec": given.to_dict(),
+                "chunks": size_rows(times, given, fit),
             }
     wall = time.perf_counter() - t0
     load1 = os.getloadavg()[0]
     for cls, c in classes.items():
-        t = Table(title=f"{cls} ({c['pair'][0]} -> {c['pair'][1]}), ms", title_justify="left")
-        for col in ("size", "measured median", "min-max", "spec", "fit", "spec err", "fit err"):
-            t.add_column(col, justify="right")
-        for r in c["sizes"]:
-            m = r["median_s"]
-            t.add_row(
-                f"{r['bytes'] / 2**20:g} MiB",
-                f"{m * 1e3:.1f}",
-                f"{min(r['seconds']) * 1e3:.1f}-{max(r['seconds']) * 1e3:.1f}",
-                f"{r['spec_s'] * 1e3:.1f}",
-                f"{r['fit_s'] * 1e3:.1f}",
-                f"{(r['spec_s'] - m) / m:+.0%}",
-                f"{(r['fit_s'] - m) / m:+.0%}",
-            )
-        console.print(t)
-        f, s = c["fit"], c["spec"]
+        print_rows(console, f"{cls}: one send ({c['pair'][0]} -> {c['pair'][1]}), ms", c["sizes"])
+        console.print(f"{cls}: fit {fit_line(c['fit'], c['spec'])}")
+    for name, g in ring_docs.items():
+        title = (
+            f"ring all-reduce over {name} ({len(g['devices'])} replicas, {g['class']}): "
+            f"ms per round, by chunk"
+        )
+        print_rows(console, title, g["chunks"])
+        console.print(f"{name}: fit {fit_line(g['fit'], g['spec'])}")
+    combined: dict[str, Any] = {}
+    for cls, c in classes.items():
+        points = [(r["bytes"], r["median_s"]) for r in c["sizes"] if r["bytes"] <= ACTIVATION_MAX]
+        points += [
+            (r["bytes"], r["median_s"])
+            for g in ring_docs.values()
+            if g["class"] == cls
+            for r in g["chunks"]
+        ]
+        fit = fit_link([n for n, _ in points], [t for _, t in points])
+        worst = max(abs(fit.predict(n) - t) / t for n, t in points)
+        combined[cls] = {"fit": fit.to_dict(), "points": len(points), "worst_rel_error": worst}
         console.print(
-            f"{cls}: fit latency {f['latency_us']:.0f} us, bandwidth {f['bandwidth_gbps']:.2f} "
-            f"Gbit/s (spec: {s['latency_us']:.0f} us, {s['bandwidth_gbps']:.2f} Gbit/s)"
+            f"{cls}, sends up to {ACTIVATION_MAX / 2**20:g} MiB and ring rounds together: fit "
+            f"{fit_line(fit.to_dict(), c['spec'])}; worst error {worst:.0%} of {len(points)}"
         )
     console.print(f"wall {wall:.0f} s, load average {load0:.1f} -> {load1:.1f}")
     doc = {
@@ -200,8 +328,11 @@ def main() -> None:
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "load_average_start_end": [load0, load1],
         "repeats": a.repeats,
+        "ring_repeats": a.ring_repeats,
         "wall_s": wall,
         "classes": classes,
+        "rings": ring_docs,
+        "combined": combined,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1))

@@ -183,15 +183,16 @@ class BatchEvaluator:
     def _links(
         self, batch: PlanBatch, valid: np.ndarray, dev: IntArray
     ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-        """Rule 4: (P, S-1) latency and bytes/s between consecutive stages, and (P, S) those
-        among each stage's replicas (its all-reduce), from the span of their nodes."""
+        """Rule 4: (P, S-1) latency and bytes/s between consecutive stages, and rule 8: (P, S)
+        the ring rounds' among each stage's replicas (its all-reduce), from the span of their
+        nodes."""
         tb = self.tables
         node = tb.dev_node[dev]
         lo = _over_replicas(np.minimum, np.where(valid, node, np.iinfo(np.int64).max))
         hi = _over_replicas(np.maximum, np.where(valid, node, -1))
         cross = (np.maximum(hi[:, :-1], hi[:, 1:]) != np.minimum(lo[:, :-1], lo[:, 1:])).astype(int)
         inside = (hi != lo).astype(int)
-        return tb.link_lat[cross], tb.link_bps[cross], tb.link_lat[inside], tb.link_bps[inside]
+        return tb.link_lat[cross], tb.link_bps[cross], tb.ring_lat[inside], tb.ring_bps[inside]
 
     # --- the whole model -------------------------------------------------------------------
 

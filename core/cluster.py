@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +63,37 @@ class DeviceType:
 
 @dataclass(frozen=True)
 class Link:
-    """A link class: bandwidth in Gbit/s and latency in microseconds."""
+    """A link class: bandwidth in Gbit/s and latency in microseconds (rule 4's sends), and
+    optionally its own ``all_reduce`` bandwidth and latency for rule 8's ring rounds.
+
+    A ring round is not a lone send: every replica sends at once and adds what it receives.
+    Where the replicas share a host (the emulated local clusters) a round moves its chunk
+    at another rate than a stage's activations do (``python -m bench.links`` measures both);
+    without ``all_reduce`` the ring uses the link's own numbers."""
 
     bandwidth_gbps: float
     latency_us: float
+    ring_bandwidth_gbps: float | None = None
+    ring_latency_us: float | None = None
 
     def __post_init__(self) -> None:
         if not self.bandwidth_gbps > 0:
             raise FormatError(f"network.bandwidth_gbps: must be > 0, got {self.bandwidth_gbps!r}")
         if self.latency_us < 0:
             raise FormatError(f"network.latency_us: must be >= 0, got {self.latency_us!r}")
+        if (self.ring_bandwidth_gbps is None) != (self.ring_latency_us is None):
+            raise FormatError(
+                "network.all_reduce: needs both bandwidth_gbps and latency_us, got "
+                f"{self.ring_bandwidth_gbps!r} and {self.ring_latency_us!r}"
+            )
+        if self.ring_bandwidth_gbps is not None and not self.ring_bandwidth_gbps > 0:
+            raise FormatError(
+                f"network.all_reduce.bandwidth_gbps: must be > 0, got {self.ring_bandwidth_gbps!r}"
+            )
+        if self.ring_latency_us is not None and not self.ring_latency_us >= 0:
+            raise FormatError(
+                f"network.all_reduce.latency_us: must be >= 0, got {self.ring_latency_us!r}"
+            )
 
     @property
     def latency_s(self) -> float:
@@ -82,9 +103,41 @@ class Link:
     def bytes_per_s(self) -> float:
         return float(rules.bytes_per_s(self.bandwidth_gbps))
 
+    @property
+    def ring_latency_s(self) -> float:
+        """Rule 8's latency per ring round: ``all_reduce.latency_us``, else the link's."""
+        us = self.latency_us if self.ring_latency_us is None else self.ring_latency_us
+        return float(rules.latency_s(us))
+
+    @property
+    def ring_bytes_per_s(self) -> float:
+        """Rule 8's bandwidth of a ring round: ``all_reduce.bandwidth_gbps``, else the link's."""
+        gbps = self.bandwidth_gbps if self.ring_bandwidth_gbps is None else self.ring_bandwidth_gbps
+        return float(rules.bytes_per_s(gbps))
+
     def transfer_s(self, nbytes: float) -> float:
         """One transfer over this link class (rule 4)."""
         return float(rules.transfer_s(nbytes, self.bytes_per_s, self.latency_s))
+
+    def allreduce_s(self, params_bytes: float, replicas: int) -> float:
+        """A ring all-reduce of ``params_bytes`` over ``replicas`` on this link class (rule 8)."""
+        return float(
+            rules.allreduce_s(params_bytes, replicas, self.ring_bytes_per_s, self.ring_latency_s)
+        )
+
+    def fitted(self, bandwidth_gbps: float, latency_us: float) -> Link:
+        """This link with a calibration's fitted send numbers; its ``all_reduce`` (measured
+        ring rounds) stays."""
+        return replace(self, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us}
+        if self.ring_bandwidth_gbps is not None:
+            doc["all_reduce"] = {
+                "bandwidth_gbps": self.ring_bandwidth_gbps,
+                "latency_us": self.ring_latency_us,
+            }
+        return doc
 
 
 @dataclass(frozen=True)
@@ -203,10 +256,10 @@ class ClusterSpec:
         if not fitted:
             return self.network
         return Network(
-            intra_node=Link(*fitted["intra_node"])
+            intra_node=self.network.intra_node.fitted(*fitted["intra_node"])
             if "intra_node" in fitted
             else self.network.intra_node,
-            inter_node=Link(*fitted["inter_node"])
+            inter_node=self.network.inter_node.fitted(*fitted["inter_node"])
             if "inter_node" in fitted
             else self.network.inter_node,
         )
@@ -241,14 +294,8 @@ class ClusterSpec:
             "device_types": {n: t.to_dict() for n, t in self.device_types.items()},
             "nodes": _node_docs(self.nodes),
             "network": {
-                "intra_node": {
-                    "bandwidth_gbps": net.intra_node.bandwidth_gbps,
-                    "latency_us": net.intra_node.latency_us,
-                },
-                "inter_node": {
-                    "bandwidth_gbps": net.inter_node.bandwidth_gbps,
-                    "latency_us": net.inter_node.latency_us,
-                },
+                "intra_node": net.intra_node.to_dict(),
+                "inter_node": net.inter_node.to_dict(),
             },
         } | (
             ({"emulation": {"headroom": self.emulation_headroom}} if self.emulated_slower else {})
@@ -336,10 +383,32 @@ def _link(net_doc: Any, key: str, default: Link) -> Link:
     if d is None:
         return default
     where = f"network.{key}"
-    return Link(
-        bandwidth_gbps=_io.number(d, "bandwidth_gbps", where, default.bandwidth_gbps),
-        latency_us=_io.number(d, "latency_us", where, default.latency_us),
-    )
+    _known_keys(d, where, LINK_KEYS)
+    ring = _io.field(d, "all_reduce", where, None)
+    ring_where = f"{where}.all_reduce"
+    if ring is not None:
+        _known_keys(ring, ring_where, LINK_KEYS - {"all_reduce"})
+    bandwidth = _io.number(d, "bandwidth_gbps", where, default.bandwidth_gbps)
+    latency = _io.number(d, "latency_us", where, default.latency_us)
+    ring_bandwidth = None if ring is None else _io.number(ring, "bandwidth_gbps", ring_where)
+    ring_latency = None if ring is None else _io.number(ring, "latency_us", ring_where)
+    try:
+        return Link(bandwidth, latency, ring_bandwidth, ring_latency)
+    except FormatError as e:  # Link's own checks say "network."; name the link class too
+        raise FormatError(str(e).replace("network.", f"{where}.", 1)) from None
+
+
+LINK_KEYS = frozenset({"bandwidth_gbps", "latency_us", "all_reduce"})
+
+
+def _known_keys(doc: Any, where: str, known: frozenset[str]) -> None:
+    if not isinstance(doc, Mapping):
+        raise FormatError(f"{where}: expected an object, got {type(doc).__name__} {doc!r}")
+    unknown = sorted(str(k) for k in doc if k not in known)
+    if unknown:
+        raise FormatError(
+            f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
 
 
 def _expand(

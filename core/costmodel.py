@@ -22,6 +22,12 @@ term at its default) is costed exactly as before:
 - **8c.** ``batch_time = max over stages (...) + step_overhead_s`` (default 0); throughput,
   cost per batch and per sample follow from that batch time.
 
+A link class may carry its own ring numbers (``network.<class>.all_reduce``: bandwidth and
+latency, :class:`core.cluster.Link`): rule 8's all-reduce is then
+``2 (r-1)/r x params / all_reduce bandwidth + 2 (r-1) x all_reduce latency`` (rule 8r);
+without them it uses the link's own numbers, as before. Rule 4's sends always use the
+link's own; a calibration's fitted link replaces those and keeps ``all_reduce``.
+
 Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
 every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:
 
@@ -307,7 +313,7 @@ class _Simulation:
         allreduce = 0.0
         if st.replicas > 1:
             link = cluster.link(st.devices, st.devices)
-            allreduce = rules.allreduce_s(params, st.replicas, link.bytes_per_s, link.latency_s)
+            allreduce = link.allreduce_s(params, st.replicas)
         end = self.last_bwd[s]
         self.events.append(Event(s, "update", -1, end, end + update))
         if allreduce:

@@ -31,7 +31,8 @@ FloatArray = np.ndarray
 IntArray = np.ndarray
 
 INTRA, INTER = 0, 1
-"""Indices of the two link classes in :attr:`CostTables.link_lat` and ``link_bps``."""
+"""Indices of the two link classes in :attr:`CostTables.link_lat` and ``link_bps`` (rule 4's
+sends) and ``ring_lat`` and ``ring_bps`` (rule 8's ring rounds)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class CostTables:
         net = cluster.links
         self.link_lat = np.array([net.intra_node.latency_s, net.inter_node.latency_s])
         self.link_bps = np.array([net.intra_node.bytes_per_s, net.inter_node.bytes_per_s])
+        self.ring_lat = np.array([net.intra_node.ring_latency_s, net.inter_node.ring_latency_s])
+        self.ring_bps = np.array([net.intra_node.ring_bytes_per_s, net.inter_node.ring_bytes_per_s])
 
     def _layers(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
         cal = cluster.calibration

@@ -178,7 +178,7 @@ class BottleneckDP:
         params = tb.params(i, jj)
         update = rules.update_s(params, dtype.memory_bandwidth_gbps)
         cls = INTER if c.node == self.MULTI else INTRA
-        allreduce = rules.allreduce_s(params, r, tb.link_bps[cls], tb.link_lat[cls])
+        allreduce = rules.allreduce_s(params, r, tb.ring_bps[cls], tb.ring_lat[cls])
         bk = bk + rules.accumulation_s(update[:, None], M)
         busy = M * (f + bk) + (update + allreduce)[:, None]
         q = np.arange(self.Q)[:, None]  # stages from this one to the end

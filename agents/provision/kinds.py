@@ -129,7 +129,7 @@ class StageCosts:
         params = tb.params(i, jj)
         update = rules.update_s(params, dtype.memory_bandwidth_gbps)
         cls = np.where(m == 1, INTRA, INTER)
-        allreduce = rules.allreduce_s(params, r, tb.link_bps[cls], tb.link_lat[cls])
+        allreduce = rules.allreduce_s(params, r, tb.ring_bps[cls], tb.ring_lat[cls])
         bk = bk + rules.accumulation_s(update, M)
         busy = M * (f + bk) + (update + allreduce)
         q = np.asarray(stages_from_here)[None, None, :]

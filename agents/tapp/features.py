@@ -92,6 +92,10 @@ class PlanContext:
     link_bytes_per_s: float
     intra_latency: float  # seconds: the link of replicas on one node
     intra_bytes_per_s: float
+    ring_latency: float  # seconds per ring round (rule 8) of replicas on several nodes
+    ring_bytes_per_s: float
+    intra_ring_latency: float  # and of replicas on one node
+    intra_ring_bytes_per_s: float
     partition_prior: float
 
     @property
@@ -154,6 +158,10 @@ def make_context(
         link_bytes_per_s=float(tb.link_bps[link]),
         intra_latency=float(tb.link_lat[INTRA]),
         intra_bytes_per_s=float(tb.link_bps[INTRA]),
+        ring_latency=float(tb.ring_lat[link]),
+        ring_bytes_per_s=float(tb.ring_bps[link]),
+        intra_ring_latency=float(tb.ring_lat[INTRA]),
+        intra_ring_bytes_per_s=float(tb.ring_bps[INTRA]),
         partition_prior=_partition_prior(G, L),
     )
 
@@ -344,8 +352,8 @@ def replica_keys(
     memory = rules.memory_bytes(groups.params, groups.acts, share, groups.in_flight)
     on_node = (ctx.node == ctx.node[k])[None, None, :]
     same = (member & on_node).sum(-1).double() / r.clamp(min=1)
-    bw = torch.where(same >= 1.0, ctx.intra_bytes_per_s, ctx.link_bytes_per_s)
-    lat = torch.where(same >= 1.0, ctx.intra_latency, ctx.link_latency)
+    bw = torch.where(same >= 1.0, ctx.intra_ring_bytes_per_s, ctx.ring_bytes_per_s)
+    lat = torch.where(same >= 1.0, ctx.intra_ring_latency, ctx.ring_latency)
     all_reduce = rules.allreduce_s(groups.params, r + 1, bw, lat)
     t_ref, micro = groups.t_ref[:, None], (ctx.global_batch / groups.b)[:, None]
     join = torch.stack(

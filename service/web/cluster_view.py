@@ -60,13 +60,16 @@ class TypeTerms:
 
 @dataclass(frozen=True)
 class LinkTerms:
-    """One link class: the spec's and the fitted bandwidth (Gbit/s) and latency (µs)."""
+    """One link class: the spec's and the fitted bandwidth (Gbit/s) and latency (µs); or,
+    ``ring``, the spec's own numbers for its ring all-reduce rounds, which a calibration
+    keeps (it fits the sends)."""
 
     name: str
     spec_gbps: float
     spec_us: float
     fitted_gbps: float | None
     fitted_us: float | None
+    ring: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,17 @@ def calibration_panel(info: ClusterCalibration, spec: ClusterSpec, ours: bool) -
                 fitted[1] if fitted else None,
             )
         )
+        if link.ring_bandwidth_gbps is not None and link.ring_latency_us is not None:
+            links.append(
+                LinkTerms(
+                    f"{k} all-reduce",
+                    link.ring_bandwidth_gbps,
+                    link.ring_latency_us,
+                    None,
+                    None,
+                    True,
+                )
+            )
     return CalibrationPanel(
         info, ours, types, tuple(links), cal.step_overhead_s if cal is not None else None
     )

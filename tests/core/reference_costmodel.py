@@ -116,12 +116,21 @@ def stage_compute(
 
 
 def link_class(cluster: ClusterSpec, name: str) -> Link:
-    """A link class, the calibration's fitted one when it has it (rule 4, rule 1c)."""
+    """A link class, the calibration's fitted one when it has it (rule 4, rule 1c); a fitted
+    link keeps the spec's ``all_reduce`` numbers."""
+    spec = getattr(cluster.network, name)
     cal = cluster.calibration
     if cal is not None and name in cal.network:
         bandwidth, latency = cal.network[name]
-        return Link(bandwidth, latency)
-    return getattr(cluster.network, name)
+        return Link(bandwidth, latency, spec.ring_bandwidth_gbps, spec.ring_latency_us)
+    return spec
+
+
+def ring_rate(link: Link) -> tuple[float, float]:
+    """Rule 8's (bytes/s, seconds) of a ring round: the link's ``all_reduce`` if it has one."""
+    if link.ring_bandwidth_gbps is not None and link.ring_latency_us is not None:
+        return link.ring_bandwidth_gbps * 1e9 / 8, link.ring_latency_us * 1e-6
+    return link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6
 
 
 # --- rules 3 and 4: boundaries and links ----------------------------------------------------
@@ -304,8 +313,8 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
         if r > 1:
             nodes = {cluster.device(d).node for d in stage.devices}
             link = link_class(cluster, "intra_node" if len(nodes) == 1 else "inter_node")
-            bw = link.bandwidth_gbps * 1e9 / 8
-            allreduce = 2 * (r - 1) / r * params / bw + 2 * (r - 1) * link.latency_us * 1e-6
+            bw, lat = ring_rate(link)
+            allreduce = 2 * (r - 1) / r * params / bw + 2 * (r - 1) * lat
         last_backward_end = max(op_times[(s, "B", j)][1] for j in range(M[s]))
         stage_end.append(last_backward_end + update + allreduce)
     batch_time = max(stage_end) + (

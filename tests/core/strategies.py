@@ -64,10 +64,20 @@ def clusters(draw: st.DrawFn) -> ClusterSpec:
     if sum(sum(n.devices.values()) for n in nodes) == 0:
         nodes[0] = Node("n0", {"cpu": 1})
     net = Network(
-        Link(draw(st.floats(1, 200)), draw(st.floats(0, 20))),
-        Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))),
+        Link(draw(st.floats(1, 200)), draw(st.floats(0, 20)), *draw(ring_rates(1, 200, 20))),
+        Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200)), *draw(ring_rates(0.1, 50, 200))),
     )
     return ClusterSpec("random", types, tuple(nodes), net, calibration=draw(calibrations()))
+
+
+def ring_rates(
+    low_gbps: float, high_gbps: float, max_us: float
+) -> st.SearchStrategy[tuple[float | None, float | None]]:
+    """A link's own ``all_reduce`` (bandwidth, latency), or none (rule 8 uses the link's)."""
+    return st.one_of(
+        st.just((None, None)),
+        st.tuples(st.floats(low_gbps, high_gbps), st.floats(0, max_us)),
+    )
 
 
 @st.composite

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.calibration import Calibration
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
@@ -137,6 +138,29 @@ def test_unequal_microbatches_and_replicas() -> None:
     assert est.stages[1].end_s == pytest.approx(0.03605016 + 8e-8 + 8e-8 + 101.6e-6, rel=1e-12)
     assert est.batch_time_s == pytest.approx(0.06010048 + 28e-8 + 8e-8, rel=1e-12)
     assert est.stages[0].microbatches == 4 and est.stages[1].microbatches == 2
+
+
+def test_a_links_all_reduce_numbers_price_the_ring_and_not_the_sends() -> None:
+    """The same plan on links with their own ``all_reduce`` numbers: the ring over n1/a:0 +
+    n0/a:1 costs 2 x 1/2 x 2000 / 2.5e8 + 2 x 1 ms = 2.008 ms, the sends stay priced on the
+    link; a calibration's fitted link keeps the ring numbers."""
+    plan = Plan(8, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0", "n0/a:1"), 4)))
+    base = cluster()
+    ringed = ClusterSpec(
+        "c",
+        base.device_types,
+        base.nodes,
+        Network(inter_node=Link(10.0, 50.0, ring_bandwidth_gbps=2.0, ring_latency_us=1000.0)),
+    )
+    before, after = simulate(plan, chain(4), base), simulate(plan, chain(4), ringed)
+    assert after.stages[1].allreduce_s == pytest.approx(2.008e-3, rel=1e-12)
+    assert after.stages[0].transfer_s == before.stages[0].transfer_s
+    assert after.stages[1].end_s == pytest.approx(before.stages[1].end_s + 2.008e-3 - 101.6e-6)
+    fitted = ringed.calibrated(Calibration(network={"inter_node": (20.0, 10.0)}))
+    assert fitted.links.inter_node == Link(20.0, 10.0, 2.0, 1000.0)
+    again = simulate(plan, chain(4), fitted)
+    assert again.stages[1].allreduce_s == pytest.approx(2.008e-3, rel=1e-12)
+    assert again.stages[0].transfer_s < after.stages[0].transfer_s
 
 
 def test_slowest_replica_sets_stage_time() -> None:

@@ -88,6 +88,11 @@ def _link_doc(draw: st.DrawFn, max_gbps: float, max_us: float) -> Doc:
         doc["bandwidth_gbps"] = draw(st.floats(0.1, max_gbps))
     if draw(st.booleans()):
         doc["latency_us"] = draw(st.floats(0, max_us))
+    if draw(st.booleans()):
+        doc["all_reduce"] = {
+            "bandwidth_gbps": draw(st.floats(0.1, max_gbps)),
+            "latency_us": draw(st.floats(0, max_us)),
+        }
     return doc
 
 

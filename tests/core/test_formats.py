@@ -144,6 +144,32 @@ def test_a_gpu_type_says_its_accelerator_and_round_trips(tmp_path: Path) -> None
     assert ClusterSpec.load(tmp_path / "c.yaml") == gpu
 
 
+def test_a_links_all_reduce_numbers_round_trip_and_default_to_the_link(tmp_path: Path) -> None:
+    doc = edit(
+        CLUSTER,
+        "network",
+        {
+            "inter_node": {
+                "bandwidth_gbps": 1.5,
+                "latency_us": 8000,
+                "all_reduce": {"bandwidth_gbps": 2.5, "latency_us": 20000},
+            }
+        },
+    )
+    c = ClusterSpec.from_dict(doc)
+    inter, intra = c.network.inter_node, c.network.intra_node
+    assert (inter.ring_bytes_per_s, inter.ring_latency_s) == (
+        pytest.approx(2.5e9 / 8),
+        pytest.approx(0.02),
+    )
+    assert (inter.bytes_per_s, inter.latency_s) == (pytest.approx(1.5e9 / 8), pytest.approx(0.008))
+    assert (intra.ring_bytes_per_s, intra.ring_latency_s) == (intra.bytes_per_s, intra.latency_s)
+    assert "all_reduce" not in c.to_dict()["network"]["intra_node"]
+    c.save(tmp_path / "c.yaml")
+    assert ClusterSpec.load(tmp_path / "c.yaml") == c
+    assert inter.allreduce_s(1e9, 4) == pytest.approx(2 * 3 / 4 * 1e9 / (2.5e9 / 8) + 6 * 0.02)
+
+
 def test_emulation_headroom_is_optional_and_round_trips(tmp_path: Path) -> None:
     plain = ClusterSpec.from_dict(CLUSTER)
     assert plain.emulation_headroom == 1.0 and "emulation" not in plain.to_dict()
@@ -173,6 +199,41 @@ def test_random_clusters_round_trip(c: ClusterSpec) -> None:
         ("emulation", "fast", "cluster.emulation: expected an object, got 'fast'"),
         ("device_types.t4.accelerator", "rocm", "device_types.t4.accelerator: 'rocm' is not"),
         ("device_types.t4.accelerator", 1, "device_types.t4.accelerator: expected a name"),
+        (
+            "network",
+            {"inter_node": {"bandwith_gbps": 3}},
+            "network.inter_node: unknown field 'bandwith_gbps'",
+        ),
+        (
+            "network",
+            {"intra_node": {"bandwidth_gbps": 0}},
+            "network.intra_node.bandwidth_gbps: must be > 0, got 0",
+        ),
+        (
+            "network",
+            {"inter_node": {"all_reduce": {"bandwidth_gbps": 2}}},
+            "network.inter_node.all_reduce.latency_us: missing",
+        ),
+        (
+            "network",
+            {"inter_node": {"all_reduce": {"bandwidth_gbps": 0, "latency_us": 5}}},
+            "network.inter_node.all_reduce.bandwidth_gbps: must be > 0, got 0",
+        ),
+        (
+            "network",
+            {"inter_node": {"all_reduce": {"bandwidth_gbps": 2, "latency_us": -1}}},
+            "network.inter_node.all_reduce.latency_us: must be >= 0, got -1",
+        ),
+        (
+            "network",
+            {"inter_node": {"all_reduce": {"bandwidth_gbps": 2, "latency_us": 1, "x": 1}}},
+            "network.inter_node.all_reduce: unknown field 'x'",
+        ),
+        (
+            "network",
+            {"inter_node": {"all_reduce": 5}},
+            "network.inter_node.all_reduce: expected an object, got int 5",
+        ),
     ],
 )
 def test_cluster_errors_name_field_and_value(path: str, value: Any, message: str) -> None:

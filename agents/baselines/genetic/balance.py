@@ -56,7 +56,7 @@ def _update_time(ctx: Context, devices: IntArray) -> float:
     if r == 1:
         return update
     cross = int(np.unique(tb.dev_node[devices]).size > 1)
-    return update + float(rules.allreduce_s(1.0, r, tb.link_bps[cross], 0.0))
+    return update + float(rules.allreduce_s(1.0, r, tb.ring_bps[cross], 0.0))
 
 
 def rebalance(ctx: Context, g: Genomes) -> Genomes:

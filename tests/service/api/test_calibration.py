@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 from concurrent.futures.process import BrokenProcessPool
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,12 +24,13 @@ from core.plan import Plan
 from executor.measure import Measurement, StageMeasurement
 from service.api.calibration import MIN_RUNS, Calibrator, fit_payload, parse_observations
 from service.api.calibration_fit import FitWorker
-from service.api.schemas import EventIn, EventType, Job, JobKind
+from service.api.schemas import ClusterCalibration, EventIn, EventType, Job, JobKind
 from service.api.store import Store
 from service.cli.job_view import predictions_line
 from service.tasks.events import EventReporter
 from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
 from service.tasks.run import measured_run
+from service.web.cluster_view import calibration_panel
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.api.conftest import FakeBackend
 
@@ -336,3 +338,31 @@ def test_a_worker_that_died_fails_its_fit_and_the_next_fit_has_a_new_one(store: 
         assert again["fit"] is not None and again["pid"] not in (pid, os.getpid())
     finally:
         worker.close()
+
+
+def test_the_cluster_pages_links_keep_a_specs_all_reduce_numbers_beside_the_fitted_sends() -> None:
+    spec = ClusterSpec.from_dict(
+        {
+            **cluster().to_dict(),
+            "network": {
+                "inter_node": {
+                    "bandwidth_gbps": 1.5,
+                    "latency_us": 8000,
+                    "all_reduce": {"bandwidth_gbps": 2.7, "latency_us": 21000},
+                }
+            },
+        }
+    )
+    info = ClusterCalibration(
+        cluster="c",
+        spec_sha256="0" * 64,
+        state="fitted",
+        observations=3,
+        last_observed_at=datetime.now(UTC),
+        calibration={"network": {"inter_node": {"bandwidth_gbps": 2.0, "latency_us": 5000}}},
+    )
+    rows = {row.name: row for row in calibration_panel(info, spec, ours=True).links}
+    assert (rows["inter_node"].spec_gbps, rows["inter_node"].fitted_gbps) == (1.5, 2.0)
+    ring = rows["inter_node all-reduce"]
+    assert (ring.spec_gbps, ring.spec_us, ring.fitted_gbps, ring.ring) == (2.7, 21000, None, True)
+    assert "intra_node all-reduce" not in rows
