@@ -24,6 +24,16 @@ def field(doc: Doc, key: str, where: str, default: Any = ...) -> Any:
     return doc[key]
 
 
+def known_keys(doc: Doc, where: str, known: frozenset[str]) -> None:
+    """Refuse a key of the object ``doc`` that is not in ``known``: the first one, sorted, with
+    the known ones."""
+    unknown = sorted(str(k) for k in doc if k not in known)
+    if unknown:
+        raise FormatError(
+            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+
+
 def number(doc: Doc, key: str, where: str, default: Any = ..., minimum: float = 0.0) -> float:
     value = _yaml11_float(field(doc, key, where, default))
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -107,11 +107,7 @@ class Calibration:
         where = "calibration"
         if not isinstance(doc, Mapping):
             raise FormatError(f"{where}: expected an object, got {doc!r}")
-        unknown = sorted(set(doc) - KEYS)
-        if unknown:
-            raise FormatError(
-                f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})"
-            )
+        _io.known_keys(doc, where, KEYS)
         scales = _mapping(doc, "compute_scale")
         overheads = _mapping(doc, "call_overhead")
         links = _mapping(doc, "network")

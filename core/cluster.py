@@ -382,33 +382,24 @@ def _link(net_doc: Any, key: str, default: Link) -> Link:
     d = _io.field(net_doc, key, "network", None)
     if d is None:
         return default
-    where = f"network.{key}"
-    _known_keys(d, where, LINK_KEYS)
-    ring = _io.field(d, "all_reduce", where, None)
-    ring_where = f"{where}.all_reduce"
-    if ring is not None:
-        _known_keys(ring, ring_where, LINK_KEYS - {"all_reduce"})
+    where, ring_where = f"network.{key}", f"network.{key}.all_reduce"
     bandwidth = _io.number(d, "bandwidth_gbps", where, default.bandwidth_gbps)
     latency = _io.number(d, "latency_us", where, default.latency_us)
-    ring_bandwidth = None if ring is None else _io.number(ring, "bandwidth_gbps", ring_where)
-    ring_latency = None if ring is None else _io.number(ring, "latency_us", ring_where)
+    _io.known_keys(d, where, LINK_KEYS | {"all_reduce"})
+    ring = d.get("all_reduce")
+    ring_bandwidth = ring_latency = None
+    if ring is not None:
+        ring_bandwidth = _io.number(ring, "bandwidth_gbps", ring_where)
+        ring_latency = _io.number(ring, "latency_us", ring_where)
+        _io.known_keys(ring, ring_where, LINK_KEYS)
     try:
         return Link(bandwidth, latency, ring_bandwidth, ring_latency)
     except FormatError as e:  # Link's own checks say "network."; name the link class too
         raise FormatError(str(e).replace("network.", f"{where}.", 1)) from None
 
 
-LINK_KEYS = frozenset({"bandwidth_gbps", "latency_us", "all_reduce"})
-
-
-def _known_keys(doc: Any, where: str, known: frozenset[str]) -> None:
-    if not isinstance(doc, Mapping):
-        raise FormatError(f"{where}: expected an object, got {type(doc).__name__} {doc!r}")
-    unknown = sorted(str(k) for k in doc if k not in known)
-    if unknown:
-        raise FormatError(
-            f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})"
-        )
+LINK_KEYS = frozenset({"bandwidth_gbps", "latency_us"})
+"""A link's numbers, and its ``all_reduce``'s."""
 
 
 def _expand(

@@ -202,7 +202,7 @@ def test_random_clusters_round_trip(c: ClusterSpec) -> None:
         (
             "network",
             {"inter_node": {"bandwith_gbps": 3}},
-            "network.inter_node: unknown field 'bandwith_gbps'",
+            "network.inter_node: unknown key 'bandwith_gbps'",
         ),
         (
             "network",
@@ -227,7 +227,7 @@ def test_random_clusters_round_trip(c: ClusterSpec) -> None:
         (
             "network",
             {"inter_node": {"all_reduce": {"bandwidth_gbps": 2, "latency_us": 1, "x": 1}}},
-            "network.inter_node.all_reduce: unknown field 'x'",
+            "network.inter_node.all_reduce: unknown key 'x'",
         ),
         (
             "network",
