@@ -183,25 +183,27 @@ def measure_ring(devices: list[str], repeats: int) -> dict[int, list[float]]:
     return out
 
 
-def rings(spec: ClusterSpec) -> dict[str, list[str]]:
-    """The rings measured: every device (as BSP), and the devices of the largest node."""
+def devices_by_node(spec: ClusterSpec) -> dict[str, list[str]]:
     by_node: dict[str, list[str]] = {}
     for d in spec.device_ids:
-        by_node.setdefault(d.split("/")[0], []).append(d)
+        by_node.setdefault(spec.device(d).node, []).append(d)
+    return by_node
+
+
+def rings(spec: ClusterSpec) -> dict[str, list[str]]:
+    """The rings measured: every device (as BSP), and the devices of the largest node."""
+    by_node = devices_by_node(spec)
     out = {"all devices": list(spec.device_ids)}
-    largest = max(by_node.values(), key=len)
+    node, largest = max(by_node.items(), key=lambda kv: len(kv[1]))
     if 1 < len(largest) < len(spec.device_ids):
-        out[f"node {largest[0].split('/')[0]}"] = largest
+        out[f"node {node}"] = largest
     return out
 
 
 def pairs(spec: ClusterSpec) -> dict[str, tuple[str, str]]:
     """A device pair per link class the cluster has: two nodes' first devices, and two
     devices of one node."""
-    devices = spec.device_ids
-    by_node: dict[str, list[str]] = {}
-    for d in devices:
-        by_node.setdefault(d.split("/")[0], []).append(d)
+    by_node = devices_by_node(spec)
     nodes = list(by_node)
     out = {}
     if len(nodes) > 1:
@@ -212,21 +214,23 @@ def pairs(spec: ClusterSpec) -> dict[str, tuple[str, str]]:
     return out
 
 
-def size_rows(times: dict[int, list[float]], given: Fit, fit: Fit) -> list[dict[str, Any]]:
-    """Per size: the measured seconds, their median, the spec's and the fit's prediction."""
-    rows = []
-    for n in sorted(times):
-        m = statistics.median(times[n])
-        rows.append(
-            {
-                "bytes": n,
-                "seconds": times[n],
-                "median_s": m,
-                "spec_s": given.predict(n),
-                "fit_s": fit.predict(n),
-            }
-        )
-    return rows
+def summarise(times: dict[int, list[float]], link: Link) -> dict[str, Any]:
+    """The line fitted to the medians of ``times`` (seconds per size in bytes), the spec's
+    ``link``, and per size the measured seconds, their median and both predictions."""
+    sizes = sorted(times)
+    medians = [statistics.median(times[n]) for n in sizes]
+    fit, given = fit_link(sizes, medians), spec_fit(link)
+    rows = [
+        {
+            "bytes": n,
+            "seconds": times[n],
+            "median_s": m,
+            "spec_s": given.predict(n),
+            "fit_s": fit.predict(n),
+        }
+        for n, m in zip(sizes, medians, strict=True)
+    ]
+    return {"fit": fit.to_dict(), "spec": given.to_dict(), "rows": rows}
 
 
 def print_rows(console: Console, title: str, rows: list[dict[str, Any]]) -> None:
@@ -272,27 +276,23 @@ def main() -> None:
     ring_docs: dict[str, Any] = {}
     with LocalCluster(spec, object_store_mb=STORE_MB, keep_awake=False):
         for cls, (src, dst) in pairs(spec).items():
-            times = measure_pair(src, dst, a.repeats)
-            fit = fit_link(sorted(times), [statistics.median(times[n]) for n in sorted(times)])
-            given = spec_fit(getattr(spec.network, cls))
+            got = summarise(measure_pair(src, dst, a.repeats), getattr(spec.network, cls))
             classes[cls] = {
                 "pair": [src, dst],
-                "fit": fit.to_dict(),
-                "spec": given.to_dict(),
-                "sizes": size_rows(times, given, fit),
+                "fit": got["fit"],
+                "spec": got["spec"],
+                "sizes": got["rows"],
             }
         for name, devices in rings(spec).items():
-            times = measure_ring(devices, a.ring_repeats)
-            cls = "inter_node" if len({d.split("/")[0] for d in devices}) > 1 else "intra_node"
-            fit = fit_link(sorted(times), [statistics.median(times[n]) for n in sorted(times)])
-            given = spec_fit(getattr(spec.network, cls))
+            cls = "inter_node" if len({spec.device(d).node for d in devices}) > 1 else "intra_node"
+            got = summarise(measure_ring(devices, a.ring_repeats), getattr(spec.network, cls))
             ring_docs[name] = {
                 "devices": devices,
                 "class": cls,
                 "rounds": rounds(len(devices)),
-                "fit": fit.to_dict(),
-                "spec": given.to_dict(),
-                "chunks": size_rows(times, given, fit),
+                "fit": got["fit"],
+                "spec": got["spec"],
+                "chunks": got["rows"],
             }
     wall = time.perf_counter() - t0
     load1 = os.getloadavg()[0]
