@@ -14,9 +14,11 @@ one cluster. Error of a plan = ``(predicted - measured) / measured``, measured =
 of ``--runs`` runs (fresh actors each; their spread is reported); the targets are a median
 ``|error|`` <= 5% and every plan within 15%.
 
-Calibration (:mod:`core.calibration`) is judged on plans it did not see: for each model, a
-calibration is fitted (:func:`executor.calibrate.fit`) to the runs of the *other* models'
-plans and predicts this model's (column ``calibrated (held-out)``); ``--calibration SPEC``
+Calibration (:mod:`core.calibration`) is judged on plans it did not see, fitted
+(:func:`executor.calibrate.fit`) two ways: to the runs of the *other* models' plans, predicting
+this model's (column ``calibrated (held-out model)``), and to the runs of every *other* plan,
+this model's included, predicting this plan (``calibrated (held-out plan)``: a cluster already
+used for the model, as the service's calibration from ``run`` jobs is). ``--calibration SPEC``
 also judges a calibration from ``pipeplan calibrate`` (column ``calibrated (given)``). The
 uncalibrated column is the spec as given.
 
@@ -54,7 +56,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,8 +222,8 @@ class Result:
     runs: list[Measurement] = field(default_factory=list)
     """Every run of the plan (fresh actors each); ``measured`` is the median one."""
     calibrated: dict[str, float] = field(default_factory=dict)
-    """Predicted batch time under each calibration: ``held-out`` (fitted on the other
-    models' runs), ``given`` (``--calibration``)."""
+    """Predicted batch time under each calibration: the :data:`HELD_OUT` ones and ``given``
+    (``--calibration``)."""
 
     @property
     def measured_s(self) -> float:
@@ -415,68 +417,108 @@ def median_error(results: list[Result], kind: str | None = None) -> float:
     return statistics.median(errs) if errs else math.nan
 
 
+HELD_OUT = ("held-out model", "held-out plan")
+"""The calibrations judged on plans they did not see: fitted to every run of the *other*
+models' plans (a cluster calibrated on other workloads), and to every run of every *other*
+plan, this model's included (a cluster already used for this model, predicting a plan it has
+not run: what the service's calibration from ``run`` jobs does)."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One measured plan, as the held-out fits read it."""
+
+    model: str
+    plan: Plan
+    profile: ModelProfile
+    runs: tuple[Observation, ...]
+
+
+def held_out(
+    rows: Sequence[Observed], spec: ClusterSpec
+) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """Each row's predicted batch time under each :data:`HELD_OUT` calibration, and the
+    leave-one-model-out fits' terms by model."""
+    predicted: list[dict[str, float]] = [{} for _ in rows]
+    fits: dict[str, Any] = {}
+
+    def predict(kind: str, left_out: set[int], record: dict[str, Any]) -> Any:
+        """Fit to every run but those of ``left_out``; predict those rows under ``kind``."""
+        seen = [o for i, r in enumerate(rows) if i not in left_out for o in r.runs]
+        if not seen:
+            return None
+        cal = fit(spec, seen, record).calibration
+        for i in left_out:
+            calibrated = spec.calibrated(cal)
+            predicted[i][kind] = simulate(rows[i].plan, rows[i].profile, calibrated).batch_time_s
+        return cal
+
+    for model in sorted({r.model for r in rows}):
+        same = {i for i, r in enumerate(rows) if r.model == model}
+        cal = predict(HELD_OUT[0], same, {"held_out_model": model})
+        if cal is not None:
+            fits[model] = cal.to_dict()
+    for j in range(len(rows)):
+        predict(HELD_OUT[1], {j}, {"held_out_plan": j})
+    return predicted, fits
+
+
 def calibrate_held_out(
     results: list[Result], profiles: dict[str, ModelProfile], spec: ClusterSpec
 ) -> dict[str, Any]:
-    """Leave one model out: for each model, fit the cluster's calibration
-    (:func:`executor.calibrate.fit`) to every run of the *other* models' plans, and predict
-    this model's plans with it (``calibrated["held-out"]``). Returns each fit's terms."""
-    fits: dict[str, Any] = {}
+    """Predict every measured plan under each :data:`HELD_OUT` calibration (into
+    ``calibrated``); returns the leave-one-model-out fits' terms by model."""
     measured = [r for r in results if r.measured is not None]
-    for model in sorted({r.model for r in measured}):
-        others = [
-            Observation.of(m, profiles[r.model])
-            for r in measured
-            if r.model != model
-            for m in r.runs
-        ]
-        if not others:
-            continue
-        cal = fit(spec, others, {"held_out_model": model}).calibration
-        calibrated = spec.calibrated(cal)
-        for r in results:
-            if r.model == model:
-                r.calibrated["held-out"] = simulate(
-                    r.plan, profiles[model], calibrated
-                ).batch_time_s
-        fits[model] = cal.to_dict()
+    rows = [
+        Observed(
+            r.model,
+            r.plan,
+            profiles[r.model],
+            tuple(Observation.of(m, profiles[r.model]) for m in r.runs),
+        )
+        for r in measured
+    ]
+    predicted, fits = held_out(rows, spec)
+    for r, p in zip(measured, predicted, strict=True):
+        r.calibrated.update(p)
     return fits
 
 
 def reanalyse(path: Path) -> None:
-    """Leave-one-model-out calibration again, from a saved run's JSON (no Ray): each plan's
-    error uncalibrated and calibrated on the other models' runs, and the medians."""
+    """The held-out calibrations again, from a saved run's JSON (no Ray): each plan's error
+    uncalibrated and under each :data:`HELD_OUT` calibration, and the medians."""
     doc = json.loads(path.read_text())
     spec = ClusterSpec.from_dict(doc["cluster"]).calibrated(None)
     profiles = {k: ModelProfile.from_dict(v) for k, v in doc["profile_documents"].items()}
-    rows = [r for r in doc["results"] if r.get("measured_runs")]
-    observations = {
-        id(r): [
-            observation_of_run({"plan": r["plan"], "measured": m}, profiles[r["model"]])
-            for m in r["measured_runs"]
-        ]
-        for r in rows
-    }
-    before, after = [], []
-    for model in sorted({r["model"] for r in rows}):
-        others = [o for r in rows if r["model"] != model for o in observations[id(r)]]
-        calibrated = spec.calibrated(fit(spec, others).calibration)
-        for r in rows:
-            if r["model"] != model:
-                continue
-            plan = Plan.from_dict(r["plan"])
-            e0 = relative_error(r["predicted_s"], r["measured_s"])
-            e1 = relative_error(
-                simulate(plan, profiles[model], calibrated).batch_time_s, r["measured_s"]
-            )
-            before.append(abs(e0))
-            after.append(abs(e1))
-            print(f"{model:<12} {r['plan_name']:<16} {e0 * 100:+6.1f}%  {e1 * 100:+6.1f}%")
-    print(
-        f"median |error| {statistics.median(before) * 100:.1f}% -> "
-        f"{statistics.median(after) * 100:.1f}% (held-out calibration); worst "
-        f"{max(before) * 100:.1f}% -> {max(after) * 100:.1f}%"
-    )
+    saved = [r for r in doc["results"] if r.get("measured_runs")]
+    rows = [
+        Observed(
+            r["model"],
+            Plan.from_dict(r["plan"]),
+            profiles[r["model"]],
+            tuple(
+                observation_of_run({"plan": r["plan"], "measured": m}, profiles[r["model"]])
+                for m in r["measured_runs"]
+            ),
+        )
+        for r in saved
+    ]
+    predicted, _ = held_out(rows, spec)
+    errs: dict[str, list[float]] = {k: [] for k in ("uncalibrated", *HELD_OUT)}
+    print(f"{'model':<12} {'plan':<16} " + " ".join(f"{k:>14}" for k in errs))
+    for r, p in zip(saved, predicted, strict=True):
+        row = {"uncalibrated": relative_error(r["predicted_s"], r["measured_s"])}
+        row |= {k: relative_error(p[k], r["measured_s"]) for k in HELD_OUT if k in p}
+        for k, err in row.items():
+            errs[k].append(abs(err))
+        print(
+            f"{r['model']:<12} {r['plan_name']:<16} "
+            + " ".join(f"{row[k] * 100:+13.1f}%" if k in row else f"{'-':>14}" for k in errs)
+        )
+    for k, values in errs.items():
+        if values:
+            med, worst = statistics.median(values), max(values)
+            print(f"{k}: median |error| {med * 100:.1f}%, worst {worst * 100:.1f}%")
 
 
 def inflation(results: list[Result]) -> tuple[float, float]:
