@@ -448,8 +448,8 @@ def held_out(
         if not seen:
             return None
         cal = fit(spec, seen, record).calibration
+        calibrated = spec.calibrated(cal)
         for i in left_out:
-            calibrated = spec.calibrated(cal)
             predicted[i][kind] = simulate(rows[i].plan, rows[i].profile, calibrated).batch_time_s
         return cal
 
