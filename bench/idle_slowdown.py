@@ -7,8 +7,8 @@ One process, no Ray: the GPT of ``bench.fidelity`` cut in two stages (real
 median CPU time of every forward and backward over the profile's prediction for it.
 
     .venv/bin/python -m bench.idle_slowdown     # ~1 min
-Writes bench/results/idle_slowdown.json. Noisy on this shared machine: two runs gave
-0.97 / 1.21 / 1.23x and 0.77 / 1.60 / 1.04x (each case profiles afresh).
+Writes bench/results/idle_slowdown.json (figures: the README's Benchmarks). Noisy on a
+shared machine: each case profiles afresh.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,11 +28,20 @@ from executor.microbatch import Piece
 from executor.model import OptimizerConfig, timing_loss
 from executor.partition import partition
 from executor.pipeline import RunConfig, make_batches
-from executor.stage import StageWorker, WorkerSpec
+from executor.stage import Failure, StageWorker, WorkerSpec
 from models.profiler import profile_model
 
 BOUNDS = (0, 15, 30)
 MICRO, COUNT = 4, 4
+
+
+def checked(result: tuple[Any, Any]) -> tuple[Any, Any]:
+    """A stage operation's ``(record, payload)``; a failed operation (a
+    :class:`executor.stage.Failure`) raises with the stage's traceback."""
+    record, payload = result
+    if isinstance(record, Failure):
+        raise RuntimeError(f"stage {record.stage} {record.operation} failed:\n{record.traceback}")
+    return record, payload
 
 
 def run(pause_s: float, steps: int) -> list[float]:
@@ -42,7 +52,8 @@ def run(pause_s: float, steps: int) -> list[float]:
     prof = profile_model(model, example, "gpt", "cpu", (4, 32), 2, 5, "cpu", True, timing_loss)
     batch = MICRO * COUNT
     spec = [
-        WorkerSpec(s, 0, "-", "-", BOUNDS, batch, case.source, OptimizerConfig()) for s in (0, 1)
+        WorkerSpec(s, 0, f"n0/cpu:{s}", "n0", BOUNDS, batch, case.source, OptimizerConfig())
+        for s in (0, 1)
     ]
     workers = [StageWorker(w) for w in spec]
     name = partition(model, example, BOUNDS).model_inputs[0]
@@ -55,24 +66,24 @@ def run(pause_s: float, steps: int) -> list[float]:
     for step, (x, y) in enumerate(make_batches(case.source, batch, steps + 2, RunConfig())):
         outs = []
         for j in range(COUNT):
-            own = Piece(-1, 0, 0, j * MICRO, (j + 1) * MICRO, True)
-            tok, act = workers[0].forward(None, step, j, [own], None, {name: x.numpy()})
-            tok1, _ = workers[1].forward(
-                None, step, j, [Piece(0, j, 0, 0, MICRO, True)], own, act, y.numpy()
+            rows = Piece(-1, 0, 0, j * MICRO, (j + 1) * MICRO, True)
+            f0, act = checked(workers[0].forward(step, j, [rows], None, {name: x.numpy()}))
+            f1, _ = checked(
+                workers[1].forward(step, j, [Piece(0, j, 0, 0, MICRO, True)], rows, act, y.numpy())
             )
-            outs.append((tok, tok1))
+            outs.append((f0, f1))
             time.sleep(pause_s)
         for j in range(COUNT):
-            tok1, grad = workers[1].backward(None, step, j, [])
+            b1, grad = checked(workers[1].backward(step, j, []))
             time.sleep(pause_s)
-            tok, _ = workers[0].backward(None, step, j, [Piece(1, j, 0, 0, MICRO, True)], grad)
+            b0, _ = checked(workers[0].backward(step, j, [Piece(1, j, 0, 0, MICRO, True)], grad))
             time.sleep(pause_s)
             if step >= 2:
                 f0, f1 = outs[j]
                 ratios += [f0.cpu_s / predicted(0, "F"), f1.cpu_s / predicted(1, "F")]
-                ratios += [tok.cpu_s / predicted(0, "B"), tok1.cpu_s / predicted(1, "B")]
+                ratios += [b0.cpu_s / predicted(0, "B"), b1.cpu_s / predicted(1, "B")]
         for w in workers:
-            w.update(None, step)
+            checked(w.update(step))
     return ratios
 
 
