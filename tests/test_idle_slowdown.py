@@ -1,0 +1,23 @@
+"""bench.idle_slowdown drives real StageWorker code in one process: it must keep up with the
+worker's API (it once stopped running when device ids and signatures changed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.idle_slowdown import COUNT, checked, run
+from executor.stage import Failure
+
+
+def test_one_measured_step_gives_a_ratio_per_operation() -> None:
+    ratios = run(0.0, 1)  # two warm-up steps, then one measured: F and B of both stages
+    assert len(ratios) == 4 * COUNT
+    assert all(math.isfinite(r) and r > 0 for r in ratios)
+
+
+def test_a_failed_operation_raises_with_its_traceback() -> None:
+    failure = Failure(1, 0, "n0/cpu:1", "n0", "B", "Traceback: boom")
+    with pytest.raises(RuntimeError, match="stage 1 B failed:\nTraceback: boom"):
+        checked((failure, failure))
