@@ -13,6 +13,7 @@ time is the best of ``REPEATS``. Prints a table and writes bench/results/simulat
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -128,6 +129,7 @@ def measure(
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help
     rng = np.random.default_rng(0)
     prof, c = synthetic_profile(rng), cluster()
     evs = (BatchEvaluator(prof, c), BatchEvaluator(prof, c, over_microbatches=False))
