@@ -63,6 +63,7 @@ from typing import Any
 
 from agents import Budget, Objective, Problem, make_planner
 from agents.baselines import every_device
+from core.calibration import Calibration
 from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
@@ -442,7 +443,7 @@ def held_out(
     predicted: list[dict[str, float]] = [{} for _ in rows]
     fits: dict[str, Any] = {}
 
-    def predict(kind: str, left_out: set[int], record: dict[str, Any]) -> Any:
+    def predict(kind: str, left_out: set[int], record: dict[str, Any]) -> Calibration | None:
         """Fit to every run but those of ``left_out``; predict those rows under ``kind``."""
         seen = [o for i, r in enumerate(rows) if i not in left_out for o in r.runs]
         if not seen:

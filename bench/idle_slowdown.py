@@ -37,10 +37,10 @@ MICRO, COUNT = 4, 4
 
 def checked(result: tuple[Any, Any]) -> tuple[Any, Any]:
     """A stage operation's ``(record, payload)``; a failed operation (a
-    :class:`executor.stage.Failure`) raises with the stage's traceback."""
+    :class:`executor.stage.Failure`) raises as the pipeline driver does, with its traceback."""
     record, payload = result
     if isinstance(record, Failure):
-        raise RuntimeError(f"stage {record.stage} {record.operation} failed:\n{record.traceback}")
+        raise record.error("idle_slowdown")
     return record, payload
 
 

@@ -68,6 +68,7 @@ from core.cluster import parse_device_id
 from executor import metrics
 from executor.accelerators import local_device, synchronize
 from executor.emulation import emulation_sleep
+from executor.errors import StageFailedError
 from executor.microbatch import Piece
 from executor.model import (
     ModelSource,
@@ -140,6 +141,17 @@ class Failure:
     node: str
     operation: str
     traceback: str
+
+    def error(self, what: str) -> StageFailedError:
+        """The exception a driver raises for it; ``what``: what the driver was waiting for."""
+        return StageFailedError(
+            self.stage,
+            self.replica,
+            self.device,
+            self.node,
+            f"{what}: operation {self.operation} raised",
+            self.traceback,
+        )
 
 
 @dataclass(frozen=True)

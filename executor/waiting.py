@@ -52,14 +52,7 @@ def _value(ref: Ref, owner: WorkerHandle | None, workers: Sequence[WorkerHandle]
     except RayError as e:
         raise ray_failure(e, owner, workers, what) from None
     if isinstance(value, Failure):
-        raise StageFailedError(
-            value.stage,
-            value.replica,
-            value.device,
-            value.node,
-            f"{what}: operation {value.operation} raised",
-            value.traceback,
-        )
+        raise value.error(what)
     return value
 
 

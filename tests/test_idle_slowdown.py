@@ -8,6 +8,7 @@ import math
 import pytest
 
 from bench.idle_slowdown import COUNT, checked, run
+from executor.errors import StageFailedError
 from executor.stage import Failure
 
 
@@ -19,5 +20,5 @@ def test_one_measured_step_gives_a_ratio_per_operation() -> None:
 
 def test_a_failed_operation_raises_with_its_traceback() -> None:
     failure = Failure(1, 0, "n0/cpu:1", "n0", "B", "Traceback: boom")
-    with pytest.raises(RuntimeError, match="stage 1 B failed:\nTraceback: boom"):
+    with pytest.raises(StageFailedError, match="operation B raised\n.*\nTraceback: boom"):
         checked((failure, failure))
