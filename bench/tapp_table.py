@@ -81,10 +81,9 @@ OPTIMIZER = OptimizerConfig("sgd", lr=0.01, momentum=0.9)
 LAST = 3  # accuracy and loss: mean over this many final steps
 STORE_MB = 1000
 """Object store per Ray node. BSP replicates VGG-16 (537 MB of parameters) on all six
-devices: six workers of about 2.6 GB each before the ring all-reduce starts, and then its
-chunks fill each node's store. With 2400 MB per node the machine reached Ray's memory
-monitor threshold (95% of 24 GB) and a replica was killed; with 1000 MB the peak was
-20.7 GB and the batch no slower."""
+devices, and the ring all-reduce's chunks fill each node's store: with 2400 MB per node (as
+``bench.fidelity``) the machine reached Ray's memory monitor threshold and a replica was
+killed, with 1000 MB it ran no slower (README, "TAPP's table and sweeps")."""
 
 
 def best_microbatch(
