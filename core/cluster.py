@@ -77,23 +77,9 @@ class Link:
     ring_latency_us: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.bandwidth_gbps > 0:
-            raise FormatError(f"network.bandwidth_gbps: must be > 0, got {self.bandwidth_gbps!r}")
-        if self.latency_us < 0:
-            raise FormatError(f"network.latency_us: must be >= 0, got {self.latency_us!r}")
-        if (self.ring_bandwidth_gbps is None) != (self.ring_latency_us is None):
-            raise FormatError(
-                "network.all_reduce: needs both bandwidth_gbps and latency_us, got "
-                f"{self.ring_bandwidth_gbps!r} and {self.ring_latency_us!r}"
-            )
-        if self.ring_bandwidth_gbps is not None and not self.ring_bandwidth_gbps > 0:
-            raise FormatError(
-                f"network.all_reduce.bandwidth_gbps: must be > 0, got {self.ring_bandwidth_gbps!r}"
-            )
-        if self.ring_latency_us is not None and not self.ring_latency_us >= 0:
-            raise FormatError(
-                f"network.all_reduce.latency_us: must be >= 0, got {self.ring_latency_us!r}"
-            )
+        check_link(
+            self.bandwidth_gbps, self.latency_us, self.ring_bandwidth_gbps, self.ring_latency_us
+        )
 
     @property
     def latency_s(self) -> float:
@@ -138,6 +124,32 @@ class Link:
                 "latency_us": self.ring_latency_us,
             }
         return doc
+
+
+def check_link(
+    bandwidth_gbps: float,
+    latency_us: float,
+    ring_bandwidth_gbps: float | None,
+    ring_latency_us: float | None,
+    where: str = "network",
+) -> None:
+    """Refuse a link's numbers that no link has, naming the field under ``where`` (a spec's
+    ``network.inter_node``, or ``network`` for a :class:`Link` built in code)."""
+    if not bandwidth_gbps > 0:
+        raise FormatError(f"{where}.bandwidth_gbps: must be > 0, got {bandwidth_gbps!r}")
+    if latency_us < 0:
+        raise FormatError(f"{where}.latency_us: must be >= 0, got {latency_us!r}")
+    if (ring_bandwidth_gbps is None) != (ring_latency_us is None):
+        raise FormatError(
+            f"{where}.all_reduce: needs both bandwidth_gbps and latency_us, got "
+            f"{ring_bandwidth_gbps!r} and {ring_latency_us!r}"
+        )
+    if ring_bandwidth_gbps is not None and not ring_bandwidth_gbps > 0:
+        raise FormatError(
+            f"{where}.all_reduce.bandwidth_gbps: must be > 0, got {ring_bandwidth_gbps!r}"
+        )
+    if ring_latency_us is not None and not ring_latency_us >= 0:
+        raise FormatError(f"{where}.all_reduce.latency_us: must be >= 0, got {ring_latency_us!r}")
 
 
 @dataclass(frozen=True)
@@ -392,10 +404,8 @@ def _link(net_doc: Any, key: str, default: Link) -> Link:
         ring_bandwidth = _io.number(ring, "bandwidth_gbps", ring_where)
         ring_latency = _io.number(ring, "latency_us", ring_where)
         _io.known_keys(ring, ring_where, LINK_KEYS)
-    try:
-        return Link(bandwidth, latency, ring_bandwidth, ring_latency)
-    except FormatError as e:  # Link's own checks say "network."; name the link class too
-        raise FormatError(str(e).replace("network.", f"{where}.", 1)) from None
+    check_link(bandwidth, latency, ring_bandwidth, ring_latency, where)
+    return Link(bandwidth, latency, ring_bandwidth, ring_latency)
 
 
 LINK_KEYS = frozenset({"bandwidth_gbps", "latency_us"})
