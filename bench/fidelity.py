@@ -33,6 +33,11 @@ a 2400 MiB object store (``--object-store-mb``): activations and the replicas' r
 all-reduce chunks (:mod:`executor.ring`) go through it, and a store that spills to disk makes
 the spilling dominate the batch time; plans that would need more are skipped.
 
+After a model's plans ran, its profile is measured again and every plan predicted on it too
+(``predicted_after_s``, ``profile_change``; printed as the profile noise): the same code on
+the same machine minutes later, so an error no larger than that change is within what one
+profile can tell (this shared machine's speed drifts).
+
 Per stage the JSON also holds predicted and measured compute (forward + backward), transfer
 and update, and the measured real compute (without the emulation's sleep) over the profiled
 one, so a gap can be traced to its term; the run prints that ratio's median for one-actor
@@ -225,6 +230,16 @@ class Result:
     calibrated: dict[str, float] = field(default_factory=dict)
     """Predicted batch time under each calibration: the :data:`HELD_OUT` ones and ``given``
     (``--calibration``)."""
+    predicted_after_s: float | None = None
+    """Predicted batch time on the model's profile measured again after its plans ran."""
+
+    @property
+    def profile_change(self) -> float:
+        """How much the prediction moved between the two profiles: ``after / before - 1``
+        (NaN without a second profile)."""
+        if self.predicted_after_s is None:
+            return math.nan
+        return self.predicted_after_s / self.predicted.batch_time_s - 1.0
 
     @property
     def measured_s(self) -> float:
@@ -306,6 +321,8 @@ class Result:
             "measured_comm_fraction": m.comm_fraction if m else None,
             "rel_error": None if math.isnan(self.rel_error) else self.rel_error,
             "abs_rel_error": None if math.isnan(self.rel_error) else abs(self.rel_error),
+            "predicted_after_s": self.predicted_after_s,
+            "profile_change": None if math.isnan(self.profile_change) else self.profile_change,
             "calibrated_predicted_s": dict(self.calibrated),
             "calibrated_rel_error": {
                 k: self.error_with(v) for k, v in self.calibrated.items() if m is not None
@@ -423,6 +440,13 @@ HELD_OUT = ("held-out model", "held-out plan")
 models' plans (a cluster calibrated on other workloads), and to every run of every *other*
 plan, this model's included (a cluster already used for this model, predicting a plan it has
 not run: what the service's calibration from ``run`` jobs does)."""
+
+
+def profile_noise(results: Sequence[Result]) -> list[float]:
+    """Each plan's ``|profile_change|``: how far its prediction moved when its model's profile
+    was measured again after the plans ran (same code, same machine, minutes later). An error
+    of this size is within what the profile itself can tell."""
+    return [abs(r.profile_change) for r in results if not math.isnan(r.profile_change)]
 
 
 @dataclass(frozen=True)
@@ -685,6 +709,7 @@ def main() -> None:
             console.print(
                 f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s"
             )
+            mine: list[Result] = []
             for name in plans:
                 plan = make_plan(name, profile, spec, case.batch, a.seed)
                 r = run_plan(case, name, plan, profile, spec, config, a.object_store_mb, a.runs)
@@ -692,13 +717,25 @@ def main() -> None:
                     r.calibrated["given"] = simulate(
                         plan, profile, spec.calibrated(given)
                     ).batch_time_s
-                results.append(r)
+                mine.append(r)
                 console.print(
                     f"  {name:<15} {describe(plan):<60} predicted {_ms(r.predicted.batch_time_s)}"
                     f" ms, measured {_ms(r.measured_s if r.measured else None)} ms"
                     + (f"  ERROR {r.error}" if r.error else "")
                     + f"  ({r.seconds:.0f} s)"
                 )
+            # the same profile again, now that the plans ran: how far it moves bounds how
+            # closely any prediction from one profile can agree with a measurement
+            after = measure_profile(case.source, spec, batch_sizes=sizes[key], repeats=a.repeats)
+            for r in mine:
+                r.predicted_after_s = simulate(r.plan, after, spec).batch_time_s
+            changes = [r.profile_change for r in mine]
+            profiles[case.label]["plans_change"] = changes
+            console.print(
+                f"  profile measured again: predictions moved {min(changes) * 100:+.1f}% to "
+                f"{max(changes) * 100:+.1f}%"
+            )
+            results.extend(mine)
     fits = calibrate_held_out(results, measured_profiles, spec)
     median = median_error(results)
     wall = time.perf_counter() - t_all
@@ -728,6 +765,13 @@ def main() -> None:
         f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
         f"wall {wall / 60:.1f} min"
     )
+    noise = profile_noise(results)
+    if noise:
+        console.print(
+            "profile noise (each plan predicted again on its model's profile measured after "
+            f"the plans ran): median |change| {statistics.median(noise) * 100:.1f}%, worst "
+            f"{max(noise) * 100:.1f}%"
+        )
     single, multi = inflation(results)
     console.print(
         "real compute wall time / profiled CPU time (waits for a core on this shared machine; "
@@ -757,6 +801,10 @@ def main() -> None:
         "target_met": verdicts["uncalibrated"]["target_met"],
         "verdicts": verdicts,
         "held_out_fits": fits,
+        "profile_noise": {
+            "median_abs_change": statistics.median(noise) if noise else None,
+            "max_abs_change": max(noise) if noise else None,
+        },
         "load_average_start_end": [load_start, os.getloadavg()[0]],
         "wall_s": wall,
         "profiles": profiles,

@@ -3,9 +3,11 @@ runs (no Ray: the "measurements" are the cost model's answers under a known cali
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from bench.fidelity import HELD_OUT, Observed, held_out
+from bench.fidelity import HELD_OUT, Observed, Result, held_out, profile_noise
 from core.costmodel import simulate
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.executor.test_calibrate import observe
@@ -39,3 +41,17 @@ def test_a_lone_model_has_no_other_model_to_learn_from() -> None:
     predicted, fits = held_out(observed, cluster())
     assert fits == {}
     assert all(set(p) == {"held-out plan"} for p in predicted)
+
+
+def test_profile_noise_is_how_far_a_second_profile_moves_each_prediction() -> None:
+    spec, plan = cluster(), plans()[0]
+    before = simulate(plan, profile(), spec)
+    moved = Result("a", "p", plan, before, predicted_after_s=before.batch_time_s * 1.1)
+    alone = Result("a", "q", plan, before)  # no second profile: no change to report
+    assert moved.profile_change == pytest.approx(0.1)
+    assert math.isnan(alone.profile_change)
+    assert profile_noise([moved, alone]) == [pytest.approx(0.1)]
+    doc = moved.to_dict()
+    assert doc["predicted_after_s"] == pytest.approx(before.batch_time_s * 1.1)
+    assert doc["profile_change"] == pytest.approx(0.1)
+    assert alone.to_dict()["profile_change"] is None
