@@ -730,7 +730,6 @@ def main() -> None:
             for r in mine:
                 r.predicted_after_s = simulate(r.plan, after, spec).batch_time_s
             changes = [r.profile_change for r in mine]
-            profiles[case.label]["plans_change"] = changes
             console.print(
                 f"  profile measured again: predictions moved {min(changes) * 100:+.1f}% to "
                 f"{max(changes) * 100:+.1f}%"
@@ -766,11 +765,14 @@ def main() -> None:
         f"wall {wall / 60:.1f} min"
     )
     noise = profile_noise(results)
-    if noise:
+    after = [abs(r.error_with(r.predicted_after_s)) for r in results if r.predicted_after_s]
+    after = [e for e in after if not math.isnan(e)]
+    if noise and after:
         console.print(
             "profile noise (each plan predicted again on its model's profile measured after "
             f"the plans ran): median |change| {statistics.median(noise) * 100:.1f}%, worst "
-            f"{max(noise) * 100:.1f}%"
+            f"{max(noise) * 100:.1f}%; uncalibrated |error| on that second profile: median "
+            f"{statistics.median(after) * 100:.1f}%, worst {max(after) * 100:.1f}%"
         )
     single, multi = inflation(results)
     console.print(
@@ -804,6 +806,8 @@ def main() -> None:
         "profile_noise": {
             "median_abs_change": statistics.median(noise) if noise else None,
             "max_abs_change": max(noise) if noise else None,
+            "median_abs_error_after": statistics.median(after) if after else None,
+            "max_abs_error_after": max(after) if after else None,
         },
         "load_average_start_end": [load_start, os.getloadavg()[0]],
         "wall_s": wall,
