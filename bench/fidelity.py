@@ -38,6 +38,13 @@ After a model's plans ran, its profile is measured again and every plan predicte
 the same machine minutes later, so an error no larger than that change is within what one
 profile can tell (this shared machine's speed drifts).
 
+The profile the plans are made on is the one :func:`~executor.measured_profile.measure_profile`
+takes for an emulated cluster: each whole-model call after a 30 ms pause
+(:func:`executor.emulation.profile_pause`), as a stage operation starts after its emulation
+sleep or a wait. Beside it the same profile is measured back to back (``pause_s=0``, in
+alternating order), and every plan predicted on that one too: the baseline
+(``predicted_back_to_back_s``, printed as its own verdict).
+
 Per stage the JSON also holds predicted and measured compute (forward + backward), transfer
 and update, and the measured real compute (without the emulation's sleep) over the profiled
 one, so a gap can be traced to its term; the run prints that ratio's median for one-actor
@@ -74,7 +81,7 @@ from core.costmodel import Estimate, simulate
 from core.plan import Plan, Schedule, Stage, uniform_stages
 from core.profile import ModelProfile
 from executor.calibrate import Observation, fit, observation_of_run
-from executor.emulation import EMULATED_NOTE
+from executor.emulation import EMULATED_NOTE, IDLE_PAUSE_S
 from executor.emulation import slowdown as type_slowdown
 from executor.local_cluster import LocalCluster
 from executor.measure import Measurement, relative_error
@@ -232,6 +239,10 @@ class Result:
     (``--calibration``)."""
     predicted_after_s: float | None = None
     """Predicted batch time on the model's profile measured again after its plans ran."""
+    predicted_back_to_back_s: float | None = None
+    """Predicted batch time on the model's profile timed back to back (no pause before its
+    whole-model calls, ``pause_s=0``), measured beside the one the plans were made on: the
+    baseline of :func:`executor.emulation.profile_pause`."""
 
     @property
     def profile_change(self) -> float:
@@ -322,6 +333,10 @@ class Result:
             "rel_error": None if math.isnan(self.rel_error) else self.rel_error,
             "abs_rel_error": None if math.isnan(self.rel_error) else abs(self.rel_error),
             "predicted_after_s": self.predicted_after_s,
+            "predicted_back_to_back_s": self.predicted_back_to_back_s,
+            "back_to_back_rel_error": (
+                None if m is None else self.error_with(self.predicted_back_to_back_s)
+            ),
             "profile_change": None if math.isnan(self.profile_change) else self.profile_change,
             "calibrated_predicted_s": dict(self.calibrated),
             "calibrated_rel_error": {
@@ -395,7 +410,16 @@ def table(results: list[Result], title: str) -> Any:
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
-    cols = ("model", "plan", "stages", "predicted ms", "measured ms", "spread", "error")
+    cols = (
+        "model",
+        "plan",
+        "stages",
+        "predicted ms",
+        "measured ms",
+        "spread",
+        "error",
+        "back to back",
+    )
     kinds = sorted({k for r in results for k in r.calibrated})
     for col in (*cols, *(f"calibrated ({k})" for k in kinds), "note"):
         left = col in ("model", "plan", "stages", "note")
@@ -410,6 +434,7 @@ def table(results: list[Result], title: str) -> Any:
             _ms(r.measured_s if m else None),
             f"{r.spread * 100:.1f}%" if m else "-",
             _pct(r.rel_error),
+            _pct(r.error_with(r.predicted_back_to_back_s)),
             *(_pct(r.error_with(r.calibrated.get(k))) for k in kinds),
             r.error[:60] or f"load {r.load[0]:.1f}",
         )
@@ -695,10 +720,19 @@ def main() -> None:
     sizes = {key: profile_sizes(a.profile_batches, MODELS[key].batch) for key in models}
     with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
         console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
-        for key in models:
+        for i, key in enumerate(models):
             case = MODELS[key]
             t0 = time.perf_counter()
-            profile = measure_profile(case.source, spec, batch_sizes=sizes[key], repeats=a.repeats)
+            # the profile as measure_profile takes it (each whole-model call after a pause),
+            # and beside it the baseline timed back to back, in alternating order
+            pauses = (None, 0.0) if i % 2 == 0 else (0.0, None)
+            both = {
+                p: measure_profile(
+                    case.source, spec, batch_sizes=sizes[key], repeats=a.repeats, pause_s=p
+                )
+                for p in pauses
+            }
+            profile, back_to_back = both[None], both[0.0]
             measured_profiles[case.label] = profile
             prof_s = time.perf_counter() - t0
             profiles[case.label] = {
@@ -707,12 +741,14 @@ def main() -> None:
                 "batch_sizes": list(sizes[key]),
             }
             console.print(
-                f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s"
+                f"{case.label}: profile of {len(profile)} layers measured in {prof_s:.1f} s "
+                "(twice: paused, the one planned on, and back to back)"
             )
             mine: list[Result] = []
             for name in plans:
                 plan = make_plan(name, profile, spec, case.batch, a.seed)
                 r = run_plan(case, name, plan, profile, spec, config, a.object_store_mb, a.runs)
+                r.predicted_back_to_back_s = simulate(plan, back_to_back, spec).batch_time_s
                 if given is not None:
                     r.calibrated["given"] = simulate(
                         plan, profile, spec.calibrated(given)
@@ -756,6 +792,22 @@ def main() -> None:
             f"{len(e)} plans (target median <= {MEDIAN_TARGET:.0%} and every plan <= "
             f"{WORST_TARGET:.0%}: {'met' if met else 'NOT met'})"
         )
+    b2b = [abs(r.error_with(r.predicted_back_to_back_s)) for r in results]
+    b2b = [e for e in b2b if not math.isnan(e)]
+    if b2b:
+        verdicts["uncalibrated, back-to-back profile (baseline)"] = {
+            "median": statistics.median(b2b),
+            "max": max(b2b),
+            "plans": len(b2b),
+            "target_met": bool(
+                statistics.median(b2b) <= MEDIAN_TARGET and max(b2b) <= WORST_TARGET
+            ),
+        }
+        console.print(
+            "baseline, uncalibrated on the profile timed back to back (no pause before its "
+            f"whole-model calls): median |error| {statistics.median(b2b) * 100:.1f}%, worst "
+            f"{max(b2b) * 100:.1f}%"
+        )
     spreads = [r.spread for r in results if r.measured is not None]
     console.print(
         f"run-to-run spread (max - min) / median over {a.runs} runs: median "
@@ -765,14 +817,14 @@ def main() -> None:
         f"wall {wall / 60:.1f} min"
     )
     noise = profile_noise(results)
-    after = [abs(r.error_with(r.predicted_after_s)) for r in results if r.predicted_after_s]
-    after = [e for e in after if not math.isnan(e)]
-    if noise and after:
+    after_errors = [abs(r.error_with(r.predicted_after_s)) for r in results if r.predicted_after_s]
+    after_errors = [e for e in after_errors if not math.isnan(e)]
+    if noise and after_errors:
         console.print(
             "profile noise (each plan predicted again on its model's profile measured after "
             f"the plans ran): median |change| {statistics.median(noise) * 100:.1f}%, worst "
             f"{max(noise) * 100:.1f}%; uncalibrated |error| on that second profile: median "
-            f"{statistics.median(after) * 100:.1f}%, worst {max(after) * 100:.1f}%"
+            f"{statistics.median(after_errors) * 100:.1f}%, worst {max(after_errors) * 100:.1f}%"
         )
     single, multi = inflation(results)
     console.print(
@@ -792,6 +844,7 @@ def main() -> None:
             "calibration": a.calibration,
             "profile_repeats": a.repeats,
             "profile": "measured once on the fastest type, x slowdown per type",
+            "profile_pause_s": IDLE_PAUSE_S,
             "profile_batch_sizes": a.profile_batches,
             "object_store_mb": a.object_store_mb,
             "data": "synthetic",
@@ -806,8 +859,8 @@ def main() -> None:
         "profile_noise": {
             "median_abs_change": statistics.median(noise) if noise else None,
             "max_abs_change": max(noise) if noise else None,
-            "median_abs_error_after": statistics.median(after) if after else None,
-            "max_abs_error_after": max(after) if after else None,
+            "median_abs_error_after": statistics.median(after_errors) if after_errors else None,
+            "max_abs_error_after": max(after_errors) if after_errors else None,
         },
         "load_average_start_end": [load_start, os.getloadavg()[0]],
         "wall_s": wall,

@@ -4,7 +4,10 @@ emulated device sleeps between them), and with pauses while
 
 One process, no Ray: the GPT of ``bench.fidelity`` cut in two stages (real
 :class:`executor.stage.StageWorker` code), GPipe order, 4 microbatches of 4. Each row is the
-median CPU time of every forward and backward over the profile's prediction for it.
+median CPU time of every forward and backward over the profile's prediction for it: a
+profile timed back to back, and one whose whole-model calls each start after the same pause
+(``profile_model(pause_s=...)``, what :func:`executor.measured_profile.measure_profile` does
+for an emulated cluster), both taken in the row's conditions (``KeepAwake`` or not).
 
     .venv/bin/python -m bench.idle_slowdown     # ~1 min
 Writes bench/results/idle_slowdown.json (figures: the README's Benchmarks). Noisy on a
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 
 from bench.fidelity import MODELS, RESULTS
+from core.profile import ModelProfile
 from executor.local.keep_awake import KeepAwake
 from executor.microbatch import Piece
 from executor.model import OptimizerConfig, timing_loss
@@ -44,12 +48,18 @@ def checked(result: tuple[Any, Any]) -> tuple[Any, Any]:
     return record, payload
 
 
-def run(pause_s: float, steps: int) -> list[float]:
-    """CPU time over the profile's prediction, per operation (steps after two warm-ups)."""
+def run(pause_s: float, steps: int) -> dict[str, list[float]]:
+    """CPU time over each profile's prediction (timed back to back, and with ``pause_s``
+    before each whole-model call), per operation (steps after two warm-ups)."""
     case = MODELS["gpt"]
     model, example = case.source.build()
     torch.set_num_threads(1)
-    prof = profile_model(model, example, "gpt", "cpu", (4, 32), 2, 5, "cpu", True, timing_loss)
+    profiles = {
+        f"{pause:g} s": profile_model(
+            model, example, "gpt", "cpu", (4, 32), 2, 5, "cpu", True, timing_loss, pause
+        )
+        for pause in dict.fromkeys((0.0, pause_s))
+    }
     batch = MICRO * COUNT
     spec = [
         WorkerSpec(s, 0, f"n0/cpu:{s}", "n0", BOUNDS, batch, case.source, OptimizerConfig())
@@ -58,11 +68,11 @@ def run(pause_s: float, steps: int) -> list[float]:
     workers = [StageWorker(w) for w in spec]
     name = partition(model, example, BOUNDS).model_inputs[0]
 
-    def predicted(s: int, kind: str) -> float:
+    def predicted(prof: ModelProfile, s: int, kind: str) -> float:
         t = [prof.layers[i].timings["cpu"] for i in range(BOUNDS[s], BOUNDS[s + 1])]
         return sum(x.forward(MICRO) if kind == "F" else x.backward(MICRO) for x in t)
 
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {k: [] for k in profiles}
     for step, (x, y) in enumerate(make_batches(case.source, batch, steps + 2, RunConfig())):
         outs = []
         for j in range(COUNT):
@@ -78,10 +88,16 @@ def run(pause_s: float, steps: int) -> list[float]:
             time.sleep(pause_s)
             b0, _ = checked(workers[0].backward(step, j, [Piece(1, j, 0, 0, MICRO, True)], grad))
             time.sleep(pause_s)
-            if step >= 2:
-                f0, f1 = outs[j]
-                ratios += [f0.cpu_s / predicted(0, "F"), f1.cpu_s / predicted(1, "F")]
-                ratios += [b0.cpu_s / predicted(0, "B"), b1.cpu_s / predicted(1, "B")]
+            if step < 2:
+                continue
+            f0, f1 = outs[j]
+            for key, prof in profiles.items():
+                ratios[key] += [
+                    f0.cpu_s / predicted(prof, 0, "F"),
+                    f1.cpu_s / predicted(prof, 1, "F"),
+                    b0.cpu_s / predicted(prof, 0, "B"),
+                    b1.cpu_s / predicted(prof, 1, "B"),
+                ]
         for w in workers:
             checked(w.update(step))
     return ratios
@@ -109,13 +125,20 @@ def main() -> None:
         finally:
             if spinners:
                 spinners.stop()
-        rows.append({"case": label, "median_cpu_over_profile": statistics.median(ratios),
-                     "ops": len(ratios)})  # fmt: skip
+        back, paused = ratios[f"{0.0:g} s"], ratios[f"{pause:g} s"]
+        rows.append({"case": label, "median_cpu_over_profile": statistics.median(back),
+                     "median_cpu_over_paused_profile": statistics.median(paused),
+                     "ops": len(back)})  # fmt: skip
     t = Table(title="GPT stage operations: CPU time / profiled CPU time", title_justify="left")
-    for col in ("case", "median ratio", "ops"):
+    for col in ("case", "over the back-to-back profile", "over the paused profile", "ops"):
         t.add_column(col)
     for r in rows:
-        t.add_row(str(r["case"]), f"{r['median_cpu_over_profile']:.2f}x", str(r["ops"]))
+        t.add_row(
+            str(r["case"]),
+            f"{r['median_cpu_over_profile']:.2f}x",
+            f"{r['median_cpu_over_paused_profile']:.2f}x",
+            str(r["ops"]),
+        )
     Console().print(t)
     out = RESULTS / "idle_slowdown.json"
     out.write_text(json.dumps({"pause_ms": a.pause_ms, "rows": rows}, indent=1) + "\n")

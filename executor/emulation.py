@@ -9,8 +9,9 @@ cluster is emulated when some type is slowed at all (:func:`is_emulated`), and e
 measured on it says so (:data:`EMULATED_NOTE`).
 
 A profile meant to predict such a run is timed in CPU time too (:func:`profile_clock`),
-once, and each type's timings are the measured ones scaled by that type's factor
-(:func:`emulated_timings`, :func:`scaled_timings`).
+once, its whole-model calls each after a pause, as an emulated stage's operations start on a
+core that has just idled (:func:`profile_pause`), and each type's timings are the measured
+ones scaled by that type's factor (:func:`emulated_timings`, :func:`scaled_timings`).
 
 A spec with a real accelerator (a device type with ``accelerator: cuda``) describes real
 devices: nothing of it is emulated (every factor is 1, :func:`is_real`), since its CPU types
@@ -34,6 +35,7 @@ __all__ = [
     "is_emulated",
     "is_real",
     "profile_clock",
+    "profile_pause",
     "scaled_timings",
     "slowdown",
 ]
@@ -105,6 +107,21 @@ def profile_clock(emulated: bool) -> Clock:
     ``slowdown x`` the CPU time of each compute, and other processes' load on a shared
     machine does not inflate it), the wall clock for real devices."""
     return "cpu" if emulated else "wall"
+
+
+IDLE_PAUSE_S = 0.03
+"""The pause before each of the profiler's whole-model calls on an emulated cluster: as long
+as ``bench/idle_slowdown.py``'s pauses, about what a fast type's stage operation sleeps."""
+
+
+def profile_pause(emulated: bool) -> float:
+    """Seconds the profiler sleeps before each whole-model call it times
+    (:func:`models.profiler.profile_model`, ``pause_s``): :data:`IDLE_PAUSE_S` for an emulated
+    cluster, whose stage workers sleep the rest of every operation's slowed time or wait for
+    their inputs, so that each operation starts on a core that has just idled and costs more
+    CPU than the same call back to back (``bench/idle_slowdown.py``); 0 for real devices,
+    timed by the wall clock, which do not idle that way between operations."""
+    return IDLE_PAUSE_S if emulated else 0.0
 
 
 def scaled_timings(timings: Sequence[LayerTiming], factor: float) -> list[LayerTiming]:

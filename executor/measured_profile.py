@@ -40,6 +40,10 @@ inputs are moved there and every clock read follows a ``torch.cuda.synchronize``
   ``slowdown x`` the CPU time of each compute, so their profile is timed in CPU time too,
   which other processes' load on this shared machine does not inflate; a real device is
   timed by the wall clock.
+- ``pause_s`` (default: :func:`executor.emulation.profile_pause`, 30 ms when emulating, else
+  0): the whole model's timed calls each start after that long asleep, as an emulated stage
+  worker's operations start after its emulation sleep or a wait for inputs, on a core that
+  has just idled, which costs more CPU than a call run back to back.
 
 Every device type of ``spec`` (or of ``device_types``) must have a live node: otherwise an
 :class:`~executor.errors.ExecutorError` names the type before any actor starts.
@@ -63,7 +67,7 @@ from core.cluster import ClusterSpec, device_id
 from core.errors import PipeplanError
 from core.profile import LayerTiming, ModelProfile
 from executor.accelerators import accelerator_of, accelerators, check_nodes, local_device
-from executor.emulation import is_real, profile_clock, scaled_timings, slowdown
+from executor.emulation import is_real, profile_clock, profile_pause, scaled_timings, slowdown
 from executor.errors import ExecutorError, ExecutorTimeoutError
 from executor.live_cluster import LiveNode, live_nodes
 from executor.model import ModelSource, timing_loss
@@ -99,6 +103,7 @@ class _Profiler:
         calibrate: bool = True,
         accelerator: str | None = None,
         node: str = "?",
+        pause_s: float = 0.0,
     ) -> dict[str, Any]:
         """The profile (timed where the model lives: the CPU, or the actor's GPU for a CUDA
         type), where it was taken and how long it took."""
@@ -117,6 +122,7 @@ class _Profiler:
             clock,
             calibrate,
             loss=timing_loss,
+            pause_s=pause_s,
         )
         return {
             "profile": profile.to_dict(),
@@ -215,6 +221,7 @@ def measure_on_type(
     nodes: Sequence[LiveNode] | None = None,
     clock: Clock = "wall",
     accelerator: str | None = None,
+    pause_s: float = 0.0,
 ) -> TypeMeasurement:
     """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
     such node by name); real timings (``clock``: :func:`models.profiler.profile_model`), under
@@ -240,6 +247,7 @@ def measure_on_type(
             True,
             accelerator,
             node.name,
+            pause_s,
         )
         got = _answer(ref, f"profiling model {source.name!r} on {where}", timeout_s)
     finally:
@@ -271,15 +279,17 @@ def measure_profile(
     emulate: bool | None = None,
     device_types: Sequence[str] | None = None,
     clock: Clock | None = None,
+    pause_s: float | None = None,
 ) -> ModelProfile:
     """The profile of ``source`` with timings for every device type of ``spec`` (or of
     ``device_types``), measured on the connected cluster (module docstring: ``measure_on``,
-    ``emulate`` and ``clock``; None: what the spec calls for). ``timeout_s`` bounds the
+    ``emulate``, ``clock`` and ``pause_s``; None: what the spec calls for). ``timeout_s`` bounds the
     whole measurement."""
     real_devices = is_real(spec)
     measure_on = measure_on or ("each" if real_devices else "fastest")
     emulate = (not real_devices) if emulate is None else emulate
     clock = clock or profile_clock(emulate)
+    pause_s = profile_pause(emulate) if pause_s is None else pause_s
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     if measure_on not in ("fastest", "each"):
         raise PipeplanError(f"measure_on: 'fastest' or 'each', got {measure_on!r}")
@@ -312,6 +322,7 @@ def measure_profile(
             nodes=nodes,
             clock=clock,
             accelerator=accelerator_of(spec, t),
+            pause_s=pause_s,
         )
     return _combine([real[t] if measure_on == "each" else real[order[0]] for t in types], factors)
 

@@ -219,10 +219,12 @@ def _time_whole(
     repeats: int,
     now: Callable[[], float],
     loss: Loss | None = None,
+    pause_s: float = 0.0,
 ) -> tuple[float, float]:
     """Median forward and backward seconds of the whole model (and ``loss``) in one call
-    each."""
-    return _time_calls(_with_loss(gm, loss), lambda: [batch], params, warmup, repeats, now)
+    each, each call after ``pause_s`` of sleep."""
+    forward = _with_loss(gm, loss)
+    return _time_calls(forward, lambda: [batch], params, warmup, repeats, now, pause_s)
 
 
 def _time_calls(
@@ -232,14 +234,19 @@ def _time_calls(
     warmup: int,
     repeats: int,
     now: Callable[[], float],
+    pause_s: float = 0.0,
 ) -> tuple[float, float]:
     """Median seconds of ``forward(*make_args())`` (the arguments made untimed) and of the
-    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls."""
+    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls;
+    the thread sleeps ``pause_s`` before each forward and each backward (untimed), so that
+    each starts on a core that has just been idle."""
     fwd: list[float] = []
     bwd: list[float] = []
     grads: list[torch.Tensor] | None = None
     for r in range(warmup + repeats):
         args = make_args()
+        if pause_s > 0:
+            time.sleep(pause_s)
         t0 = now()
         outs = forward(*args)
         t1 = now()
@@ -248,6 +255,8 @@ def _time_calls(
             grads = [torch.randn_like(t) for t in tensors]
         for p in params:
             p.grad = None
+        if pause_s > 0:
+            time.sleep(pause_s)
         t2 = now()
         if tensors:
             torch.autograd.backward(tensors, grads)
@@ -328,9 +337,10 @@ def measure_timings(
     clock: Clock = "wall",
     calibrate: bool = False,
     loss: Loss | None = None,
+    pause_s: float = 0.0,
 ) -> list[LayerTiming]:
     """Fixed + per-sample forward/backward seconds of every layer, one torch thread
-    (``calibrate``, ``loss``: see :func:`models.profiler.profile_model`)."""
+    (``calibrate``, ``loss``, ``pause_s``: see :func:`models.profiler.profile_model`)."""
     layer_of, anchors = assign_layers(gm)
     groups = layer_groups(gm, layer_of, len(anchors))
     pieces = [_piece(gm, g, layer_of, i) for i, g in enumerate(groups)]
@@ -347,7 +357,7 @@ def measure_timings(
             layer_times = _time_chain(pieces, env, params, warmup, repeats, now, loss)
             del env
             if calibrate:
-                whole = _time_whole(gm, batch, params, warmup, repeats, now, loss)
+                whole = _time_whole(gm, batch, params, warmup, repeats, now, loss, pause_s)
                 layer_times = calibrated(layer_times, whole)
             medians.append(layer_times)
     finally:

@@ -70,6 +70,16 @@ def _check_options(
         raise PipeplanError(f"repeats: must be >= 1, got {repeats!r}")
 
 
+def _check_pause(pause_s: Any, calibrate: bool) -> None:
+    if isinstance(pause_s, bool) or not isinstance(pause_s, int | float) or not 0 <= pause_s < 60:
+        raise PipeplanError(f"pause_s: expected seconds from 0 to under 60, got {pause_s!r}")
+    if pause_s > 0 and not calibrate:
+        raise PipeplanError(
+            f"pause_s: {pause_s!r} pauses the whole model's calls, which only calibrate=True "
+            "times (the layers' chain runs back to back)"
+        )
+
+
 def profile_model(
     model: nn.Module,
     example_input: torch.Tensor,
@@ -81,6 +91,7 @@ def profile_model(
     clock: Clock = "wall",
     calibrate: bool = False,
     loss: Loss | None = None,
+    pause_s: float = 0.0,
 ) -> ModelProfile:
     """Profile ``model`` layer by layer (what a layer is: :mod:`models.fx_layers`).
 
@@ -96,10 +107,17 @@ def profile_model(
     ``loss``: the training loss of the model's output (one tensor) to time with the last
     layer, forward and backward (``None``: the output's backward starts from random
     gradients, as every other layer's).
+    ``pause_s``: with ``calibrate``, sleep this long before each of the whole model's timed
+    forward and backward calls, so that each starts on a core that has just idled, as a
+    stage worker's operations do on an emulated cluster (each follows the emulation's sleep
+    or a wait for its inputs); such a compute costs more than one run back to back
+    (``bench/idle_slowdown.py``), and the layers' shares, timed back to back in the chain, are
+    scaled to it.
     """
     _check_options(example_input, batch_sizes, warmup, repeats)
     if clock not in ("wall", "cpu"):
         raise PipeplanError(f"clock: expected 'wall' or 'cpu', got {clock!r}")
+    _check_pause(pause_s, calibrate)
     sample = example_input[:1]
     gm = trace(model)
     with _preserved(model), torch.no_grad():
@@ -113,6 +131,14 @@ def profile_model(
         check_one_output(gm)
     with _preserved(model):
         timings = measure_timings(
-            gm, sample, (batch_sizes[0], batch_sizes[1]), warmup, repeats, clock, calibrate, loss
+            gm,
+            sample,
+            (batch_sizes[0], batch_sizes[1]),
+            warmup,
+            repeats,
+            clock,
+            calibrate,
+            loss,
+            pause_s,
         )
     return profile.with_timings(device_type, timings)

@@ -8,10 +8,12 @@ from core.cluster import ClusterSpec, DeviceType, Node
 from core.errors import PipeplanError, PlanError
 from core.profile import LayerProfile, LayerTiming, ModelProfile
 from executor.emulation import (
+    IDLE_PAUSE_S,
     device_slowdowns,
     emulated_timings,
     is_emulated,
     profile_clock,
+    profile_pause,
     scaled_timings,
     slowdown,
 )
@@ -46,6 +48,10 @@ def test_device_slowdowns_name_an_unknown_type() -> None:
 
 def test_profile_clock() -> None:
     assert profile_clock(True) == "cpu" and profile_clock(False) == "wall"
+
+
+def test_profile_pause_only_when_emulated() -> None:
+    assert profile_pause(True) == IDLE_PAUSE_S > 0 and profile_pause(False) == 0.0
 
 
 def test_scaled_timings_scale_every_part() -> None:

@@ -107,3 +107,10 @@ def test_a_failing_model_is_reported_with_its_type(cluster: LocalCluster) -> Non
     bad = ModelSource("digits_cnn", 8, options={"no_such_option": 1})
     with pytest.raises(ExecutorError, match=r"device type 'fast' \(node n0\).*no_such_option"):
         measure_profile(bad, SPEC, **OPTIONS)
+
+
+@pytest.mark.timeout(60)
+def test_the_pause_reaches_the_profiler(cluster: LocalCluster) -> None:
+    # the profiler actor checks it: a bad pause is refused there, naming the field
+    with pytest.raises(ExecutorError, match=r"device type 'fast'.*pause_s: .*-1"):
+        measure_profile(DIGITS, SPEC, pause_s=-1.0, **OPTIONS)

@@ -384,6 +384,35 @@ def test_fit_fixed_per_sample() -> None:
     assert fit_fixed_per_sample(2, 0.1, 4, 1.0) == pytest.approx((0.0, 0.45))
 
 
+def test_pause_sleeps_before_each_timed_whole_model_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    from models import layer_timing
+
+    model, x = zoo.build("digits_cnn")
+    slept: list[float] = []
+    real_sleep = layer_timing.time.sleep
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(layer_timing.time, "sleep", sleep)
+    opts = {"batch_sizes": (2, 4), "warmup": 1, "repeats": 2, "clock": "wall"}
+    paused = profile_model(model, x, "d", "cpu", calibrate=True, pause_s=0.05, **opts)  # type: ignore[arg-type]
+    # 2 batch sizes x 3 passes x (forward + backward), the chain's layers never
+    assert slept == [0.05] * 12
+    # the pause is not timed: the whole model's forward of 2 samples takes well under 50 ms
+    assert sum(layer.timings["cpu"].forward(2) for layer in paused.layers) < 0.05
+    slept.clear()
+    profile_model(model, x, "d", "cpu", calibrate=True, **opts)  # type: ignore[arg-type]
+    assert slept == []
+
+
+def test_pause_needs_the_whole_model_calls() -> None:
+    model, x = zoo.build("digits_cnn")
+    with pytest.raises(PipeplanError, match=r"pause_s: 0\.03 .*calibrate=True"):
+        profile_model(model, x, "d", "cpu", pause_s=0.03)
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 
@@ -396,6 +425,10 @@ def test_fit_fixed_per_sample() -> None:
         ("warmup", -1),
         ("repeats", 0),
         ("clock", "gpu"),
+        ("pause_s", -0.1),
+        ("pause_s", float("nan")),
+        ("pause_s", 60),
+        ("pause_s", "1"),
     ],
 )
 def test_bad_options_name_field_and_value(option: str, value: object) -> None:
