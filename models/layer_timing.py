@@ -12,6 +12,11 @@ than alone, over and over. Warm-up passes, then the median of ``repeats``; one t
 stores them; adding them into a step's earlier microbatches' is the cost model's accumulation
 term (rule 2, :mod:`core.costmodel`; measured by ``bench/grad_accumulation.py``).
 
+With ``calibrate``, the whole model is also timed in one call per direction at both sizes,
+the sizes taking turns call after call (a drift of a shared machine's speed then moves both
+alike), optionally each call after a pause (``pause_s``: as a stage operation starts after
+an emulated device's sleep or a wait), and the layers are scaled to those totals.
+
 Fixed and per-sample parts are fitted from two batch sizes. The fit is linear in the batch
 size, CPU kernels are not always (oneDNN's 1x1 convolutions on 2x2 maps can make ResNet-50 at
 32x32 slower at 8 samples than at 16), so time the sizes a plan's operations will see. With a
@@ -213,59 +218,52 @@ def _time_chain(
 
 def _time_whole(
     gm: fx.GraphModule,
-    batch: torch.Tensor,
+    batches: Sequence[torch.Tensor],
     params: Sequence[nn.Parameter],
     warmup: int,
     repeats: int,
     now: Callable[[], float],
     loss: Loss | None = None,
     pause_s: float = 0.0,
-) -> tuple[float, float]:
+) -> list[tuple[float, float]]:
     """Median forward and backward seconds of the whole model (and ``loss``) in one call
-    each, each call after ``pause_s`` of sleep."""
-    forward = _with_loss(gm, loss)
-    return _time_calls(forward, lambda: [batch], params, warmup, repeats, now, pause_s)
+    each, for every batch of ``batches``, after ``warmup`` calls of each.
 
-
-def _time_calls(
-    forward: Callable[..., Any],
-    make_args: Callable[[], list[Any]],
-    params: Sequence[nn.Parameter],
-    warmup: int,
-    repeats: int,
-    now: Callable[[], float],
-    pause_s: float = 0.0,
-) -> tuple[float, float]:
-    """Median seconds of ``forward(*make_args())`` (the arguments made untimed) and of the
-    backward of its outputs (random output gradients, drawn once), after ``warmup`` calls;
-    the thread sleeps ``pause_s`` before each forward and each backward (untimed), so that
+    The batch sizes take turns, call after call, so that a change of the machine's speed
+    while they are timed (a shared machine drifts within seconds) moves every size alike:
+    it shifts the fitted fixed and per-sample parts together instead of tilting the line
+    between them. The backward starts from random output gradients, drawn once per size.
+    The thread sleeps ``pause_s`` before each forward and each backward (untimed), so that
     each starts on a core that has just been idle."""
-    fwd: list[float] = []
-    bwd: list[float] = []
-    grads: list[torch.Tensor] | None = None
+    forward = _with_loss(gm, loss)
+    fwd: list[list[float]] = [[] for _ in batches]
+    bwd: list[list[float]] = [[] for _ in batches]
+    grads: dict[int, list[torch.Tensor]] = {}
     for r in range(warmup + repeats):
-        args = make_args()
-        if pause_s > 0:
-            time.sleep(pause_s)
-        t0 = now()
-        outs = forward(*args)
-        t1 = now()
-        tensors = [t for t in tree_leaves(outs) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if grads is None:
-            grads = [torch.randn_like(t) for t in tensors]
-        for p in params:
-            p.grad = None
-        if pause_s > 0:
-            time.sleep(pause_s)
-        t2 = now()
-        if tensors:
-            torch.autograd.backward(tensors, grads)
-        t3 = now()
-        if r >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t3 - t2)
-        del outs, tensors, args
-    return statistics.median(fwd), statistics.median(bwd)
+        for i, batch in enumerate(batches):
+            if pause_s > 0:
+                time.sleep(pause_s)
+            t0 = now()
+            outs = forward(batch)
+            t1 = now()
+            tensors = [
+                t for t in tree_leaves(outs) if isinstance(t, torch.Tensor) and t.requires_grad
+            ]
+            if i not in grads:
+                grads[i] = [torch.randn_like(t) for t in tensors]
+            for p in params:
+                p.grad = None
+            if pause_s > 0:
+                time.sleep(pause_s)
+            t2 = now()
+            if tensors:
+                torch.autograd.backward(tensors, grads[i])
+            t3 = now()
+            if r >= warmup:
+                fwd[i].append(t1 - t0)
+                bwd[i].append(t3 - t2)
+            del outs, tensors
+    return [(statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd, strict=True)]
 
 
 def calibrated(
@@ -351,15 +349,14 @@ def measure_timings(
     torch.set_num_threads(1)
     try:
         gm.train()
-        for n in batch_sizes:
-            batch = _timing_input(sample, n)
+        batches = [_timing_input(sample, n) for n in batch_sizes]
+        for batch in batches:
             env = _capture(gm, batch)
-            layer_times = _time_chain(pieces, env, params, warmup, repeats, now, loss)
+            medians.append(_time_chain(pieces, env, params, warmup, repeats, now, loss))
             del env
-            if calibrate:
-                whole = _time_whole(gm, batch, params, warmup, repeats, now, loss, pause_s)
-                layer_times = calibrated(layer_times, whole)
-            medians.append(layer_times)
+        if calibrate:
+            wholes = _time_whole(gm, batches, params, warmup, repeats, now, loss, pause_s)
+            medians = [calibrated(m, w) for m, w in zip(medians, wholes, strict=True)]
     finally:
         torch.set_num_threads(threads)
         for p in params:

@@ -407,6 +407,20 @@ def test_pause_sleeps_before_each_timed_whole_model_call(monkeypatch: pytest.Mon
     assert slept == []
 
 
+def test_whole_model_calls_take_turns_between_the_batch_sizes() -> None:
+    model, x = zoo.build("digits_cnn")
+    sizes: list[int] = []
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        sizes.append(out.shape[0])
+        return out.sum()
+
+    opts = {"batch_sizes": (2, 4), "warmup": 1, "repeats": 2, "clock": "cpu"}
+    profile_model(model, x, "d", "cpu", calibrate=True, loss=loss, **opts)  # type: ignore[arg-type]
+    # the chain at each size in turn (3 passes each), then the whole model, sizes alternating
+    assert sizes == [2, 2, 2, 4, 4, 4, 2, 4, 2, 4, 2, 4]
+
+
 def test_pause_needs_the_whole_model_calls() -> None:
     model, x = zoo.build("digits_cnn")
     with pytest.raises(PipeplanError, match=r"pause_s: 0\.03 .*calibrate=True"):
