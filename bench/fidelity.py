@@ -334,9 +334,7 @@ class Result:
             "abs_rel_error": None if math.isnan(self.rel_error) else abs(self.rel_error),
             "predicted_after_s": self.predicted_after_s,
             "predicted_back_to_back_s": self.predicted_back_to_back_s,
-            "back_to_back_rel_error": (
-                None if m is None else self.error_with(self.predicted_back_to_back_s)
-            ),
+            "back_to_back_rel_error": _finite(self.error_with(self.predicted_back_to_back_s)),
             "profile_change": None if math.isnan(self.profile_change) else self.profile_change,
             "calibrated_predicted_s": dict(self.calibrated),
             "calibrated_rel_error": {
@@ -400,6 +398,11 @@ def run_plan(
 
 
 # --- output -----------------------------------------------------------------------------------
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None for NaN (JSON has no NaN)."""
+    return None if math.isnan(x) else x
 
 
 def _ms(x: float | None) -> str:
@@ -780,10 +783,15 @@ def main() -> None:
     )
     console.print(table(results, title))
     errs = errors_of(results)
+    kinds = sorted({k for r in results for k in r.calibrated})
+    groups = {"uncalibrated": errs}
+    groups |= {f"calibrated ({k})": errors_of(results, k) for k in kinds}
+    # the baseline: uncalibrated on the profile timed back to back (no pause before its
+    # whole-model calls), measured beside the one the plans were made on
+    b2b = [abs(r.error_with(r.predicted_back_to_back_s)) for r in results]
+    groups["uncalibrated, back-to-back profile (baseline)"] = [e for e in b2b if not math.isnan(e)]
     verdicts = {}
-    for kind in (None, *sorted({k for r in results for k in r.calibrated})):
-        e = errors_of(results, kind)
-        label = "uncalibrated" if kind is None else f"calibrated ({kind})"
+    for label, e in groups.items():
         med, worst = (statistics.median(e), max(e)) if e else (math.nan, math.nan)
         met = bool(med <= MEDIAN_TARGET and worst <= WORST_TARGET)
         verdicts[label] = {"median": med, "max": worst, "plans": len(e), "target_met": met}
@@ -791,22 +799,6 @@ def main() -> None:
             f"{label}: median |error| {med * 100:.1f}%, worst {worst * 100:.1f}% over "
             f"{len(e)} plans (target median <= {MEDIAN_TARGET:.0%} and every plan <= "
             f"{WORST_TARGET:.0%}: {'met' if met else 'NOT met'})"
-        )
-    b2b = [abs(r.error_with(r.predicted_back_to_back_s)) for r in results]
-    b2b = [e for e in b2b if not math.isnan(e)]
-    if b2b:
-        verdicts["uncalibrated, back-to-back profile (baseline)"] = {
-            "median": statistics.median(b2b),
-            "max": max(b2b),
-            "plans": len(b2b),
-            "target_met": bool(
-                statistics.median(b2b) <= MEDIAN_TARGET and max(b2b) <= WORST_TARGET
-            ),
-        }
-        console.print(
-            "baseline, uncalibrated on the profile timed back to back (no pause before its "
-            f"whole-model calls): median |error| {statistics.median(b2b) * 100:.1f}%, worst "
-            f"{max(b2b) * 100:.1f}%"
         )
     spreads = [r.spread for r in results if r.measured is not None]
     console.print(
