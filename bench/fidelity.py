@@ -286,7 +286,8 @@ class Result:
                 "microbatch": ps.microbatch,
                 "predicted_compute_s": ps.compute_s,
                 "predicted_transfer_s": ps.transfer_s,
-                "predicted_update_s": ps.update_s + ps.allreduce_s,
+                "predicted_update_s": ps.update_s,
+                "predicted_allreduce_s": ps.allreduce_s,
                 "predicted_end_s": ps.end_s,
             }
             factor = max(slowdown_of(self.spec, d) for d in ps.devices) if self.spec else 1.0
@@ -303,6 +304,7 @@ class Result:
                     "measured_compute_s": ms.compute_s,
                     "measured_transfer_s": ms.transfer_s,
                     "measured_update_s": ms.update_s,
+                    "measured_allreduce_s": ms.allreduce_s,
                     "measured_emulated_s": ms.emulated_s,
                     "measured_idle_s": ms.wait_s,
                 }
@@ -320,7 +322,11 @@ class Result:
                 {
                     "batch_time_s": run.batch_time_s,
                     "stages": [
-                        {"forward_s": st.forward_s, "backward_s": st.backward_s}
+                        {
+                            "forward_s": st.forward_s,
+                            "backward_s": st.backward_s,
+                            "allreduce_s": st.allreduce_s,
+                        }
                         for st in run.stages
                     ],
                 }

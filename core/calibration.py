@@ -10,8 +10,12 @@ spec as a ``calibration:`` block; the cost model then uses it (DESIGN.md's contr
 - ``call_overhead[TYPE] = {fwd, bwd}``: seconds added to every forward and every backward
   a replica of ``TYPE`` runs: what a stage call costs beyond its layers (the actor call,
   unpacking the input and cloning it for its gradient, packing the output).
-- ``network``: the two link classes, fitted (rule 4); the spec's own ``network`` is kept
-  beside it, for reference, and is what an uncalibrated copy uses.
+- ``network``: the two link classes' sends, fitted (rule 4); the spec's own ``network`` is
+  kept beside it, for reference, and is what an uncalibrated copy uses.
+- ``all_reduce``: the two link classes' ring rounds, fitted (rule 8r): the bandwidth and
+  latency of a round of the replicas' ring all-reduce, which on a shared host is not a lone
+  send (``python -m bench.links``) and moves with the machine, so a fit to replicated plans'
+  runs learns it instead of trusting the spec's ``network.<class>.all_reduce``.
 - ``step_overhead_s``: seconds added to every batch time (rule 8c): the driver's part of a
   step (putting the batch, submitting every operation, collecting the results).
 - ``fit``: a free-form record of how it was fitted (runs, held-out errors, date), shown to
@@ -50,7 +54,9 @@ class Calibration:
     compute_scale: Mapping[str, float] = field(default_factory=dict)
     call_overhead: Mapping[str, CallOverhead] = field(default_factory=dict)
     network: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    """Link class (``intra_node``, ``inter_node``) -> (bandwidth_gbps, latency_us)."""
+    """Link class (``intra_node``, ``inter_node``) -> (bandwidth_gbps, latency_us) of a send."""
+    all_reduce: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Link class -> (bandwidth_gbps, latency_us) of a ring all-reduce round."""
     step_overhead_s: float = 0.0
     fit: Mapping[str, Any] = field(default_factory=dict)
 
@@ -58,13 +64,15 @@ class Calibration:
         object.__setattr__(self, "compute_scale", _io.FrozenMap(dict(self.compute_scale)))
         object.__setattr__(self, "call_overhead", _io.FrozenMap(dict(self.call_overhead)))
         object.__setattr__(self, "network", _io.FrozenMap(dict(self.network)))
+        object.__setattr__(self, "all_reduce", _io.FrozenMap(dict(self.all_reduce)))
         for t, s in self.compute_scale.items():
             if not MIN_SCALE <= s <= MAX_SCALE:
                 raise FormatError(
                     f"calibration.compute_scale.{t}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
                     f"got {s!r}"
                 )
-        _check_link_classes(self.network)
+        _check_link_classes(self.network, "network")
+        _check_link_classes(self.all_reduce, "all_reduce")
 
     def scale(self, device_type: str) -> float:
         return float(self.compute_scale.get(device_type, 1.0))
@@ -93,11 +101,11 @@ class Calibration:
             },
             "step_overhead_s": self.step_overhead_s,
         }
-        if self.network:
-            doc["network"] = {
-                k: {"bandwidth_gbps": bw, "latency_us": lat}
-                for k, (bw, lat) in self.network.items()
-            }
+        for key, links in (("network", self.network), ("all_reduce", self.all_reduce)):
+            if links:
+                doc[key] = {
+                    k: {"bandwidth_gbps": bw, "latency_us": lat} for k, (bw, lat) in links.items()
+                }
         if self.fit:
             doc["fit"] = dict(self.fit)
         return doc
@@ -111,8 +119,10 @@ class Calibration:
         scales = _mapping(doc, "compute_scale")
         overheads = _mapping(doc, "call_overhead")
         links = _mapping(doc, "network")
+        rings = _mapping(doc, "all_reduce")
         fit = _mapping(doc, "fit")
-        _check_link_classes(links)  # before parsing them, so the name comes first
+        _check_link_classes(links, "network")  # before parsing them, so the name comes first
+        _check_link_classes(rings, "all_reduce")
         return cls(
             compute_scale={str(t): _io.number(scales, t, f"{where}.compute_scale") for t in scales},
             call_overhead={
@@ -123,20 +133,23 @@ class Calibration:
                 for t, o in overheads.items()
             },
             network={str(k): _link(v, f"{where}.network.{k}") for k, v in links.items()},
+            all_reduce={str(k): _link(v, f"{where}.all_reduce.{k}") for k, v in rings.items()},
             step_overhead_s=_io.number(doc, "step_overhead_s", where, 0.0),
             fit=dict(fit),
         )
 
 
 LINK_CLASSES = ("intra_node", "inter_node")
-KEYS = frozenset({"compute_scale", "call_overhead", "network", "step_overhead_s", "fit"})
+KEYS = frozenset(
+    {"compute_scale", "call_overhead", "network", "all_reduce", "step_overhead_s", "fit"}
+)
 
 
-def _check_link_classes(names: Mapping[str, Any]) -> None:
+def _check_link_classes(names: Mapping[str, Any], where: str) -> None:
     for key in names:
         if key not in LINK_CLASSES:
             raise FormatError(
-                f"calibration.network: unknown link class {key!r} "
+                f"calibration.{where}: unknown link class {key!r} "
                 f"(known: {', '.join(LINK_CLASSES)})"
             )
 

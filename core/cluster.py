@@ -116,6 +116,11 @@ class Link:
         ring rounds) stays."""
         return replace(self, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us)
 
+    def ring_fitted(self, bandwidth_gbps: float, latency_us: float) -> Link:
+        """This link with a calibration's fitted ring round (its ``all_reduce``); its sends
+        stay."""
+        return replace(self, ring_bandwidth_gbps=bandwidth_gbps, ring_latency_us=latency_us)
+
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us}
         if self.ring_bandwidth_gbps is not None:
@@ -262,19 +267,21 @@ class ClusterSpec:
 
     @property
     def links(self) -> Network:
-        """The link classes the cost model uses: the calibration's fitted ones where it has
-        them, else the spec's ``network``."""
-        fitted = self.calibration.network if self.calibration is not None else {}
-        if not fitted:
+        """The link classes the cost model uses: the calibration's fitted sends and ring
+        rounds where it has them, else the spec's ``network``."""
+        cal = self.calibration
+        if cal is None or not (cal.network or cal.all_reduce):
             return self.network
-        return Network(
-            intra_node=self.network.intra_node.fitted(*fitted["intra_node"])
-            if "intra_node" in fitted
-            else self.network.intra_node,
-            inter_node=self.network.inter_node.fitted(*fitted["inter_node"])
-            if "inter_node" in fitted
-            else self.network.inter_node,
-        )
+
+        def link(name: str) -> Link:
+            out: Link = getattr(self.network, name)
+            if name in cal.network:
+                out = out.fitted(*cal.network[name])
+            if name in cal.all_reduce:
+                out = out.ring_fitted(*cal.all_reduce[name])
+            return out
+
+        return Network(intra_node=link("intra_node"), inter_node=link("inter_node"))
 
     def calibrated(self, calibration: Calibration | None) -> ClusterSpec:
         """This cluster with another calibration (None: uncalibrated)."""

@@ -17,8 +17,10 @@ term at its default) is costed exactly as before:
   ``t`` adds ``call_overhead[t].fwd_s`` and ``.bwd_s`` (default 0) once, whatever its share of
   samples; F_s and Bk_s (rule 2) are the maxima over replicas of those sums (rule 2b's
   accumulation term is added to Bk_s after, unscaled).
-- **4.** The link classes are ``calibration.network``'s where it has them (both rule 4's
-  sends and rule 8's all-reduce), else the spec's ``network``.
+- **4.** A link class's send numbers are ``calibration.network``'s where it has them, and
+  its ring numbers (rule 8r) ``calibration.all_reduce``'s where it has them; the rest stays
+  the spec's ``network``. Rule 4's sends and rule 8's all-reduce use the link so made (a
+  link with no ring numbers prices its all-reduce with its send numbers).
 - **8c.** ``batch_time = max over stages (...) + step_overhead_s`` (default 0); throughput,
   cost per batch and per sample follow from that batch time.
 
@@ -26,7 +28,7 @@ A link class may carry its own ring numbers (``network.<class>.all_reduce``: ban
 latency, :class:`core.cluster.Link`): rule 8's all-reduce is then
 ``2 (r-1)/r x params / all_reduce bandwidth + 2 (r-1) x all_reduce latency`` (rule 8r);
 without them it uses the link's own numbers, as before. Rule 4's sends always use the
-link's own; a calibration's fitted link replaces those and keeps ``all_reduce``.
+link's own send numbers (a calibration's fitted ones where it has them).
 
 Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
 every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:

@@ -5,15 +5,19 @@ measured batch time and, per stage, the busiest replica's forward and backward p
 :func:`fit` finds the terms that make the cost model agree with them:
 
 - per device type: a compute scale and a call overhead for forwards and for backwards;
-- per link class that the observed plans use: latency and bandwidth;
+- per link class that the observed plans send over: latency and bandwidth of a send;
+- per link class that the observed plans all-reduce over: latency and bandwidth of a ring
+  round (rule 8r);
 - one step overhead.
 
 It minimises, with :func:`scipy.optimize.least_squares` (bounded, trust-region), the
-relative errors of every observation's batch time and of every stage's forward and
-backward per call, all from :func:`core.costmodel.simulate` on the calibrated cluster, so the
-fit is judged by the model the planners use, schedule, bubbles and sends included. The
-per-stage terms pin the per-type compute (many rows, well posed); the batch times pin what
-only a whole step shows (links, the driver's overhead). A type or a link class that no
+relative errors of every observation's batch time, of every stage's forward and backward
+per call and of every replicated stage's all-reduce, all from
+:func:`core.costmodel.simulate` on the calibrated cluster, so the fit is judged by the model
+the planners use, schedule, bubbles and sends included. The per-stage terms pin the
+per-type compute (many rows, well posed) and the ring rounds (measured apart from the
+compute, whose errors would otherwise leak into them); the batch times pin what only a
+whole step shows (sends, the driver's overhead). A type or a link class that no
 observation uses keeps its spec values.
 
 :func:`errors` gives each observation's batch-time error under a cluster, to compare a fit
@@ -46,6 +50,13 @@ PRIOR_WEIGHT = 0.001
 """Weight of the pull towards the uncalibrated spec (scale 1, no overheads, the spec's
 links): a scale off by 0.5, or 10 ms of overhead, costs as much as a 0.1% error. It keeps
 a fit of few runs from spending terms the runs do not pin (a ridge prior)."""
+RING_LATENCY_PRIOR_MS = 0.1
+"""Prior scale of a ring round's latency (ms), a hundred times firmer than the other
+latencies': a 1 ms move costs as much as a 1% error. The runs of real plans all-reduce tens
+to hundreds of MB, which pins a round's bandwidth and leaves its latency free to trade
+against the step overhead (fitted alone it fell to zero and the small all-reduces of held-out
+plans came out 15% short); the spec's latency is a measured one (``bench.links`` times the
+rounds on chunks of 4 MB up)."""
 MS, MB = 1e-3, 1e6
 
 
@@ -59,6 +70,9 @@ class Observation:
     forward_s: tuple[float, ...]
     """Per stage, the busiest replica's mean forward per call."""
     backward_s: tuple[float, ...]
+    allreduce_s: tuple[float, ...] = ()
+    """Per stage, the replicas' measured ring all-reduce per step (0 without replicas); empty
+    when the run did not record it (runs measured before it was)."""
 
     @classmethod
     def of(cls, measurement: Measurement, profile: ModelProfile) -> Observation:
@@ -72,6 +86,7 @@ class Observation:
             backward_s=tuple(
                 st.backward_s / k for st, k in zip(measurement.stages, m, strict=True)
             ),
+            allreduce_s=tuple(st.allreduce_s for st in measurement.stages),
         )
 
 
@@ -97,6 +112,7 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
     if isinstance(batch_time, bool) or not isinstance(batch_time, int | float) or batch_time <= 0:
         raise PlanError(f"{where}.measured.batch_time_s: must be a number > 0, got {batch_time!r}")
     per_call: list[tuple[float, float]] = []
+    rings: list[float] = []
     for s, st in enumerate(stages):
         m = plan.microbatches(s)
         try:
@@ -106,6 +122,12 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
                 f"{where}.measured.stages[{s}]: needs numbers forward_s and backward_s, "
                 f"got {st!r:.80}"
             ) from None
+        ring = st.get("allreduce_s", 0.0)  # absent from runs measured before it was recorded
+        if isinstance(ring, bool) or not isinstance(ring, int | float) or not ring >= 0:
+            raise PlanError(
+                f"{where}.measured.stages[{s}].allreduce_s: must be a number >= 0, got {ring!r}"
+            )
+        rings.append(float(ring))
     plan.validate(profile, None)
     return Observation(
         plan,
@@ -113,6 +135,7 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
         float(batch_time),
         tuple(f for f, _ in per_call),
         tuple(b for _, b in per_call),
+        tuple(rings),
     )
 
 
@@ -133,22 +156,29 @@ class _Terms:
     some observed profile has no timing for (rule 1's FLOP fallback): a type timed on this
     cluster is already measured, and a scale fitted to it learns the load of the moment
     instead (in ``bench.fidelity``, fitting it made held-out plans worse). Per link class
-    the observations use: latency and inverse bandwidth. Then the step overhead.
+    the observations send over: a send's latency and inverse bandwidth; per link class a
+    replicated stage of theirs all-reduces over: a ring round's. Then the step overhead.
     """
 
     def __init__(self, cluster: ClusterSpec, observations: Sequence[Observation]) -> None:
         used = {cluster.device(d).type for o in observations for d in o.plan.devices}
         self.types = sorted(used)
         self.scaled = [t for t in self.types if _untimed(t, observations)]
-        self.links = [k for k in LINK_CLASSES if _uses(cluster, observations, k)]
+        self.sends = [k for k in LINK_CLASSES if _sends_over(cluster, observations, k)]
+        self.rings = [k for k in LINK_CLASSES if _reduces_over(cluster, observations, k)]
         net = cluster.links
         rows: list[tuple[float, float, float, float]] = []  # start, lo, hi, prior scale
         rows += [(1.0, MIN_SCALE, MAX_SCALE, 0.5)] * len(self.scaled)
         rows += [(0.0, 0.0, 1e4, 10.0)] * (2 * len(self.types))  # fwd, bwd overhead (ms)
-        for k in self.links:  # latency (ms), ms per MB (prior scale 0: on a log scale)
+        # per link: latency (ms), ms per MB (prior scale 0: on a log scale)
+        for k in self.sends:
             link = getattr(net, k)
             rows += [(link.latency_s / MS, 0.0, 1e4, 10.0)]
             rows += [(MB / link.bytes_per_s / MS, 1e-6, 1e4, 0.0)]
+        for k in self.rings:
+            link = getattr(net, k)
+            rows += [(link.ring_latency_s / MS, 0.0, 1e4, RING_LATENCY_PRIOR_MS)]
+            rows += [(MB / link.ring_bytes_per_s / MS, 1e-6, 1e4, 0.0)]
         rows.append((0.0, 0.0, 1e5, 10.0))  # step overhead (ms)
         start, lo, hi, scale = (np.array(c) for c in zip(*rows, strict=True))
         self.start = np.clip(start, lo, hi)
@@ -165,19 +195,25 @@ class _Terms:
         return PRIOR_WEIGHT * out
 
     def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
-        n, T = len(self.scaled), len(self.types)
+        n, T, K = len(self.scaled), len(self.types), len(self.sends)
         calls = x[n : n + 2 * T].reshape(-1, 2)
         links = x[n + 2 * T : -1].reshape(-1, 2)
+
+        def fitted(names: list[str], rows: np.ndarray) -> dict[str, tuple[float, float]]:
+            """(bandwidth_gbps, latency_us) of each link class from (latency ms, ms per MB)."""
+            return {
+                name: (_gbps(MB / (v[1] * MS)), float(v[0] * MS / rules.US))
+                for name, v in zip(names, rows, strict=True)
+            }
+
         return Calibration(
             compute_scale={t: float(v) for t, v in zip(self.scaled, x[:n], strict=True)},
             call_overhead={
                 t: CallOverhead(float(v[0]) * MS, float(v[1]) * MS)
                 for t, v in zip(self.types, calls, strict=True)
             },
-            network={
-                name: (_gbps(MB / (v[1] * MS)), float(v[0] * MS / rules.US))
-                for name, v in zip(self.links, links, strict=True)
-            },
+            network=fitted(self.sends, links[:K]),
+            all_reduce=fitted(self.rings, links[K:]),
             step_overhead_s=float(x[-1]) * MS,
             fit=fit or {},
         )
@@ -192,18 +228,27 @@ def _gbps(bytes_per_s: float) -> float:
     return float(bytes_per_s * rules.BITS_PER_BYTE / rules.GB)
 
 
-def _uses(cluster: ClusterSpec, observations: Sequence[Observation], link: str) -> bool:
-    """Whether any observed plan sends over (or all-reduces across) this link class."""
-    inter = link == "inter_node"
-    for o in observations:
-        stages = o.plan.stages
-        pairs = [(a.devices, b.devices) for a, b in zip(stages, stages[1:], strict=False)]
-        pairs += [(s.devices, s.devices) for s in stages if s.replicas > 1]
-        for a, b in pairs:
-            nodes = {cluster.device(d).node for d in (*a, *b)}
-            if (len(nodes) > 1) == inter:
-                return True
-    return False
+def _crosses(cluster: ClusterSpec, devices: Sequence[str], link: str) -> bool:
+    """Whether ``devices`` talk over link class ``link`` (inter-node when on several nodes)."""
+    return (len({cluster.device(d).node for d in devices}) > 1) == (link == "inter_node")
+
+
+def _sends_over(cluster: ClusterSpec, observations: Sequence[Observation], link: str) -> bool:
+    """Whether any observed plan sends between two stages over this link class."""
+    return any(
+        _crosses(cluster, (*a.devices, *b.devices), link)
+        for o in observations
+        for a, b in zip(o.plan.stages, o.plan.stages[1:], strict=False)
+    )
+
+
+def _reduces_over(cluster: ClusterSpec, observations: Sequence[Observation], link: str) -> bool:
+    """Whether any observed plan all-reduces a replicated stage over this link class."""
+    return any(
+        s.replicas > 1 and _crosses(cluster, s.devices, link)
+        for o in observations
+        for s in o.plan.stages
+    )
 
 
 def _residuals(cluster: ClusterSpec, observations: Sequence[Observation]) -> np.ndarray:
@@ -216,6 +261,9 @@ def _residuals(cluster: ClusterSpec, observations: Sequence[Observation]) -> np.
                 out.append(STAGE_WEIGHT * relative_error(st.forward_s, f))
             if b > 0:
                 out.append(STAGE_WEIGHT * relative_error(st.backward_s, b))
+        for st, ring in zip(est.stages, o.allreduce_s, strict=False):
+            if ring > 0 and st.allreduce_s > 0:
+                out.append(STAGE_WEIGHT * relative_error(st.allreduce_s, ring))
     return np.array(out)
 
 

@@ -74,6 +74,9 @@ class StageMeasurement:
     """Part of forward + backward that is emulation sleep."""
     cpu_s: float = 0.0
     """CPU time of the real forward + backward (without the sleep and core waits)."""
+    allreduce_s: float = 0.0
+    """The replicas' ring all-reduce (0 without replicas): from the moment the last replica
+    began it to the end of its last round, so not the wait for a slower replica's backward."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ def summarise(
             row = dict(busiest)
             row["transfer"] = max(d["transfer"] for d in reps)
             row["wait"] = res.batch_time_s - (row["forward"] + row["backward"] + row["update"])
+            row["allreduce"] = _allreduce(res, s)
             per_stage[s].append(row)
     stages = tuple(_stage(plan, s, rows) for s, rows in enumerate(per_stage))
     times = tuple(r.batch_time_s for r in measured)
@@ -213,6 +217,18 @@ def _replica(res: StepResult, s: int, k: int, moved: dict[RecordKey, float]) -> 
     }
 
 
+def _allreduce(res: StepResult, s: int) -> float:
+    """Stage ``s``'s ring all-reduce in one step (``G`` records: each replica's ring_start,
+    then its rounds): the last round's end less the latest replica's start."""
+    ring = [r for r in res.records if r.stage == s and r.kind == "G"]
+    if not ring:
+        return 0.0
+    began: dict[int, float] = {}
+    for r in ring:
+        began[r.replica] = min(began.get(r.replica, r.start), r.start)
+    return max(r.end for r in ring) - max(began.values())
+
+
 def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement:
     def mean(key: str) -> float:
         return statistics.fmean(r[key] for r in rows)
@@ -231,6 +247,7 @@ def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement
         wait_s=mean("wait"),
         emulated_s=mean("emulated"),
         cpu_s=mean("cpu"),
+        allreduce_s=mean("allreduce"),
     )
 
 

@@ -124,14 +124,15 @@ def summary_lines(report: CalibrationReport) -> list[str]:
         f"{s['held_out_max_abs_error_after']:.1%} after",
     ]
     if cal is not None:
-        for t in sorted(cal.compute_scale):
+        for t in sorted(set(cal.compute_scale) | set(cal.call_overhead)):
             o = cal.overhead(t)
             lines.append(
                 f"  {t}: compute x{cal.scale(t):.3f}, call overhead fwd "
                 f"{o.fwd_s * 1e3:.2f} ms, bwd {o.bwd_s * 1e3:.2f} ms"
             )
-        for name, (bw, lat) in sorted(cal.network.items()):
-            lines.append(f"  {name}: {bw:.3g} Gbit/s, {lat / 1e3:.2f} ms")
+        for what, links in (("sends", cal.network), ("all-reduce rounds", cal.all_reduce)):
+            for name, (bw, lat) in sorted(links.items()):
+                lines.append(f"  {name} {what}: {bw:.3g} Gbit/s, {lat / 1e3:.2f} ms")
         lines.append(f"  step overhead {cal.step_overhead_s * 1e3:.2f} ms")
     if report.emulated:
         lines.append("EMULATED: every device is this machine's CPU")

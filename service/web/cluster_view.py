@@ -60,16 +60,14 @@ class TypeTerms:
 
 @dataclass(frozen=True)
 class LinkTerms:
-    """One link class: the spec's and the fitted bandwidth (Gbit/s) and latency (µs); or,
-    ``ring``, the spec's own numbers for its ring all-reduce rounds, which a calibration
-    keeps (it fits the sends)."""
+    """One link class's sends, or its ring all-reduce rounds (``NAME all-reduce``): the spec's
+    and the fitted bandwidth (Gbit/s) and latency (µs); fitted is None where no run used it."""
 
     name: str
     spec_gbps: float
     spec_us: float
     fitted_gbps: float | None
     fitted_us: float | None
-    ring: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,27 +98,14 @@ def calibration_panel(info: ClusterCalibration, spec: ClusterSpec, ours: bool) -
     links = []
     for k in LINK_CLASSES:
         link = getattr(spec.network, k)
-        fitted = cal.network.get(k) if cal is not None else None
-        links.append(
-            LinkTerms(
-                k,
-                link.bandwidth_gbps,
-                link.latency_us,
-                fitted[0] if fitted else None,
-                fitted[1] if fitted else None,
-            )
-        )
-        if link.ring_bandwidth_gbps is not None and link.ring_latency_us is not None:
-            links.append(
-                LinkTerms(
-                    f"{k} all-reduce",
-                    link.ring_bandwidth_gbps,
-                    link.ring_latency_us,
-                    None,
-                    None,
-                    True,
-                )
-            )
+        sends = cal.network.get(k) if cal is not None else None
+        links.append(LinkTerms(k, link.bandwidth_gbps, link.latency_us, *(sends or (None, None))))
+        ring = cal.all_reduce.get(k) if cal is not None else None
+        if ring is not None or link.ring_bandwidth_gbps is not None:
+            ring_spec = (link.ring_bandwidth_gbps, link.ring_latency_us)  # rule 8r's own numbers
+            if ring_spec[0] is None or ring_spec[1] is None:
+                ring_spec = (link.bandwidth_gbps, link.latency_us)  # else the link's
+            links.append(LinkTerms(f"{k} all-reduce", *ring_spec, *(ring or (None, None))))
     return CalibrationPanel(
         info, ours, types, tuple(links), cal.step_overhead_s if cal is not None else None
     )

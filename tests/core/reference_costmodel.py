@@ -28,7 +28,8 @@ How the rules were read where the text leaves room (each marked "reading" below)
 - Rule 1c (calibration, issue #18): with a ``calibration`` block, every layer time of type t
   is multiplied by ``compute_scale[t]`` (default 1) and each replica's forward / backward
   op adds ``call_overhead[t].fwd_s`` / ``.bwd_s`` once (so F_s and Bk_s include it); rule 4's
-  link classes are the calibration's fitted ones where it has them; rule 8c adds
+  link classes are the calibration's fitted ones where it has them (``network`` for the
+  sends, ``all_reduce`` for rule 8r's ring rounds); rule 8c adds
   ``step_overhead_s`` to the batch time (after the max over stages).
 - Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches (equal
   divisors); in general the samples of its first ``min(w_s + 1, M_s)`` microbatches.
@@ -116,14 +117,17 @@ def stage_compute(
 
 
 def link_class(cluster: ClusterSpec, name: str) -> Link:
-    """A link class, the calibration's fitted one when it has it (rule 4, rule 1c); a fitted
-    link keeps the spec's ``all_reduce`` numbers."""
+    """A link class, with the calibration's fitted send numbers and fitted ring round where it
+    has them (rules 4 and 8r, rule 1c); what it does not fit stays the spec's."""
     spec = getattr(cluster.network, name)
     cal = cluster.calibration
+    bandwidth, latency = spec.bandwidth_gbps, spec.latency_us
+    ring_bandwidth, ring_latency = spec.ring_bandwidth_gbps, spec.ring_latency_us
     if cal is not None and name in cal.network:
         bandwidth, latency = cal.network[name]
-        return Link(bandwidth, latency, spec.ring_bandwidth_gbps, spec.ring_latency_us)
-    return spec
+    if cal is not None and name in cal.all_reduce:
+        ring_bandwidth, ring_latency = cal.all_reduce[name]
+    return Link(bandwidth, latency, ring_bandwidth, ring_latency)
 
 
 def ring_rate(link: Link) -> tuple[float, float]:

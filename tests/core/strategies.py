@@ -88,12 +88,14 @@ def calibrations(draw: st.DrawFn) -> Calibration | None:
     scaled = draw(st.sets(st.sampled_from(TYPES)))
     called = draw(st.sets(st.sampled_from(TYPES)))
     fitted = draw(st.sets(st.sampled_from(("intra_node", "inter_node"))))
+    rings = draw(st.sets(st.sampled_from(("intra_node", "inter_node"))))
     return Calibration(
         compute_scale={t: draw(st.floats(0.5, 2.0)) for t in scaled},
         call_overhead={
             t: CallOverhead(draw(st.floats(0, 5e-3)), draw(st.floats(0, 5e-3))) for t in called
         },
         network={k: (draw(st.floats(0.1, 100)), draw(st.floats(0, 500))) for k in fitted},
+        all_reduce={k: (draw(st.floats(0.1, 100)), draw(st.floats(0, 500))) for k in rings},
         step_overhead_s=draw(st.floats(0, 1e-2)),
     )
 

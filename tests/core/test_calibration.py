@@ -19,6 +19,7 @@ CALIBRATION = Calibration(
     compute_scale={"a": 2.0},
     call_overhead={"a": CallOverhead(1e-3, 2e-3)},
     network={"inter_node": (8.0, 1000.0)},
+    all_reduce={"intra_node": (8.0, 3000.0)},
     step_overhead_s=5e-3,
     fit={"runs": 3},
 )
@@ -46,10 +47,25 @@ def test_fitted_link_replaces_the_spec_network() -> None:
     """Two stages across nodes: each send is 1 ms + 100 B x 2 / 1e9 B/s (8 Gbit/s)."""
     spec = calibrated()
     assert spec.link(["n0/a:0"], ["n1/a:0"]).latency_us == 1000.0
-    assert spec.link(["n0/a:0"], ["n0/a:1"]) == spec.network.intra_node  # not fitted: kept
+    intra = spec.link(["n0/a:0"], ["n0/a:1"])  # its sends not fitted: the spec's
+    assert (intra.bandwidth_gbps, intra.latency_us) == (100.0, 5.0)
+    assert spec.link(["n0/a:0"], ["n1/a:0"]).ring_latency_us is None  # ring not fitted
     plan = Plan(4, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0",), 2)))
     est = simulate(plan, chain(4), spec)
     assert est.stages[0].transfer_s == pytest.approx(2 * (1e-3 + 200 / 1e9), rel=1e-12)
+
+
+def test_fitted_ring_round_prices_the_all_reduce() -> None:
+    """One stage on n0's two devices: rule 8r's ring over 2 replicas of 4 x 1000 B is
+    2 (r-1)/r x 4000 B / 1e9 B/s (8 Gbit/s) + 2 (r-1) x 3 ms; the sends' numbers are not used."""
+    plan = Plan(4, (Stage((0, 4), ("n0/a:0", "n0/a:1"), 4),))
+    est = simulate(plan, chain(4), calibrated())
+    assert est.stages[0].allreduce_s == pytest.approx(4000 / 1e9 + 2 * 3e-3, rel=1e-12)
+    plain = simulate(plan, chain(4), cluster())
+    link = cluster().network.intra_node  # uncalibrated: the link's own numbers
+    assert plain.stages[0].allreduce_s == pytest.approx(
+        4000 / link.bytes_per_s + 2 * link.latency_s, rel=1e-12
+    )
 
 
 def test_batch_eval_uses_the_calibration() -> None:
@@ -57,7 +73,7 @@ def test_batch_eval_uses_the_calibration() -> None:
     plans = [
         Plan(8, (Stage((0, 2), ("n0/a:0",), 2), Stage((2, 4), ("n1/a:0", "n1/b:0"), 4))),
         Plan(8, (Stage((0, 1), ("n1/b:0",), 8), Stage((1, 4), ("n0/a:0", "n0/a:1"), 2))),
-    ]
+    ]  # the second's replicas all-reduce over the fitted ring
     result = BatchEvaluator(chain(4), spec).evaluate(PlanBatch.from_plans(plans, spec), 8)
     for i, plan in enumerate(plans):
         assert result.batch_time_s[i] == pytest.approx(
@@ -85,6 +101,16 @@ def test_round_trip_through_the_document() -> None:
             {"network": {"inter_node": {"bandwidth_gbps": 0, "latency_us": 1}}},
             "calibration.network.inter_node.bandwidth_gbps: must be > 0, got 0",
         ),
+        ({"all_reduce": {"ring": {}}}, "calibration.all_reduce: unknown link class 'ring'"),
+        (
+            {"all_reduce": {"intra_node": {"bandwidth_gbps": 0, "latency_us": 1}}},
+            "calibration.all_reduce.intra_node.bandwidth_gbps: must be > 0, got 0",
+        ),
+        (
+            {"all_reduce": {"intra_node": {"bandwidth_gbps": 2}}},
+            "calibration.all_reduce.intra_node",
+        ),
+        ({"all_reduce": [1]}, "calibration.all_reduce: expected an object, got [1]"),
         ({"step_overhead_s": "soon"}, "calibration.step_overhead_s: expected a number"),
         ({"scale": 1}, "calibration: unknown key 'scale'"),
     ],

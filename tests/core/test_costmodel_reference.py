@@ -137,13 +137,14 @@ def _calibration_doc(draw: st.DrawFn) -> Doc:
         },
         "step_overhead_s": draw(st.floats(0, 1e-2)),
     }
-    links = {
-        k: {"bandwidth_gbps": draw(st.floats(0.1, 100)), "latency_us": draw(st.floats(0, 500))}
-        for k in ("intra_node", "inter_node")
-        if draw(st.booleans())
-    }
-    if links:
-        doc["network"] = links
+    for key in ("network", "all_reduce"):  # fitted sends, fitted ring rounds (rule 8r)
+        links = {
+            k: {"bandwidth_gbps": draw(st.floats(0.1, 100)), "latency_us": draw(st.floats(0, 500))}
+            for k in ("intra_node", "inter_node")
+            if draw(st.booleans())
+        }
+        if links:
+            doc[key] = links
     return doc
 
 

@@ -3,24 +3,30 @@ measurements are the cost model's own answers under a known calibration)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from core.calibration import Calibration
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.errors import PlanError
 from core.plan import Plan, Stage
+from core.profile import ModelProfile
 from executor.calibrate import Observation, errors, fit
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 
 
-def observe(spec: ClusterSpec, plan: Plan) -> Observation:
-    est = simulate(plan, profile(), spec)
+def observe(spec: ClusterSpec, plan: Plan, model: ModelProfile | None = None) -> Observation:
+    model = model or profile()
+    est = simulate(plan, model, spec)
     return Observation(
         plan,
-        profile(),
+        model,
         est.batch_time_s,
         tuple(s.forward_s for s in est.stages),
         tuple(s.backward_s for s in est.stages),
+        tuple(s.allreduce_s for s in est.stages),
     )
 
 
@@ -41,10 +47,57 @@ def test_fit_recovers_the_terms_that_made_the_measurements() -> None:
     assert cal.fit["source"] == "test" and cal.fit["runs"] == len(fitted)
 
 
+PAIR = ("n1/slow:0", "n1/slow:1")
+RING_TRUTH = Calibration(all_reduce={"intra_node": (2.0, 2500.0)})
+"""A ring round of 2 Gbit/s (the link's sends: 5) at the spec's latency."""
+
+
+def heavy() -> ModelProfile:
+    """The cases' profile with 50 MB of weights per layer: all-reduces of 50-300 MB."""
+    layers = profile().layers
+    return dataclasses.replace(
+        profile(), layers=tuple(dataclasses.replace(x, params_bytes=50_000_000) for x in layers)
+    )
+
+
+def replicated(spec: ClusterSpec) -> list[Observation]:
+    """The whole model on n1's two slow devices, at three microbatch sizes."""
+    return [observe(spec, Plan(16, (Stage((0, 6), PAIR, b),)), heavy()) for b in (4, 8, 16)]
+
+
+def test_fit_finds_the_ring_rounds_bandwidth() -> None:
+    """Replicated stages of 50-300 MB on n1's two devices pin the ring round's bandwidth; no
+    stage sends within n1, so the intra-node sends stay unfitted."""
+    truth = cluster().calibrated(RING_TRUTH)
+    runs = replicated(truth) + [
+        observe(
+            truth, Plan(16, (Stage((0, k), ("n0/fast:0",), 8), Stage((k, 6), PAIR, 8))), heavy()
+        )
+        for k in (1, 3, 5)
+    ]
+    cal = fit(cluster(), runs).calibration
+    assert cal.all_reduce["intra_node"][0] == pytest.approx(2.0, rel=0.02)
+    assert "intra_node" not in cal.network and "inter_node" in cal.network
+    assert "inter_node" not in cal.all_reduce
+
+
+def test_the_measured_all_reduce_keeps_a_batch_times_other_errors_out_of_the_ring() -> None:
+    """Batch times 10% above what the model can explain with its terms (say the profile was
+    measured on a faster minute): with the rings measured apart, the fitted ring stays the
+    truth's; from the batch times alone it takes up part of that 10%."""
+    runs = replicated(cluster().calibrated(RING_TRUTH))
+    slower = [dataclasses.replace(o, batch_time_s=1.1 * o.batch_time_s) for o in runs]
+    assert fit(cluster(), slower).calibration.all_reduce["intra_node"][0] == pytest.approx(
+        2.0, rel=0.03
+    )
+    blind = [dataclasses.replace(o, allreduce_s=()) for o in slower]
+    assert fit(cluster(), blind).calibration.all_reduce["intra_node"][0] < 0.95 * 2.0
+
+
 def test_unused_link_class_and_types_keep_the_spec() -> None:
     single = [observe(cluster().calibrated(TRUTH), Plan(16, (Stage((0, 6), ("n0/fast:0",), 8),)))]
     cal = fit(cluster(), single).calibration
-    assert cal.network == {}  # no send, no all-reduce: the spec's links stay
+    assert cal.network == {} and cal.all_reduce == {}  # no send, no ring: the spec's stay
     assert set(cal.compute_scale) == set()  # fast is timed: its scale stays 1
 
 

@@ -10,7 +10,15 @@ from core.cluster import ClusterSpec, DeviceType, Node
 from core.costmodel import simulate
 from core.plan import Plan, Stage
 from core.profile import LayerProfile, LayerTiming, ModelProfile
-from executor.measure import Comparison, Measurement, StageMeasurement, relative_error
+from executor.measure import (
+    Comparison,
+    Measurement,
+    StageMeasurement,
+    StepResult,
+    relative_error,
+    summarise,
+)
+from executor.stage import OpRecord
 
 
 def test_relative_error_is_over_the_measured_value() -> None:
@@ -48,3 +56,25 @@ def test_comparison_reports_every_error_against_the_measurement() -> None:
     assert d["error"]["stages"][0]["compute"] == pytest.approx(0.0)
     assert d["plan"] == plan.to_dict() and d["emulated"] is False
     assert d["measured"]["note"] == "measured on real devices"
+
+
+def test_a_replicated_stages_all_reduce_starts_when_its_last_replica_does() -> None:
+    """Replica 1's backward ends 0.2 s after replica 0's: the ring is timed from its start
+    (0.5 s) to the end of the last round (0.62 s), not from replica 0's (0.3 s)."""
+    plan = Plan(4, (Stage((0, 1), ("n/cpu:0", "n/cpu:1"), 4),))
+    spans = [
+        (0, "F", 0.0, 0.1), (1, "F", 0.0, 0.2), (0, "B", 0.1, 0.3), (1, "B", 0.2, 0.5),
+        (0, "G", 0.3, 0.31), (1, "G", 0.5, 0.51), (0, "G", 0.52, 0.6), (1, "G", 0.53, 0.62),
+        (0, "U", 0.6, 0.65), (1, "U", 0.62, 0.66),
+    ]  # fmt: skip
+    records = tuple(
+        OpRecord(0, k, kind, 0, 0 if kind in "FB" else -1, a, b, b - a, 0.0)  # type: ignore[arg-type]
+        for k, kind, a, b in spans
+    )
+    step = StepResult(0, 0.0, 0.66, 2.3, 0.1, records)
+    m = summarise(plan, [step], 0, emulated=False, placement=())
+    assert m.stages[0].allreduce_s == pytest.approx(0.12)
+    alone = Plan(4, (Stage((0, 1), ("n/cpu:0",), 4),))
+    one = tuple(r for r in records if r.replica == 0 and r.kind != "G")
+    m = summarise(alone, [StepResult(0, 0.0, 0.65, 2.3, 0.1, one)], 0, emulated=False, placement=())
+    assert m.stages[0].allreduce_s == 0.0

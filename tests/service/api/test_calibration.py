@@ -340,7 +340,7 @@ def test_a_worker_that_died_fails_its_fit_and_the_next_fit_has_a_new_one(store: 
         worker.close()
 
 
-def test_the_cluster_pages_links_keep_a_specs_all_reduce_numbers_beside_the_fitted_sends() -> None:
+def test_the_cluster_pages_links_show_the_sends_and_the_ring_rounds_spec_and_fitted() -> None:
     spec = ClusterSpec.from_dict(
         {
             **cluster().to_dict(),
@@ -364,5 +364,20 @@ def test_the_cluster_pages_links_keep_a_specs_all_reduce_numbers_beside_the_fitt
     rows = {row.name: row for row in calibration_panel(info, spec, ours=True).links}
     assert (rows["inter_node"].spec_gbps, rows["inter_node"].fitted_gbps) == (1.5, 2.0)
     ring = rows["inter_node all-reduce"]
-    assert (ring.spec_gbps, ring.spec_us, ring.fitted_gbps, ring.ring) == (2.7, 21000, None, True)
-    assert "intra_node all-reduce" not in rows
+    assert (ring.spec_gbps, ring.spec_us, ring.fitted_gbps) == (2.7, 21000, None)  # not fitted
+    assert "intra_node all-reduce" not in rows  # the spec has no ring numbers, none fitted
+    fitted = info.model_copy(
+        update={
+            "calibration": {
+                "all_reduce": {"intra_node": {"bandwidth_gbps": 3.0, "latency_us": 900}},
+            }
+        }
+    )
+    rows = {row.name: row for row in calibration_panel(fitted, spec, ours=True).links}
+    ring = rows["intra_node all-reduce"]  # the spec's link's own numbers beside the fitted
+    assert (ring.spec_gbps, ring.fitted_gbps, ring.fitted_us) == (
+        spec.network.intra_node.bandwidth_gbps,
+        3.0,
+        900,
+    )
+    assert rows["inter_node all-reduce"].fitted_gbps is None
