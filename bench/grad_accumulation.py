@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ def main() -> None:
     bandwidth = min(
         t.memory_bandwidth_gbps for t in ClusterSpec.load(CLUSTER).device_types.values()
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
     with KeepAwake():  # as on an emulated cluster: cores kept out of idle between backwards
         for key in keys:
             case = MODELS[key]

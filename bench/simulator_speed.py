@@ -46,9 +46,9 @@ def synthetic_profile(rng: np.random.Generator) -> ModelProfile:
             LayerProfile(
                 f"l{i}",
                 "conv",
-                int(rng.integers(0, 5e6)),
+                int(rng.integers(0, 5_000_000)),
                 float(rng.uniform(1e7, 1e9)),
-                int(rng.integers(1e4, 1e6)),
+                int(rng.integers(10_000, 1_000_000)),
                 succ,
             )
         )

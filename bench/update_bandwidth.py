@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ def main() -> None:
     from rich.table import Table
 
     torch.set_num_threads(1)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in keys:
         case = MODELS[key]
         model, _ = case.source.build()

@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,8 +73,8 @@ class FakeBackend:
         return next(s.job_token for s in self.submitted if s.job_id == job_id)
 
 
-def make_settings(tmp_path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
         "db": f"sqlite:///{tmp_path / 'jobs.db'}",
         "api_token": API_TOKEN,
         "port": 18321,
