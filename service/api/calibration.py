@@ -58,7 +58,16 @@ CALIBRATED_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
 OBSERVED = frozenset({EventType.EVALUATION, EventType.MEASUREMENT})
 """The events whose data may hold an observation."""
 OBSERVATION_KEYS = frozenset(
-    {"cluster", "profile", "profile_sha256", "batch_time_s", "forward_s", "backward_s", "emulated"}
+    {
+        "cluster",
+        "profile",
+        "profile_sha256",
+        "batch_time_s",
+        "forward_s",
+        "backward_s",
+        "allreduce_s",
+        "emulated",
+    }
 )
 
 Key = tuple[str, str]
@@ -150,6 +159,7 @@ def _one(
         forward_s=_times(doc, "forward_s", at, plan.num_stages),
         backward_s=_times(doc, "backward_s", at, plan.num_stages),
         emulated=emulated,
+        allreduce_s=_times(doc, "allreduce_s", at, plan.num_stages) if "allreduce_s" in doc else (),
     )
 
 
@@ -176,8 +186,9 @@ def parse_observations(posted: Sequence[EventIn], store: Store) -> dict[int, Obs
 def fit_payload(spec: dict[str, Any], stored: Sequence[StoredObservation]) -> FitPayload:
     """What the fit worker is sent for ``stored`` (oldest first): plain data, each profile
     document once."""
-    runs: list[RunDoc] = [
-        {
+    runs: list[RunDoc] = []
+    for s in stored:
+        run: RunDoc = {
             "plan": s.plan,
             "profile_sha256": s.profile_sha256,
             "batch_time_s": s.batch_time_s,
@@ -186,8 +197,9 @@ def fit_payload(spec: dict[str, Any], stored: Sequence[StoredObservation]) -> Fi
             "emulated": s.emulated,
             "job_id": s.job_id,
         }
-        for s in stored
-    ]
+        if s.allreduce_s:
+            run["allreduce_s"] = list(s.allreduce_s)
+        runs.append(run)
     profiles = {s.profile_sha256: s.profile for s in stored}
     return {"spec": spec, "profiles": profiles, "runs": runs}
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from core.cluster import ClusterSpec
 from core.errors import PipeplanError
@@ -50,6 +50,8 @@ class RunDoc(TypedDict):
     backward_s: list[float]
     emulated: bool
     job_id: str
+    allreduce_s: NotRequired[list[float]]
+    """Per stage, the measured ring all-reduce, when the observation carried it."""
 
 
 class FitPayload(TypedDict):
@@ -139,6 +141,7 @@ def observations_of(payload: FitPayload) -> list[Observation]:
             r["batch_time_s"],
             tuple(r["forward_s"]),
             tuple(r["backward_s"]),
+            tuple(r.get("allreduce_s", ())),
         )
         for r in payload["runs"]
     ]

@@ -69,6 +69,8 @@ def calibration_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table, T
         Column("forward_s", JSON, nullable=False),
         Column("backward_s", JSON, nullable=False),
         Column("emulated", Boolean, nullable=False),
+        # per stage, the measured ring all-reduce; NULL in rows stored before it was sent
+        Column("allreduce_s", JSON, nullable=True),
         Column("received_at", DateTime(timezone=True), nullable=False),
         UniqueConstraint("job_id", "plan_sha256"),
     )
@@ -93,6 +95,8 @@ class ObservationRow:
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
     emulated: bool
+    allreduce_s: tuple[float, ...] = ()
+    """Per stage, the measured ring all-reduce (0 without replicas); empty when not sent."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -113,6 +117,7 @@ class StoredObservation:
     backward_s: tuple[float, ...]
     emulated: bool
     job_id: str
+    allreduce_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,7 @@ class CalibrationStore(Database):
             "forward_s": list(o.forward_s),
             "backward_s": list(o.backward_s),
             "emulated": o.emulated,
+            "allreduce_s": list(o.allreduce_s) if o.allreduce_s else None,
             "received_at": received,
         }
         if not insert_ignore(conn, self.cal_observations, values):
@@ -260,6 +266,7 @@ class CalibrationStore(Database):
                 backward_s=tuple(float(v) for v in r.backward_s),
                 emulated=bool(r.emulated),
                 job_id=r.job_id,
+                allreduce_s=tuple(float(v) for v in r.allreduce_s or ()),
             )
             for r in reversed(rows)
         ]

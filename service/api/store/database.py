@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, Table, create_engine, event, text
+from sqlalchemy import Engine, MetaData, Table, create_engine, event, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
@@ -76,7 +76,20 @@ class Database:
         self.prefix = prefix
 
     def create_tables(self) -> None:
+        """Create the tables that are missing, and add to an existing table the nullable
+        columns a later version defined (the one kind of schema change the stores make: a
+        database written before keeps its rows, which read the new column as NULL)."""
         self.metadata.create_all(self.engine)
+        found = inspect(self.engine)
+        for table in self.metadata.sorted_tables:
+            have = {c["name"] for c in found.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have and column.nullable:
+                    kind = column.type.compile(dialect=self.engine.dialect)
+                    with self.engine.begin() as conn:
+                        conn.execute(
+                            text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}')
+                        )
 
     def drop_tables(self) -> None:
         self.metadata.drop_all(self.engine)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import text as sql
 from sqlalchemy import update
 
 from core.cluster import ClusterSpec
@@ -42,7 +43,7 @@ def measured(plan: Plan, truth: ClusterSpec) -> Measurement:
         StageMeasurement(
             i, s.layers, s.devices, s.microbatch,
             e.forward_s * plan.microbatches(i), e.backward_s * plan.microbatches(i),
-            0.0, 0.0, 0.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, allreduce_s=e.allreduce_s,
         )
         for i, (s, e) in enumerate(zip(plan.stages, est.stages, strict=True))
     )  # fmt: skip
@@ -172,6 +173,8 @@ def test_a_changed_spec_starts_over_and_a_plan_counts_once_per_job(
         (lambda o: o.pop("profile"), "data.observation.profile_sha256"),
         (lambda o: o.update(cluster={"name": "c"}), "data.observation.cluster"),
         (lambda o: o.update(emulated="yes"), "data.observation.emulated"),
+        (lambda o: o.update(allreduce_s=[-1.0]), "data.observation.allreduce_s[0]: must be >= 0"),
+        (lambda o: o.update(allreduce_s=[0.1, 0.2]), "data.observation.allreduce_s: 2 values"),
         (lambda o: o.update(extra=1), "data.observation: unknown key 'extra'"),
     ],
 )
@@ -282,6 +285,38 @@ def test_the_store_keeps_observations_and_fits_on_either_database(
     assert refitted is not None and not refitted.stale and refitted.fit is not None
     assert refitted.fit["runs"] == 4 and refitted.fit_error is None
     assert len(db.observations("c", spec_sha256(cluster()), 3)) == 3
+
+
+def test_the_store_keeps_each_stages_measured_all_reduce_and_the_fit_reads_it(db: Store) -> None:
+    stored_runs(db, len(plans()))
+    stored = db.observations("c", spec_sha256(cluster()), 20)
+    replicated = plans()[9]  # its second stage on n1's two slow devices
+    row = next(o for o in stored if Plan.from_dict(o.plan) == replicated)
+    ring = simulate(replicated, profile(), cluster().calibrated(TRUTH)).stages[1].allreduce_s
+    assert row.allreduce_s == pytest.approx((0.0, ring)) and ring > 0
+    runs = fit_payload(cluster().to_dict(), stored)["runs"]
+    assert runs[stored.index(row)]["allreduce_s"] == pytest.approx([0.0, ring])
+
+
+def test_a_database_from_before_the_all_reduce_gets_its_column_and_keeps_its_rows(
+    db: Store,
+) -> None:
+    """A database written before the column existed (dropped here): opening it adds the
+    column, and the rows it had read as observations without a measured all-reduce."""
+    stored_runs(db, 2)
+    table = db.cal_observations.name
+    with db.engine.begin() as conn:
+        conn.execute(sql(f'ALTER TABLE "{table}" DROP COLUMN allreduce_s'))
+    again = Store(db.engine.url.render_as_string(hide_password=False), prefix=db.prefix)
+    try:
+        again.create_tables()
+        old = again.observations("c", spec_sha256(cluster()), 10)
+        assert len(old) == 2 and all(o.allreduce_s == () for o in old)
+        stored_runs(again, 3)  # a new job's three: the rows before stay, new ones land
+        new = again.observations("c", spec_sha256(cluster()), 10)
+        assert len(new) == 5 and all(len(o.allreduce_s) == len(o.plan["stages"]) for o in new[2:])
+    finally:
+        again.close()
 
 
 def test_the_fit_runs_in_a_child_process_from_plain_data(db: Store, fit_worker: FitWorker) -> None:
