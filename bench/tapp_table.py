@@ -3,7 +3,7 @@
 For AlexNet at 224 pixels, VGG-16 at 32 and Inception-V3 at 75, on ``local-pipeline``
 (``--cluster``; one Ray node per cluster node, six devices, fast:mid:slow = 4:3:2; every
 device is this machine's CPU, and a type ``k`` times slower than the fastest makes each
-forward and backward last ``k x`` its CPU time), four ways to train:
+forward and backward last ``k x`` its CPU time), five ways to train:
 
 - ``SingleCPU``: the whole model on one device of the slowest type (the paper's single
   device: the slowest kind alone);
