@@ -199,21 +199,17 @@ def model_table(
         "BSP": bsp_all(profile, spec, case.batch),
     }
     candidates: dict[str, dict[str, Any]] = {}
-    for name in a.planners.split(","):
+    searches: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in a.planners.split(",")]
+    searches.append((f"{PIPELINED}>=2", PIPELINED, {"min_stages": 2}))
+    for label, name, more in searches:
         try:
-            plan, secs = plan_with(name, profile, spec, case.batch, a.plan_seconds, a.seed)
+            plan, secs = plan_with(name, profile, spec, case.batch, a.plan_seconds, a.seed, **more)
         except ProblemError as e:  # brute's space too large (Inception-V3's 313 layers)
-            console.print(f"  {name}: skipped ({str(e)[:100]}...)")
+            console.print(f"  {label}: skipped ({str(e)[:100]}...)")
             continue
         pred = simulate(plan, profile, spec).batch_time_s
-        candidates[name] = {"plan": plan.to_dict(), "predicted_s": pred, "search_s": secs}
-        console.print(f"  {name}: {describe(plan)} predicted {pred * 1e3:.0f} ms ({secs:.1f} s)")
-    plan, secs = plan_with(
-        PIPELINED, profile, spec, case.batch, a.plan_seconds, a.seed, min_stages=2
-    )
-    pred = simulate(plan, profile, spec).batch_time_s
-    candidates[f"{PIPELINED}>=2"] = {"plan": plan.to_dict(), "predicted_s": pred, "search_s": secs}
-    console.print(f"  {PIPELINED} (2+ stages): {describe(plan)} predicted {pred * 1e3:.0f} ms")
+        candidates[label] = {"plan": plan.to_dict(), "predicted_s": pred, "search_s": secs}
+        console.print(f"  {label}: {describe(plan)} predicted {pred * 1e3:.0f} ms ({secs:.1f} s)")
     best = best_candidate(candidates)
     piped = best_candidate(candidates, min_stages=2)
     plans["Planned"] = Plan.from_dict(candidates[best]["plan"])
