@@ -210,6 +210,44 @@ def slowdown_of(spec: ClusterSpec, device: str) -> float:
     return type_slowdown(spec, spec.device(device).type)
 
 
+def stage_breakdown(
+    predicted: Estimate, measured: Measurement | None, spec: ClusterSpec | None
+) -> list[dict[str, Any]]:
+    """Each stage's predicted and measured parts (compute, transfer, update, all-reduce, idle)
+    side by side, with the compute's real CPU part (the emulated time taken off: how much
+    sharing the machine slowed it), so a plan's error can be traced to a term."""
+    rows = []
+    for s, ps in enumerate(predicted.stages):
+        row: dict[str, Any] = {
+            "layers": list(ps.layers),
+            "devices": list(ps.devices),
+            "microbatch": ps.microbatch,
+            "predicted_compute_s": ps.compute_s,
+            "predicted_transfer_s": ps.transfer_s,
+            "predicted_update_s": ps.update_s,
+            "predicted_allreduce_s": ps.allreduce_s,
+            "predicted_end_s": ps.end_s,
+        }
+        factor = max(slowdown_of(spec, d) for d in ps.devices) if spec else 1.0
+        row["predicted_real_compute_s"] = ps.compute_s / factor
+        if measured is not None:
+            ms = measured.stages[s]
+            row["measured_real_compute_s"] = ms.compute_s - ms.emulated_s
+            row["measured_cpu_s"] = ms.cpu_s
+            row["real_compute_inflation"] = (ms.compute_s - ms.emulated_s) / (ps.compute_s / factor)
+            row["cpu_ratio"] = ms.cpu_s / (ps.compute_s / factor)
+            row |= {
+                "measured_compute_s": ms.compute_s,
+                "measured_transfer_s": ms.transfer_s,
+                "measured_update_s": ms.update_s,
+                "measured_allreduce_s": ms.allreduce_s,
+                "measured_emulated_s": ms.emulated_s,
+                "measured_idle_s": ms.wait_s,
+            }
+        rows.append(row)
+    return rows
+
+
 def describe(plan: Plan) -> str:
     parts = [
         f"[{s.start},{s.end})@{'+'.join(d.split('/')[1] for d in s.devices)} b{s.microbatch}"
@@ -278,37 +316,7 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         m, p = self.measured, self.predicted
-        stages = []
-        for s, ps in enumerate(p.stages):
-            row: dict[str, Any] = {
-                "layers": list(ps.layers),
-                "devices": list(ps.devices),
-                "microbatch": ps.microbatch,
-                "predicted_compute_s": ps.compute_s,
-                "predicted_transfer_s": ps.transfer_s,
-                "predicted_update_s": ps.update_s,
-                "predicted_allreduce_s": ps.allreduce_s,
-                "predicted_end_s": ps.end_s,
-            }
-            factor = max(slowdown_of(self.spec, d) for d in ps.devices) if self.spec else 1.0
-            row["predicted_real_compute_s"] = ps.compute_s / factor
-            if m is not None:
-                ms = m.stages[s]
-                row["measured_real_compute_s"] = ms.compute_s - ms.emulated_s
-                row["measured_cpu_s"] = ms.cpu_s
-                row["real_compute_inflation"] = (ms.compute_s - ms.emulated_s) / (
-                    ps.compute_s / factor
-                )
-                row["cpu_ratio"] = ms.cpu_s / (ps.compute_s / factor)
-                row |= {
-                    "measured_compute_s": ms.compute_s,
-                    "measured_transfer_s": ms.transfer_s,
-                    "measured_update_s": ms.update_s,
-                    "measured_allreduce_s": ms.allreduce_s,
-                    "measured_emulated_s": ms.emulated_s,
-                    "measured_idle_s": ms.wait_s,
-                }
-            stages.append(row)
+        stages = stage_breakdown(p, m, self.spec)
         return {
             "model": self.model,
             "plan_name": self.plan_name,
@@ -326,6 +334,7 @@ class Result:
                             "forward_s": st.forward_s,
                             "backward_s": st.backward_s,
                             "allreduce_s": st.allreduce_s,
+                            "update_s": st.update_s,
                         }
                         for st in run.stages
                     ],

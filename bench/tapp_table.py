@@ -33,6 +33,9 @@ and the cost model's prediction), speed-up over BSP (measured), comm fraction (m
 transfer / (transfer + forward and backward compute)), and training accuracy and loss after
 the fixed number of steps (mean of the last three steps' batches, measured before each
 step's update). Inception-V3 has batch norm: fine for timing (statistics per microbatch).
+Each row's JSON also holds its stages' predicted and measured parts side by side
+(:func:`bench.fidelity.stage_breakdown`: compute, transfer, update, all-reduce), so an error
+can be traced to a term.
 
     .venv/bin/python -m bench.tapp_table            # 3 models, dp + brute + tapp, 12 steps
     .venv/bin/python -m bench.tapp_table --quick    # 3 models, dp + brute, 4 steps
@@ -63,6 +66,7 @@ from bench.fidelity import (
     describe,
     fastest_first,
     profile_sizes,
+    stage_breakdown,
 )
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
@@ -182,6 +186,7 @@ def row(
         "accuracies": list(m.accuracies) if m else None,
         "losses": list(m.losses) if m else None,
         "emulated": m.emulated if m else None,
+        "stages": stage_breakdown(est, m, spec),
     }
 
 
