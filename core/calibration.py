@@ -16,17 +16,24 @@ spec as a ``calibration:`` block; the cost model then uses it (DESIGN.md's contr
   latency of a round of the replicas' ring all-reduce, which on a shared host is not a lone
   send (``python -m bench.links``) and moves with the machine, so a fit to replicated plans'
   runs learns it instead of trusting the spec's ``network.<class>.all_reduce``.
+- ``memory_bandwidth_gbps[TYPE]``: the bandwidth (GB/s) rule 8's update (and rule 2b's
+  accumulation) uses on ``TYPE`` instead of the spec's: what the optimizer step a stage
+  worker runs really streams at there. Rule 8 has one bandwidth per type for every
+  optimizer, and an update shares the memory with whatever runs beside it, so the spec's
+  number (the memory's own) can be far from what the runs see (SGD with momentum streams
+  more than plain SGD; replicas updating at once on one host share it).
 - ``step_overhead_s``: seconds added to every batch time (rule 8c): the driver's part of a
   step (putting the batch, submitting every operation, collecting the results).
 - ``fit``: a free-form record of how it was fitted (runs, held-out errors, date), shown to
   people and never read by the cost model.
 
 A spec without the block, or with every term at its default (scale 1, overheads 0, the
-spec's network), costs plans exactly as before.
+spec's network and memory bandwidths), costs plans exactly as before.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,17 +66,27 @@ class Calibration:
     """Link class -> (bandwidth_gbps, latency_us) of a ring all-reduce round."""
     step_overhead_s: float = 0.0
     fit: Mapping[str, Any] = field(default_factory=dict)
+    memory_bandwidth_gbps: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> the bandwidth (GB/s) of rule 8's update on it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_scale", _io.FrozenMap(dict(self.compute_scale)))
         object.__setattr__(self, "call_overhead", _io.FrozenMap(dict(self.call_overhead)))
         object.__setattr__(self, "network", _io.FrozenMap(dict(self.network)))
         object.__setattr__(self, "all_reduce", _io.FrozenMap(dict(self.all_reduce)))
+        object.__setattr__(
+            self, "memory_bandwidth_gbps", _io.FrozenMap(dict(self.memory_bandwidth_gbps))
+        )
         for t, s in self.compute_scale.items():
             if not MIN_SCALE <= s <= MAX_SCALE:
                 raise FormatError(
                     f"calibration.compute_scale.{t}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
                     f"got {s!r}"
+                )
+        for t, bw in self.memory_bandwidth_gbps.items():
+            if not (isinstance(bw, int | float) and math.isfinite(bw) and bw > 0):
+                raise FormatError(
+                    f"calibration.memory_bandwidth_gbps.{t}: must be a number > 0, got {bw!r}"
                 )
         _check_link_classes(self.network, "network")
         _check_link_classes(self.all_reduce, "all_reduce")
@@ -85,6 +102,7 @@ class Calibration:
         for where, names in (
             ("compute_scale", self.compute_scale),
             ("call_overhead", self.call_overhead),
+            ("memory_bandwidth_gbps", self.memory_bandwidth_gbps),
         ):
             for t in names:
                 if t not in known:
@@ -101,6 +119,8 @@ class Calibration:
             },
             "step_overhead_s": self.step_overhead_s,
         }
+        if self.memory_bandwidth_gbps:
+            doc["memory_bandwidth_gbps"] = dict(self.memory_bandwidth_gbps)
         for key, links in (("network", self.network), ("all_reduce", self.all_reduce)):
             if links:
                 doc[key] = {
@@ -121,6 +141,7 @@ class Calibration:
         links = _mapping(doc, "network")
         rings = _mapping(doc, "all_reduce")
         fit = _mapping(doc, "fit")
+        bandwidths = _mapping(doc, "memory_bandwidth_gbps")
         _check_link_classes(links, "network")  # before parsing them, so the name comes first
         _check_link_classes(rings, "all_reduce")
         return cls(
@@ -136,12 +157,24 @@ class Calibration:
             all_reduce={str(k): _link(v, f"{where}.all_reduce.{k}") for k, v in rings.items()},
             step_overhead_s=_io.number(doc, "step_overhead_s", where, 0.0),
             fit=dict(fit),
+            memory_bandwidth_gbps={
+                str(t): _io.number(bandwidths, t, f"{where}.memory_bandwidth_gbps")
+                for t in bandwidths
+            },
         )
 
 
 LINK_CLASSES = ("intra_node", "inter_node")
 KEYS = frozenset(
-    {"compute_scale", "call_overhead", "network", "all_reduce", "step_overhead_s", "fit"}
+    {
+        "compute_scale",
+        "call_overhead",
+        "network",
+        "all_reduce",
+        "step_overhead_s",
+        "fit",
+        "memory_bandwidth_gbps",
+    }
 )
 
 

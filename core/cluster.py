@@ -218,7 +218,8 @@ class ClusterSpec:
     it (``emulation: {headroom: 1.5}`` in the file; 1 = the fastest type is the core)."""
     calibration: Calibration | None = None
     """What measured runs taught the cost model about this cluster (:mod:`core.calibration`):
-    compute scales and call overheads per type, fitted links, a per-step overhead."""
+    compute scales, call overheads and update bandwidths per type, fitted links, a per-step
+    overhead."""
     _devices: Mapping[DeviceId, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -259,6 +260,14 @@ class ClusterSpec:
 
     def device_type(self, device_id: DeviceId) -> DeviceType:
         return self.device_types[self.device(device_id).type]
+
+    def memory_bandwidth_gbps(self, type_name: str) -> float:
+        """The bandwidth rule 8's update uses on a type: the calibration's fitted one where it
+        has it, else the spec's ``memory_bandwidth_gbps``."""
+        cal = self.calibration
+        if cal is not None and type_name in cal.memory_bandwidth_gbps:
+            return float(cal.memory_bandwidth_gbps[type_name])
+        return self.device_types[type_name].memory_bandwidth_gbps
 
     def link(self, a: Iterable[DeviceId], b: Iterable[DeviceId]) -> Link:
         """Inter-node if any pair of the two sets crosses nodes, else intra-node."""

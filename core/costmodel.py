@@ -9,7 +9,7 @@ a profile times a backward into fresh gradients (:mod:`models.profiler`), and th
 accumulating one is slower (see ``bench/results/grad_accumulation.json``).
 
 Calibration (issue #18, :mod:`core.calibration`): when the cluster spec has a
-``calibration:`` block, three terms join the contract, and a spec without it (or with every
+``calibration:`` block, four terms join the contract, and a spec without it (or with every
 term at its default) is costed exactly as before:
 
 - **1c.** Every layer time of type ``t`` (rule 1, measured or FLOP fallback) is multiplied by
@@ -23,6 +23,10 @@ term at its default) is costed exactly as before:
   link with no ring numbers prices its all-reduce with its send numbers).
 - **8c.** ``batch_time = max over stages (...) + step_overhead_s`` (default 0); throughput,
   cost per batch and per sample follow from that batch time.
+- **8u.** Rule 8's update ``4 x params_s / bandwidth`` (and so rule 2b's accumulation) takes
+  ``bandwidth = memory_bandwidth_gbps[t]`` for a replica of type ``t`` the calibration has one
+  for, the spec's ``memory_bandwidth_gbps`` otherwise; the stage's slowest replica (lowest
+  bandwidth) still sets it.
 
 A link class may carry its own ring numbers (``network.<class>.all_reduce``: bandwidth and
 latency, :class:`core.cluster.Link`): rule 8's all-reduce is then
@@ -239,9 +243,8 @@ class _Simulation:
 
     def _update(self, s: int) -> float:
         """Rule 8's update on the stage's slowest replica (rule 2b charges it too)."""
-        bandwidth = min(
-            self.cluster.device_type(d).memory_bandwidth_gbps for d in self.plan.stages[s].devices
-        )
+        cluster, devices = self.cluster, self.plan.stages[s].devices
+        bandwidth = min(cluster.memory_bandwidth_gbps(cluster.device(d).type) for d in devices)
         return float(rules.update_s(self.params[s], bandwidth))
 
     def _send(

@@ -152,7 +152,9 @@ class CostTables:
         self.dev_type = np.array([self.type_index[d.type] for d in devs], dtype=np.int64)
         self.dev_node = np.array([nodes[d.node] for d in devs], dtype=np.int64)
         self.dev_flops = np.array([t.flops for t in dts], dtype=np.float64)
-        self.dev_membw = np.array([t.memory_bandwidth_gbps for t in dts], dtype=np.float64)
+        self.dev_membw = np.array(  # rule 8's update bandwidth, the calibration's where fitted
+            [cluster.memory_bandwidth_gbps(d.type) for d in devs], dtype=np.float64
+        )
         self.dev_capacity = np.array([t.memory_bytes for t in dts], dtype=np.float64)
         self.dev_price = np.array([t.price_per_hour for t in dts], dtype=np.float64)
 

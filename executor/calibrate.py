@@ -4,7 +4,8 @@ An :class:`Observation` is one measured plan with the profile it was predicted f
 measured batch time and, per stage, the busiest replica's forward and backward per call.
 :func:`fit` finds the terms that make the cost model agree with them:
 
-- per device type: a compute scale and a call overhead for forwards and for backwards;
+- per device type: a compute scale and a call overhead for forwards and for backwards, and
+  the memory bandwidth of its optimizer update (rule 8u);
 - per link class that the observed plans send over: latency and bandwidth of a send;
 - per link class that the observed plans all-reduce over: latency and bandwidth of a ring
   round (rule 8r);
@@ -12,12 +13,14 @@ measured batch time and, per stage, the busiest replica's forward and backward p
 
 It minimises, with :func:`scipy.optimize.least_squares` (bounded, trust-region), the
 relative errors of every observation's batch time, of every stage's forward and backward
-per call and of every replicated stage's all-reduce, all from
+per call and of every replicated stage's all-reduce, and every stage's update error as a
+share of its plan's batch time (what it costs the prediction: a 1 ms update missed by half
+matters less than a 100 ms one missed by a tenth), all from
 :func:`core.costmodel.simulate` on the calibrated cluster, so the fit is judged by the model
 the planners use, schedule, bubbles and sends included. The per-stage terms pin the
-per-type compute (many rows, well posed) and the ring rounds (measured apart from the
-compute, whose errors would otherwise leak into them); the batch times pin what only a
-whole step shows (sends, the driver's overhead). A type or a link class that no
+per-type compute (many rows, well posed), the ring rounds (measured apart from the
+compute, whose errors would otherwise leak into them) and the updates; the batch times
+pin what only a whole step shows (sends, the driver's overhead). A type or a link class that no
 observation uses keeps its spec values.
 
 :func:`errors` gives each observation's batch-time error under a cluster, to compare a fit
@@ -73,6 +76,9 @@ class Observation:
     allreduce_s: tuple[float, ...] = ()
     """Per stage, the replicas' measured ring all-reduce per step (0 without replicas); empty
     when the run did not record it (runs measured before it was)."""
+    update_s: tuple[float, ...] = ()
+    """Per stage, the busiest replica's measured optimizer update per step; empty when the
+    run did not record it."""
 
     @classmethod
     def of(cls, measurement: Measurement, profile: ModelProfile) -> Observation:
@@ -87,6 +93,7 @@ class Observation:
                 st.backward_s / k for st, k in zip(measurement.stages, m, strict=True)
             ),
             allreduce_s=tuple(st.allreduce_s for st in measurement.stages),
+            update_s=tuple(st.update_s for st in measurement.stages),
         )
 
 
@@ -113,6 +120,7 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
         raise PlanError(f"{where}.measured.batch_time_s: must be a number > 0, got {batch_time!r}")
     per_call: list[tuple[float, float]] = []
     rings: list[float] = []
+    updates: list[float] = []
     for s, st in enumerate(stages):
         m = plan.microbatches(s)
         try:
@@ -122,12 +130,9 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
                 f"{where}.measured.stages[{s}]: needs numbers forward_s and backward_s, "
                 f"got {st!r:.80}"
             ) from None
-        ring = st.get("allreduce_s", 0.0)  # absent from runs measured before it was recorded
-        if isinstance(ring, bool) or not isinstance(ring, int | float) or not ring >= 0:
-            raise PlanError(
-                f"{where}.measured.stages[{s}].allreduce_s: must be a number >= 0, got {ring!r}"
-            )
-        rings.append(float(ring))
+        # absent from runs measured before they were recorded: 0, not fitted
+        rings.append(_seconds(st, "allreduce_s", f"{where}.measured.stages[{s}]"))
+        updates.append(_seconds(st, "update_s", f"{where}.measured.stages[{s}]"))
     plan.validate(profile, None)
     return Observation(
         plan,
@@ -136,7 +141,16 @@ def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> O
         tuple(f for f, _ in per_call),
         tuple(b for _, b in per_call),
         tuple(rings),
+        tuple(updates),
     )
+
+
+def _seconds(doc: dict[str, Any], key: str, where: str) -> float:
+    """A measured duration, 0 where absent; errors name the field and the value."""
+    value = doc.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise PlanError(f"{where}.{key}: must be a number >= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -152,10 +166,11 @@ class Fit:
 class _Terms:
     """The fitted parameters as one vector, in units near 1 (ms, ms per MB).
 
-    Per type: the forward and backward call overheads, and the compute scale only for a type
-    some observed profile has no timing for (rule 1's FLOP fallback): a type timed on this
-    cluster is already measured, and a scale fitted to it learns the load of the moment
-    instead (in ``bench.fidelity``, fitting it made held-out plans worse). Per link class
+    Per type: the forward and backward call overheads, the update's memory bandwidth (as ms
+    per GB, for a type some observation measured an update on), and the compute scale only
+    for a type some observed profile has no timing for (rule 1's FLOP fallback): a type
+    timed on this cluster is already measured, and a scale fitted to it learns the load of
+    the moment instead (in ``bench.fidelity``, fitting it made held-out plans worse). Per link class
     the observations send over: a send's latency and inverse bandwidth; per link class a
     replicated stage of theirs all-reduces over: a ring round's. Then the step overhead.
     """
@@ -164,12 +179,15 @@ class _Terms:
         used = {cluster.device(d).type for o in observations for d in o.plan.devices}
         self.types = sorted(used)
         self.scaled = [t for t in self.types if _untimed(t, observations)]
+        self.updated = [t for t in self.types if _updates_on(cluster, observations, t)]
         self.sends = [k for k in LINK_CLASSES if _sends_over(cluster, observations, k)]
         self.rings = [k for k in LINK_CLASSES if _reduces_over(cluster, observations, k)]
         net = cluster.links
         rows: list[tuple[float, float, float, float]] = []  # start, lo, hi, prior scale
         rows += [(1.0, MIN_SCALE, MAX_SCALE, 0.5)] * len(self.scaled)
         rows += [(0.0, 0.0, 1e4, 10.0)] * (2 * len(self.types))  # fwd, bwd overhead (ms)
+        for t in self.updated:  # ms per GB of rule 8's update (prior scale 0: on a log scale)
+            rows += [(1.0 / cluster.memory_bandwidth_gbps(t) / MS, 1e-3, 1e6, 0.0)]
         # per link: latency (ms), ms per MB (prior scale 0: on a log scale)
         for k in self.sends:
             link = getattr(net, k)
@@ -195,9 +213,10 @@ class _Terms:
         return PRIOR_WEIGHT * out
 
     def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
-        n, T, K = len(self.scaled), len(self.types), len(self.sends)
+        n, T, K, U = len(self.scaled), len(self.types), len(self.sends), len(self.updated)
         calls = x[n : n + 2 * T].reshape(-1, 2)
-        links = x[n + 2 * T : -1].reshape(-1, 2)
+        per_gb = x[n + 2 * T : n + 2 * T + U]
+        links = x[n + 2 * T + U : -1].reshape(-1, 2)
 
         def fitted(names: list[str], rows: np.ndarray) -> dict[str, tuple[float, float]]:
             """(bandwidth_gbps, latency_us) of each link class from (latency ms, ms per MB)."""
@@ -216,12 +235,30 @@ class _Terms:
             all_reduce=fitted(self.rings, links[K:]),
             step_overhead_s=float(x[-1]) * MS,
             fit=fit or {},
+            memory_bandwidth_gbps={
+                t: float(1.0 / (v * MS)) for t, v in zip(self.updated, per_gb, strict=True)
+            },
         )
 
 
 def _untimed(device_type: str, observations: Sequence[Observation]) -> bool:
     """Whether some observed profile costs a layer on ``device_type`` by its FLOPs."""
     return any(device_type not in layer.timings for o in observations for layer in o.profile.layers)
+
+
+def _updates_on(cluster: ClusterSpec, observations: Sequence[Observation], name: str) -> bool:
+    """Whether some observed stage with a measured update sets its update by ``name`` (its
+    slowest replica, rule 8, is of that type)."""
+    for o in observations:
+        for stage, update in zip(o.plan.stages, o.update_s, strict=False):
+            if update > 0:
+                slowest = min(
+                    stage.devices,
+                    key=lambda d: cluster.memory_bandwidth_gbps(cluster.device(d).type),
+                )
+                if cluster.device(slowest).type == name:
+                    return True
+    return False
 
 
 def _gbps(bytes_per_s: float) -> float:
@@ -264,6 +301,9 @@ def _residuals(cluster: ClusterSpec, observations: Sequence[Observation]) -> np.
         for st, ring in zip(est.stages, o.allreduce_s, strict=False):
             if ring > 0 and st.allreduce_s > 0:
                 out.append(STAGE_WEIGHT * relative_error(st.allreduce_s, ring))
+        for st, update in zip(est.stages, o.update_s, strict=False):
+            if update > 0:
+                out.append(STAGE_WEIGHT * (st.update_s - update) / o.batch_time_s)
     return np.array(out)
 
 

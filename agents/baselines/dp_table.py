@@ -174,9 +174,10 @@ class BottleneckDP:
         bk = rules.compute_s(
             tb.bwd_fixed_range[t, i, jj][:, None], tb.bwd_per_sample_range[t, i, jj][:, None], n
         )
-        dtype = self.problem.cluster.device_types[self.types[t]]
+        cluster = self.problem.cluster
+        dtype = cluster.device_types[self.types[t]]
         params = tb.params(i, jj)
-        update = rules.update_s(params, dtype.memory_bandwidth_gbps)
+        update = rules.update_s(params, cluster.memory_bandwidth_gbps(self.types[t]))
         cls = INTER if c.node == self.MULTI else INTRA
         allreduce = rules.allreduce_s(params, r, tb.ring_bps[cls], tb.ring_lat[cls])
         bk = bk + rules.accumulation_s(update[:, None], M)

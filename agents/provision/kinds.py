@@ -125,9 +125,10 @@ class StageCosts:
         n = b / r
         f = rules.compute_s(tb.fwd_fixed_range[t, i, jj], tb.fwd_per_sample_range[t, i, jj], n)
         bk = rules.compute_s(tb.bwd_fixed_range[t, i, jj], tb.bwd_per_sample_range[t, i, jj], n)
-        dtype = self.problem.cluster.device_types[opt.type]
+        cluster = self.problem.cluster
+        dtype = cluster.device_types[opt.type]
         params = tb.params(i, jj)
-        update = rules.update_s(params, dtype.memory_bandwidth_gbps)
+        update = rules.update_s(params, cluster.memory_bandwidth_gbps(opt.type))
         cls = np.where(m == 1, INTRA, INTER)
         allreduce = rules.allreduce_s(params, r, tb.ring_bps[cls], tb.ring_lat[cls])
         bk = bk + rules.accumulation_s(update, M)

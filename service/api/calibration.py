@@ -66,6 +66,7 @@ OBSERVATION_KEYS = frozenset(
         "forward_s",
         "backward_s",
         "allreduce_s",
+        "update_s",
         "emulated",
     }
 )
@@ -160,6 +161,7 @@ def _one(
         backward_s=_times(doc, "backward_s", at, plan.num_stages),
         emulated=emulated,
         allreduce_s=_times(doc, "allreduce_s", at, plan.num_stages) if "allreduce_s" in doc else (),
+        update_s=_times(doc, "update_s", at, plan.num_stages) if "update_s" in doc else (),
     )
 
 
@@ -199,6 +201,8 @@ def fit_payload(spec: dict[str, Any], stored: Sequence[StoredObservation]) -> Fi
         }
         if s.allreduce_s:
             run["allreduce_s"] = list(s.allreduce_s)
+        if s.update_s:
+            run["update_s"] = list(s.update_s)
         runs.append(run)
     profiles = {s.profile_sha256: s.profile for s in stored}
     return {"spec": spec, "profiles": profiles, "runs": runs}

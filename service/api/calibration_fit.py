@@ -52,6 +52,8 @@ class RunDoc(TypedDict):
     job_id: str
     allreduce_s: NotRequired[list[float]]
     """Per stage, the measured ring all-reduce, when the observation carried it."""
+    update_s: NotRequired[list[float]]
+    """Per stage, the measured optimizer update, when the observation carried it."""
 
 
 class FitPayload(TypedDict):
@@ -142,6 +144,7 @@ def observations_of(payload: FitPayload) -> list[Observation]:
             tuple(r["forward_s"]),
             tuple(r["backward_s"]),
             tuple(r.get("allreduce_s", ())),
+            tuple(r.get("update_s", ())),
         )
         for r in payload["runs"]
     ]

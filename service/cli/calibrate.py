@@ -129,6 +129,12 @@ def summary_lines(report: CalibrationReport) -> list[str]:
             lines.append(
                 f"  {t}: compute x{cal.scale(t):.3f}, call overhead fwd "
                 f"{o.fwd_s * 1e3:.2f} ms, bwd {o.bwd_s * 1e3:.2f} ms"
+                + (
+                    f", update {cal.memory_bandwidth_gbps[t]:.3g} GB/s "
+                    f"(spec {report.cluster.device_types[t].memory_bandwidth_gbps:.3g})"
+                    if t in cal.memory_bandwidth_gbps
+                    else ""
+                )
             )
         for what, links in (("sends", cal.network), ("all-reduce rounds", cal.all_reduce)):
             for name, (bw, lat) in sorted(links.items()):

@@ -11,8 +11,9 @@ A ``run`` job and a measured search measure plans on a cluster; each measured pl
   sends a profile's document once; later observations of the job name it by hash only);
 - ``batch_time_s``, and per stage ``forward_s`` and ``backward_s``: the busiest replica's
   mean forward and backward **per call** (per microbatch), and ``allreduce_s``: the
-  replicas' ring all-reduce per step (0 for a stage without replicas; optional, so that
-  observations sent before it stay valid);
+  replicas' ring all-reduce per step (0 for a stage without replicas), and ``update_s``: the
+  busiest replica's optimizer update per step (both optional, so that observations sent
+  before them stay valid);
 - ``emulated``: whether the devices were emulated.
 
 The plan is the event's own ``plan``.
@@ -59,5 +60,6 @@ def observation_doc(
         "forward_s": list(o.forward_s),
         "backward_s": list(o.backward_s),
         "allreduce_s": list(o.allreduce_s),
+        "update_s": list(o.update_s),
         "emulated": measurement.emulated,
     }

@@ -56,6 +56,11 @@ class TypeTerms:
     scale: float
     fwd_s: float
     bwd_s: float
+    spec_update_gbps: float | None = None
+    """The spec's memory bandwidth of the type (rule 8's update); None for a type the spec
+    does not have."""
+    fitted_update_gbps: float | None = None
+    """The calibration's (rule 8u); None where it kept the spec's."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,17 @@ def calibration_panel(info: ClusterCalibration, spec: ClusterSpec, ours: bool) -
     types: tuple[TypeTerms, ...] = ()
     if cal is not None:
         types = tuple(
-            TypeTerms(t, cal.scale(t), cal.overhead(t).fwd_s, cal.overhead(t).bwd_s)
-            for t in sorted(set(cal.compute_scale) | set(cal.call_overhead))
+            TypeTerms(
+                t,
+                cal.scale(t),
+                cal.overhead(t).fwd_s,
+                cal.overhead(t).bwd_s,
+                spec.device_types[t].memory_bandwidth_gbps if t in spec.device_types else None,
+                cal.memory_bandwidth_gbps.get(t),
+            )
+            for t in sorted(
+                set(cal.compute_scale) | set(cal.call_overhead) | set(cal.memory_bandwidth_gbps)
+            )
         )
     links = []
     for k in LINK_CLASSES:

@@ -28,6 +28,7 @@ from agents.baselines.dp import DPPlanner, bottleneck, explain_gap
 from agents.baselines.dp_table import Candidate, StageModel
 from agents.baselines.pipedream_dp import assumed_type, pipedream_partition
 from core.batch_eval import BatchEvaluator
+from core.calibration import Calibration
 from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
 from core.costmodel import simulate
 from core.formats.pipedream import load_pipedream
@@ -86,7 +87,13 @@ def tiny_clusters(draw: st.DrawFn, types: tuple[str, ...] = ("a", "b")) -> Clust
         Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200))),
     )
     node_list = tuple(Node(f"n{k}", c) for k, c in enumerate(nodes) if c)
-    return ClusterSpec("tiny", dtypes, node_list, net)
+    updated = draw(st.sets(st.sampled_from(types)))  # rule 8u: fitted update bandwidths
+    calibration = (
+        Calibration(memory_bandwidth_gbps={t: draw(st.floats(1, 1000)) for t in updated})
+        if updated
+        else None
+    )
+    return ClusterSpec("tiny", dtypes, node_list, net, calibration=calibration)
 
 
 def all_plans(problem: Problem, unequal: bool = False, one_type: bool = False) -> Iterator[Plan]:

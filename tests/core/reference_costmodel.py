@@ -30,7 +30,9 @@ How the rules were read where the text leaves room (each marked "reading" below)
   op adds ``call_overhead[t].fwd_s`` / ``.bwd_s`` once (so F_s and Bk_s include it); rule 4's
   link classes are the calibration's fitted ones where it has them (``network`` for the
   sends, ``all_reduce`` for rule 8r's ring rounds); rule 8c adds
-  ``step_overhead_s`` to the batch time (after the max over stages).
+  ``step_overhead_s`` to the batch time (after the max over stages); rule 8u: rule 8's update
+  (and so rule 2b's accumulation) uses ``memory_bandwidth_gbps[t]`` for a type the
+  calibration has one for, the spec's elsewhere.
 - Rule 9: ``s`` is 0-based, so 1F1B's stage 0 holds ``min(S, M_0)`` microbatches (equal
   divisors); in general the samples of its first ``min(w_s + 1, M_s)`` microbatches.
 - Rules 5-7 with remainders (issue #16): ``M_s = ceil(B / b_s)``; microbatch j holds
@@ -211,9 +213,18 @@ def accumulation(plan: Plan, profile: ModelProfile, cluster: ClusterSpec, s: int
     each of the stage's microbatches but the first, spread over its m backward ops."""
     stage = plan.stages[s]
     params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
-    types = [cluster.device_types[cluster.device(d).type] for d in stage.devices]
-    update = max(4.0 * params / (t.memory_bandwidth_gbps * 1e9) for t in types)
+    update = max(4.0 * params / (update_bandwidth(cluster, d) * 1e9) for d in stage.devices)
     return (m - 1) * update / m
+
+
+def update_bandwidth(cluster: ClusterSpec, device: str) -> float:
+    """Rule 8's memory bandwidth (GB/s) on a device: the calibration's fitted one for its type
+    where it has one (rule 8u), else the spec's."""
+    name = cluster.device(device).type
+    cal = cluster.calibration
+    if cal is not None and name in cal.memory_bandwidth_gbps:
+        return cal.memory_bandwidth_gbps[name]
+    return cluster.device_types[name].memory_bandwidth_gbps
 
 
 def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) -> RefEstimate:
@@ -310,8 +321,7 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
     stage_end = []
     for s, stage in enumerate(plan.stages):
         params = sum(layer.params_bytes for layer in profile.layers[stage.start : stage.end])
-        types = [cluster.device_types[cluster.device(d).type] for d in stage.devices]
-        update = max(4.0 * params / (t.memory_bandwidth_gbps * 1e9) for t in types)
+        update = max(4.0 * params / (update_bandwidth(cluster, d) * 1e9) for d in stage.devices)
         r = len(stage.devices)
         allreduce = 0.0
         if r > 1:

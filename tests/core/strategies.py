@@ -82,13 +82,14 @@ def ring_rates(
 
 @st.composite
 def calibrations(draw: st.DrawFn) -> Calibration | None:
-    """None, or a calibration of some of the types and link classes (rule 1c)."""
+    """None, or a calibration of some of the types and link classes (rules 1c, 4, 8c, 8u)."""
     if not draw(st.booleans()):
         return None
     scaled = draw(st.sets(st.sampled_from(TYPES)))
     called = draw(st.sets(st.sampled_from(TYPES)))
     fitted = draw(st.sets(st.sampled_from(("intra_node", "inter_node"))))
     rings = draw(st.sets(st.sampled_from(("intra_node", "inter_node"))))
+    updated = draw(st.sets(st.sampled_from(TYPES)))
     return Calibration(
         compute_scale={t: draw(st.floats(0.5, 2.0)) for t in scaled},
         call_overhead={
@@ -97,6 +98,7 @@ def calibrations(draw: st.DrawFn) -> Calibration | None:
         network={k: (draw(st.floats(0.1, 100)), draw(st.floats(0, 500))) for k in fitted},
         all_reduce={k: (draw(st.floats(0.1, 100)), draw(st.floats(0, 500))) for k in rings},
         step_overhead_s=draw(st.floats(0, 1e-2)),
+        memory_bandwidth_gbps={t: draw(st.floats(1.0, 200.0)) for t in updated},
     )
 
 

@@ -22,6 +22,7 @@ CALIBRATION = Calibration(
     all_reduce={"intra_node": (8.0, 3000.0)},
     step_overhead_s=5e-3,
     fit={"runs": 3},
+    memory_bandwidth_gbps={"b": 5.0},
 )
 
 
@@ -68,6 +69,23 @@ def test_fitted_ring_round_prices_the_all_reduce() -> None:
     )
 
 
+def test_fitted_memory_bandwidth_prices_the_update() -> None:
+    """Rule 8u: one stage on n1's a and b replicas (spec 100 and 50 GB/s; b fitted to 5): the
+    update is 4 x 4000 B / 5e9 B/s, set by b, and rule 2b's accumulation ((M-1)/M of it on
+    each backward) follows it; a stage on a alone keeps the spec's 100 GB/s."""
+    spec = cluster().calibrated(Calibration(memory_bandwidth_gbps={"b": 5.0}))
+    assert spec.memory_bandwidth_gbps("b") == 5.0 and spec.memory_bandwidth_gbps("a") == 100.0
+    assert cluster().memory_bandwidth_gbps("b") == 50.0
+    plan = Plan(4, (Stage((0, 4), ("n1/a:0", "n1/b:0"), 2),))
+    est, plain = simulate(plan, chain(4), spec), simulate(plan, chain(4), cluster())
+    assert est.stages[0].update_s == pytest.approx(16000 / 5e9, rel=1e-12)
+    assert plain.stages[0].update_s == pytest.approx(16000 / 50e9, rel=1e-12)
+    extra = est.stages[0].backward_s - plain.stages[0].backward_s  # M = 2
+    assert extra == pytest.approx(0.5 * (16000 / 5e9 - 16000 / 50e9), rel=1e-6)
+    alone = Plan(4, (Stage((0, 4), ("n1/a:0",), 2),))
+    assert simulate(alone, chain(4), spec).stages[0].update_s == pytest.approx(16000 / 100e9)
+
+
 def test_batch_eval_uses_the_calibration() -> None:
     spec = calibrated()
     plans = [
@@ -112,6 +130,19 @@ def test_round_trip_through_the_document() -> None:
         ),
         ({"all_reduce": [1]}, "calibration.all_reduce: expected an object, got [1]"),
         ({"step_overhead_s": "soon"}, "calibration.step_overhead_s: expected a number"),
+        (
+            {"memory_bandwidth_gbps": {"zz": 3.0}},
+            "calibration.memory_bandwidth_gbps: unknown device type 'zz'",
+        ),
+        (
+            {"memory_bandwidth_gbps": {"a": 0}},
+            "calibration.memory_bandwidth_gbps.a: must be a number > 0, got 0",
+        ),
+        (
+            {"memory_bandwidth_gbps": {"a": "fast"}},
+            "calibration.memory_bandwidth_gbps.a: expected a number, got 'fast'",
+        ),
+        ({"memory_bandwidth_gbps": 7}, "calibration.memory_bandwidth_gbps: expected an object"),
         ({"scale": 1}, "calibration: unknown key 'scale'"),
     ],
 )

@@ -27,6 +27,7 @@ def observe(spec: ClusterSpec, plan: Plan, model: ModelProfile | None = None) ->
         tuple(s.forward_s for s in est.stages),
         tuple(s.backward_s for s in est.stages),
         tuple(s.allreduce_s for s in est.stages),
+        tuple(s.update_s for s in est.stages),
     )
 
 
@@ -92,6 +93,35 @@ def test_the_measured_all_reduce_keeps_a_batch_times_other_errors_out_of_the_rin
     )
     blind = [dataclasses.replace(o, allreduce_s=()) for o in slower]
     assert fit(cluster(), blind).calibration.all_reduce["intra_node"][0] < 0.95 * 2.0
+
+
+UPDATE_TRUTH = Calibration(memory_bandwidth_gbps={"slow": 6.0})
+"""The slow type's update streams at 6 GB/s (the spec says 30); the fast type's at the spec's."""
+
+
+def test_fit_finds_the_update_bandwidth_of_each_type() -> None:
+    """Plans with 50-300 MB of weights on each type: the measured updates pin each type's
+    bandwidth (rule 8u), the slow one's far from the spec's, the fast one's at it; without
+    measured updates nothing is fitted and the spec's stay."""
+    truth = cluster().calibrated(UPDATE_TRUTH)
+    runs = [
+        observe(truth, Plan(16, (Stage((0, 6), (d,), b),)), heavy())
+        for d in ("n0/fast:0", "n1/slow:0")
+        for b in (8, 16)
+    ] + [
+        observe(
+            truth, Plan(16, (Stage((0, k), ("n0/fast:0",), 8), Stage((k, 6), PAIR, 8))), heavy()
+        )
+        for k in (2, 4)
+    ]
+    result = fit(cluster(), runs)
+    cal = result.calibration
+    assert cal.memory_bandwidth_gbps["slow"] == pytest.approx(6.0, rel=0.02)
+    assert cal.memory_bandwidth_gbps["fast"] == pytest.approx(30.0, rel=0.02)
+    assert max(abs(e) for e in result.errors_before) > 0.05
+    assert max(abs(e) for e in result.errors_after) < 2e-3
+    blind = [dataclasses.replace(o, update_s=()) for o in runs]
+    assert fit(cluster(), blind).calibration.memory_bandwidth_gbps == {}
 
 
 def test_unused_link_class_and_types_keep_the_spec() -> None:

@@ -86,6 +86,10 @@ def test_runs_are_fitted_and_judged_on_the_ones_left_out(monkeypatch, capsys, fi
             "runs[0].measured.stages[0].allreduce_s: must be a number >= 0, got 'slow'",
         ),
         (
+            lambda d: d["measured"]["stages"][0].update(update_s=-1),
+            "runs[0].measured.stages[0].update_s: must be a number >= 0, got -1",
+        ),
+        (
             lambda d: d["plan"]["stages"][0].update(devices=["n9/fast:0"]),
             "runs[0].plan: stages[0].devices: unknown device 'n9/fast:0'",
         ),

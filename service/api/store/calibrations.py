@@ -71,6 +71,8 @@ def calibration_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table, T
         Column("emulated", Boolean, nullable=False),
         # per stage, the measured ring all-reduce; NULL in rows stored before it was sent
         Column("allreduce_s", JSON, nullable=True),
+        # per stage, the measured optimizer update; NULL in rows stored before it was sent
+        Column("update_s", JSON, nullable=True),
         Column("received_at", DateTime(timezone=True), nullable=False),
         UniqueConstraint("job_id", "plan_sha256"),
     )
@@ -97,6 +99,8 @@ class ObservationRow:
     emulated: bool
     allreduce_s: tuple[float, ...] = ()
     """Per stage, the measured ring all-reduce (0 without replicas); empty when not sent."""
+    update_s: tuple[float, ...] = ()
+    """Per stage, the measured optimizer update; empty when not sent."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -118,6 +122,7 @@ class StoredObservation:
     emulated: bool
     job_id: str
     allreduce_s: tuple[float, ...] = ()
+    update_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ class CalibrationStore(Database):
             "backward_s": list(o.backward_s),
             "emulated": o.emulated,
             "allreduce_s": list(o.allreduce_s) if o.allreduce_s else None,
+            "update_s": list(o.update_s) if o.update_s else None,
             "received_at": received,
         }
         if not insert_ignore(conn, self.cal_observations, values):
@@ -267,6 +273,7 @@ class CalibrationStore(Database):
                 emulated=bool(r.emulated),
                 job_id=r.job_id,
                 allreduce_s=tuple(float(v) for v in r.allreduce_s or ()),
+                update_s=tuple(float(v) for v in r.update_s or ()),
             )
             for r in reversed(rows)
         ]

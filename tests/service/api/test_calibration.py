@@ -43,7 +43,7 @@ def measured(plan: Plan, truth: ClusterSpec) -> Measurement:
         StageMeasurement(
             i, s.layers, s.devices, s.microbatch,
             e.forward_s * plan.microbatches(i), e.backward_s * plan.microbatches(i),
-            0.0, 0.0, 0.0, 0.0, 0.0, allreduce_s=e.allreduce_s,
+            e.update_s, 0.0, 0.0, 0.0, 0.0, allreduce_s=e.allreduce_s,
         )
         for i, (s, e) in enumerate(zip(plan.stages, est.stages, strict=True))
     )  # fmt: skip
@@ -175,6 +175,8 @@ def test_a_changed_spec_starts_over_and_a_plan_counts_once_per_job(
         (lambda o: o.update(emulated="yes"), "data.observation.emulated"),
         (lambda o: o.update(allreduce_s=[-1.0]), "data.observation.allreduce_s[0]: must be >= 0"),
         (lambda o: o.update(allreduce_s=[0.1, 0.2]), "data.observation.allreduce_s: 2 values"),
+        (lambda o: o.update(update_s=["soon"]), "data.observation.update_s[0]"),
+        (lambda o: o.update(update_s=[]), "data.observation.update_s: 0 values"),
         (lambda o: o.update(extra=1), "data.observation: unknown key 'extra'"),
     ],
 )
@@ -296,25 +298,30 @@ def test_the_store_keeps_each_stages_measured_all_reduce_and_the_fit_reads_it(db
     assert row.allreduce_s == pytest.approx((0.0, ring)) and ring > 0
     runs = fit_payload(cluster().to_dict(), stored)["runs"]
     assert runs[stored.index(row)]["allreduce_s"] == pytest.approx([0.0, ring])
+    updates = [s.update_s for s in simulate(replicated, profile(), cluster()).stages]
+    assert row.update_s == pytest.approx(tuple(updates)) and min(updates) > 0
+    assert runs[stored.index(row)]["update_s"] == pytest.approx(updates)
 
 
-def test_a_database_from_before_the_all_reduce_gets_its_column_and_keeps_its_rows(
+def test_a_database_from_before_the_all_reduce_gets_its_columns_and_keeps_its_rows(
     db: Store,
 ) -> None:
-    """A database written before the column existed (dropped here): opening it adds the
-    column, and the rows it had read as observations without a measured all-reduce."""
+    """A database written before the columns existed (dropped here): opening it adds them,
+    and the rows it had read as observations without a measured all-reduce and update."""
     stored_runs(db, 2)
     table = db.cal_observations.name
     with db.engine.begin() as conn:
         conn.execute(sql(f'ALTER TABLE "{table}" DROP COLUMN allreduce_s'))
+        conn.execute(sql(f'ALTER TABLE "{table}" DROP COLUMN update_s'))
     again = Store(db.engine.url.render_as_string(hide_password=False), prefix=db.prefix)
     try:
         again.create_tables()
         old = again.observations("c", spec_sha256(cluster()), 10)
-        assert len(old) == 2 and all(o.allreduce_s == () for o in old)
+        assert len(old) == 2 and all(o.allreduce_s == () == o.update_s for o in old)
         stored_runs(again, 3)  # a new job's three: the rows before stay, new ones land
         new = again.observations("c", spec_sha256(cluster()), 10)
         assert len(new) == 5 and all(len(o.allreduce_s) == len(o.plan["stages"]) for o in new[2:])
+        assert all(len(o.update_s) == len(o.plan["stages"]) for o in new[2:])
     finally:
         again.close()
 
@@ -416,3 +423,20 @@ def test_the_cluster_pages_links_show_the_sends_and_the_ring_rounds_spec_and_fit
         900,
     )
     assert rows["inter_node all-reduce"].fitted_gbps is None
+
+
+def test_the_cluster_pages_types_show_the_update_bandwidth_spec_and_fitted() -> None:
+    info = ClusterCalibration(
+        cluster="c",
+        spec_sha256="0" * 64,
+        state="fitted",
+        observations=3,
+        last_observed_at=datetime.now(UTC),
+        calibration={
+            "call_overhead": {"fast": {"fwd_s": 0.001, "bwd_s": 0.002}},
+            "memory_bandwidth_gbps": {"slow": 12.5},
+        },
+    )
+    rows = {t.name: t for t in calibration_panel(info, cluster(), ours=True).types}
+    assert (rows["slow"].spec_update_gbps, rows["slow"].fitted_update_gbps) == (30.0, 12.5)
+    assert (rows["fast"].spec_update_gbps, rows["fast"].fitted_update_gbps) == (30.0, None)
