@@ -63,6 +63,7 @@ Writes bench/results/fidelity.json and fidelity.png (``--quick``: fidelity_quick
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -529,6 +530,15 @@ def held_out(
     for j in range(len(rows)):
         predict(HELD_OUT[1], {j}, {"held_out_plan": j})
     return predicted, fits
+
+
+def without_updates(rows: Sequence[Observed]) -> list[Observed]:
+    """``rows`` with their runs' measured updates dropped: a calibration fitted to them keeps
+    the spec's update bandwidths (rule 8u unfitted), the ablation of that term."""
+    return [
+        dataclasses.replace(r, runs=tuple(dataclasses.replace(o, update_s=()) for o in r.runs))
+        for r in rows
+    ]
 
 
 def calibrate_held_out(

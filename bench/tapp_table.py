@@ -37,6 +37,13 @@ Each row's JSON also holds its stages' predicted and measured parts side by side
 (:func:`bench.fidelity.stage_breakdown`: compute, transfer, update, all-reduce), so an error
 can be traced to a term.
 
+Calibration, judged on plans it did not see (no extra runs: the table's own): every measured
+plan is predicted again under the calibration (:mod:`executor.calibrate`) fitted to the
+other models' runs (``held-out model``) and to every other plan's (``held-out plan``), each
+also fitted blind to the measured updates (``... without 8u``: the spec's update bandwidth
+kept), so the table shows what the fitted update bandwidth (rule 8u) is worth where plans
+replicate hundreds of MB of weights on one host (:func:`bench.fidelity.held_out`).
+
     .venv/bin/python -m bench.tapp_table            # 3 models, dp + brute + tapp, 12 steps
     .venv/bin/python -m bench.tapp_table --quick    # 3 models, dp + brute, 4 steps
 (either also searches ``genetic`` with two stages or more, for the Pipelined row)
@@ -61,20 +68,24 @@ from agents.baselines import every_device
 from agents.problem import ProblemError
 from bench.fidelity import (
     ModelCase,
+    Observed,
     add_cluster_options,
     bsp_all,
     describe,
     fastest_first,
+    held_out,
     profile_sizes,
     stage_breakdown,
+    without_updates,
 )
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
+from executor.calibrate import Observation
 from executor.emulation import EMULATED_NOTE
 from executor.local_cluster import LocalCluster
-from executor.measure import Measurement
+from executor.measure import Measurement, relative_error
 from executor.measured_profile import measure_profile
 from executor.model import ModelSource, OptimizerConfig
 from executor.pipeline import RunConfig, run
@@ -192,7 +203,8 @@ def row(
 
 def model_table(
     case: ModelCase, spec: ClusterSpec, a: argparse.Namespace, console: Any
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[tuple[str, str], Observed]]:
+    """The model's rows, and each plan measured (not a twin's run) for the calibrations."""
     t0 = time.perf_counter()
     sizes = profile_sizes(a.profile_batches, case.batch)
     profile = measure_profile(case.source, spec, batch_sizes=sizes, repeats=a.repeats)
@@ -258,6 +270,11 @@ def model_table(
         r["speedup_vs_single"] = single.batch_time_s / m.batch_time_s if (m and single) else None
         r["same_plan_as"] = same_as.get(r["method"])
         r["error"] = errors.get(r["method"], "")
+    observed = {
+        (case.label, k): Observed(case.label, plans[k], profile, (Observation.of(m, profile),))
+        for k, m in measured.items()
+        if m is not None and k not in same_as
+    }
     planned, pipelined = plans["Planned"], plans["Pipelined"]
     x, y = rows[3]["speedup_vs_bsp"], rows[4]["speedup_vs_bsp"]
     several = len(planned.stages) > 1 or any(len(st.devices) > 1 for st in planned.stages)
@@ -271,7 +288,7 @@ def model_table(
         "pipelined_measured_speedup_vs_bsp": y,
         "pipelined_met": bool(len(pipelined.stages) > 1 and y is not None and y >= TARGET),
     }
-    return {
+    doc = {
         "model": case.label,
         "global_batch": case.batch,
         "claim": claim,
@@ -287,6 +304,76 @@ def model_table(
         },
         "rows": rows,
     }
+    return doc, observed
+
+
+BLIND = " without 8u"
+"""Suffix of a held-out calibration fitted blind to the measured updates."""
+
+
+def calibrate_rows(
+    docs: list[dict[str, Any]], observed: dict[tuple[str, str], Observed], spec: ClusterSpec
+) -> dict[str, dict[str, float]]:
+    """Put each measured row's held-out calibrated predictions and errors into its document
+    (``calibrated_predicted_s``, ``calibrated_rel_error``; ``observed`` is keyed by model and
+    method, and a row that shares its twin's run takes its twin's); returns the median and
+    worst |error| over the plans measured, per kind and uncalibrated."""
+    if not observed:
+        return {}
+    keys = list(observed)
+    rows = [observed[k] for k in keys]
+    predicted = held_out(rows, spec)[0]
+    blind = held_out(without_updates(rows), spec)[0]
+    by_plan = {
+        k: {**p, **{kind + BLIND: v for kind, v in b.items()}}
+        for k, p, b in zip(keys, predicted, blind, strict=True)
+    }
+    errors: dict[str, list[float]] = {}
+    for d in docs:
+        for row in d["rows"]:
+            p = by_plan.get((d["model"], row["same_plan_as"] or row["method"]))
+            if p is None or row["measured_s"] is None:
+                continue
+            row["calibrated_predicted_s"] = p
+            row["calibrated_rel_error"] = {
+                k: relative_error(v, row["measured_s"]) for k, v in p.items()
+            }
+            if row["same_plan_as"]:
+                continue  # one run: counted once
+            errors.setdefault("uncalibrated", []).append(
+                abs(relative_error(row["predicted_s"], row["measured_s"]))
+            )
+            for k, e in row["calibrated_rel_error"].items():
+                errors.setdefault(k, []).append(abs(e))
+    return {
+        k: {"median": statistics.median(v), "max": max(v), "plans": len(v)}
+        for k, v in errors.items()
+    }
+
+
+def print_calibrated(
+    docs: list[dict[str, Any]], verdicts: dict[str, dict[str, float]], console: Any
+) -> None:
+    """Each measured plan's error uncalibrated and under each held-out calibration."""
+    kinds = [k for k in verdicts if k != "uncalibrated"]
+    t = Table(title="error (predicted - measured) / measured, calibrations fitted on other plans",
+              title_justify="left")  # fmt: skip
+    for c in ("model", "method", "uncalibrated", *kinds):
+        t.add_column(c, justify="left" if c in ("model", "method") else "right")
+    for d in docs:
+        for r in d["rows"]:
+            if r["measured_s"] is None or r["same_plan_as"]:
+                continue
+            cal = r.get("calibrated_rel_error", {})
+            t.add_row(
+                d["model"],
+                r["method"],
+                _f(100 * relative_error(r["predicted_s"], r["measured_s"]), "+.1f") + "%",
+                *(_f(cal.get(k, math.nan) * 100, "+.1f") + "%" for k in kinds),
+            )
+    console.print(t)
+    for k, v in verdicts.items():
+        console.print(f"{k}: median |error| {v['median']:.1%}, worst {v['max']:.1%}")
 
 
 def _f(x: float | None, spec: str) -> str:
@@ -359,11 +446,18 @@ def main() -> None:
     console.print(f"[bold]{EMULATED_NOTE}[/bold]")
     t0 = time.perf_counter()
     docs = []
+    observed: dict[tuple[str, str], Observed] = {}
     with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
         console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
         for key in models:
-            docs.append(model_table(MODELS[key], spec, a, console))
+            doc, seen = model_table(MODELS[key], spec, a, console)
+            docs.append(doc)
+            observed.update(seen)
+    t1 = time.perf_counter()
+    verdicts = calibrate_rows(docs, observed, spec)
+    console.print(f"held-out calibrations fitted in {time.perf_counter() - t1:.0f} s")
     print_table(docs, a.train_steps, spec.name, console)
+    print_calibrated(docs, verdicts, console)
     wall = time.perf_counter() - t0
     console.print(f"wall {wall / 60:.1f} min")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -384,6 +478,7 @@ def main() -> None:
             "quick": a.quick,
         },
         "wall_s": wall,
+        "calibrated": verdicts,
         "models": docs,
     }
     out.write_text(json.dumps(doc, indent=1, default=str) + "\n")

@@ -1,5 +1,5 @@
-"""bench.tapp_table's choice of the Planned and Pipelined rows (no Ray: the planners run on
-a small synthetic profile)."""
+"""bench.tapp_table's choice of the Planned and Pipelined rows, and its held-out calibrations
+(no Ray: the planners run on a small synthetic profile, the runs are the cost model's)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 
-from bench.tapp_table import PIPELINED, best_candidate, plan_with
+from bench.fidelity import Observed
+from bench.tapp_table import BLIND, PIPELINED, best_candidate, calibrate_rows, plan_with
+from core.calibration import Calibration
 from core.costmodel import simulate
 from core.plan import Plan, Stage
 from tests.calibration_cases import cluster, profile
+from tests.executor.test_calibrate import heavy, observe
 
 F, S0, S1 = "n0/fast:0", "n1/slow:0", "n1/slow:1"
 
@@ -42,3 +45,49 @@ def test_the_pipelined_search_keeps_several_stages() -> None:
     assert alone.num_stages == 1  # this cluster's optimum: the whole model on the fast device
     assert piped.num_stages >= 2
     piped.validate(prof, spec)
+
+
+def test_rows_get_held_out_calibrated_predictions_with_and_without_the_update_term() -> None:
+    """Two "models" (the same profile under two labels), four plans each, "measured" as the
+    cost model's answers on a cluster whose slow type updates at 6 GB/s (the spec says 30):
+    every measured row gets its held-out predictions, a twin row its twin's, and the fits
+    that see the updates predict the held-out plans better than the ones blind to them."""
+    truth = cluster().calibrated(Calibration(memory_bandwidth_gbps={"slow": 6.0}))
+    plans = {
+        "SingleCPU": Plan(16, (Stage((0, 6), (S0,), 16),)),
+        "BSP": Plan(16, (Stage((0, 6), (S0, S1), 8),)),
+        "Planned": Plan(16, (Stage((0, 3), (F,), 8), Stage((3, 6), (S0, S1), 8))),
+        "Pipe-Torch": Plan(16, (Stage((0, 4), (F,), 8), Stage((4, 6), (S0,), 8))),
+    }
+    docs, observed = [], {}
+    for model in ("A", "B"):
+        rows = []
+        for method, plan in plans.items():
+            o = observe(truth, plan, heavy())
+            predicted = simulate(plan, heavy(), cluster()).batch_time_s
+            rows.append(row_doc(method, o.batch_time_s, predicted))
+            observed[(model, method)] = Observed(model, plan, heavy(), (o,))
+        rows.append(row_doc("Pipelined", rows[2]["measured_s"], rows[2]["predicted_s"], "Planned"))
+        docs.append({"model": model, "rows": rows})
+    verdicts = calibrate_rows(docs, observed, cluster())
+    kinds = {"held-out model", "held-out plan"}
+    assert set(verdicts) == {"uncalibrated"} | kinds | {k + BLIND for k in kinds}
+    assert all(v["plans"] == 8 for v in verdicts.values())  # the twins counted once
+    for d in docs:
+        assert all(set(r["calibrated_rel_error"]) == set(verdicts) - {"uncalibrated"}
+                   for r in d["rows"])  # fmt: skip
+        assert d["rows"][4]["calibrated_predicted_s"] == d["rows"][2]["calibrated_predicted_s"]
+    assert verdicts["held-out plan"]["max"] < 0.01
+    assert verdicts["held-out plan" + BLIND]["max"] > 0.05
+    assert verdicts["uncalibrated"]["max"] > 0.05
+
+
+def row_doc(
+    method: str, measured: float, predicted: float, twin: str | None = None
+) -> dict[str, Any]:
+    return {
+        "method": method,
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "same_plan_as": twin,
+    }
