@@ -532,6 +532,11 @@ def held_out(
     return predicted, fits
 
 
+BLIND = " without 8u"
+"""Suffix of a held-out calibration fitted blind to the measured updates (the spec's update
+bandwidths kept): beside each :data:`HELD_OUT` one, what rule 8u's fitted bandwidth is worth."""
+
+
 def without_updates(rows: Sequence[Observed]) -> list[Observed]:
     """``rows`` with their runs' measured updates dropped: a calibration fitted to them keeps
     the spec's update bandwidths (rule 8u unfitted), the ablation of that term."""
@@ -544,8 +549,9 @@ def without_updates(rows: Sequence[Observed]) -> list[Observed]:
 def calibrate_held_out(
     results: list[Result], profiles: dict[str, ModelProfile], spec: ClusterSpec
 ) -> dict[str, Any]:
-    """Predict every measured plan under each :data:`HELD_OUT` calibration (into
-    ``calibrated``); returns the leave-one-model-out fits' terms by model."""
+    """Predict every measured plan under each :data:`HELD_OUT` calibration, and each fitted
+    blind to the updates (:data:`BLIND`), into ``calibrated``; returns the
+    leave-one-model-out fits' terms by model."""
     measured = [r for r in results if r.measured is not None]
     rows = [
         Observed(
@@ -557,8 +563,10 @@ def calibrate_held_out(
         for r in measured
     ]
     predicted, fits = held_out(rows, spec)
-    for r, p in zip(measured, predicted, strict=True):
+    blind, _ = held_out(without_updates(rows), spec)
+    for r, p, b in zip(measured, predicted, blind, strict=True):
         r.calibrated.update(p)
+        r.calibrated.update({k + BLIND: v for k, v in b.items()})
     return fits
 
 

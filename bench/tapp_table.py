@@ -67,6 +67,7 @@ from agents import Budget, Objective, Problem, make_planner
 from agents.baselines import every_device
 from agents.problem import ProblemError
 from bench.fidelity import (
+    BLIND,
     ModelCase,
     Observed,
     add_cluster_options,
@@ -305,10 +306,6 @@ def model_table(
         "rows": rows,
     }
     return doc, observed
-
-
-BLIND = " without 8u"
-"""Suffix of a held-out calibration fitted blind to the measured updates."""
 
 
 def calibrate_rows(
