@@ -395,14 +395,7 @@ def test_the_cluster_pages_links_show_the_sends_and_the_ring_rounds_spec_and_fit
             },
         }
     )
-    info = ClusterCalibration(
-        cluster="c",
-        spec_sha256="0" * 64,
-        state="fitted",
-        observations=3,
-        last_observed_at=datetime.now(UTC),
-        calibration={"network": {"inter_node": {"bandwidth_gbps": 2.0, "latency_us": 5000}}},
-    )
+    info = fitted_info({"network": {"inter_node": {"bandwidth_gbps": 2.0, "latency_us": 5000}}})
     rows = {row.name: row for row in calibration_panel(info, spec, ours=True).links}
     assert (rows["inter_node"].spec_gbps, rows["inter_node"].fitted_gbps) == (1.5, 2.0)
     ring = rows["inter_node all-reduce"]
@@ -425,17 +418,24 @@ def test_the_cluster_pages_links_show_the_sends_and_the_ring_rounds_spec_and_fit
     assert rows["inter_node all-reduce"].fitted_gbps is None
 
 
-def test_the_cluster_pages_types_show_the_update_bandwidth_spec_and_fitted() -> None:
-    info = ClusterCalibration(
+def fitted_info(calibration: dict[str, Any]) -> ClusterCalibration:
+    """Cluster ``c``'s calibration from use, fitted to ``calibration``."""
+    return ClusterCalibration(
         cluster="c",
         spec_sha256="0" * 64,
         state="fitted",
         observations=3,
         last_observed_at=datetime.now(UTC),
-        calibration={
+        calibration=calibration,
+    )
+
+
+def test_the_cluster_pages_types_show_the_update_bandwidth_spec_and_fitted() -> None:
+    info = fitted_info(
+        {
             "call_overhead": {"fast": {"fwd_s": 0.001, "bwd_s": 0.002}},
             "memory_bandwidth_gbps": {"slow": 12.5},
-        },
+        }
     )
     rows = {t.name: t for t in calibration_panel(info, cluster(), ours=True).types}
     assert (rows["slow"].spec_update_gbps, rows["slow"].fitted_update_gbps) == (30.0, 12.5)
