@@ -259,18 +259,14 @@ def _untimed(device_type: str, observations: Sequence[Observation]) -> bool:
 
 
 def _updates_on(cluster: ClusterSpec, observations: Sequence[Observation], name: str) -> bool:
-    """Whether some observed stage with a measured update the fit reads sets its update by
-    ``name`` (its slowest replica, rule 8, is of that type)."""
-    for o in observations:
-        for stage, update in zip(o.plan.stages, o.update_s, strict=False):
-            if update >= UPDATE_FLOOR_S:
-                slowest = min(
-                    stage.devices,
-                    key=lambda d: cluster.memory_bandwidth_gbps(cluster.device(d).type),
-                )
-                if cluster.device(slowest).type == name:
-                    return True
-    return False
+    """Whether a device of type ``name`` is a replica of some observed stage whose measured
+    update the fit reads (which type sets that update, rule 8's slowest replica, depends on
+    the bandwidths being fitted, so every type of the stage gets one)."""
+    return any(
+        update >= UPDATE_FLOOR_S and any(cluster.device(d).type == name for d in stage.devices)
+        for o in observations
+        for stage, update in zip(o.plan.stages, o.update_s, strict=False)
+    )
 
 
 def _gbps(bytes_per_s: float) -> float:
