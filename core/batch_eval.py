@@ -157,11 +157,12 @@ class BatchEvaluator:
         self, batch: PlanBatch, r: IntArray, samples: Sequence[IntArray]
     ) -> list[tuple[FloatArray, FloatArray]]:
         """Rule 2: (P, S) forward and backward time of each stage, slowest replica, for a
-        microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas."""
+        microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas, each costed for
+        the busiest one's share (rule 2i)."""
         tb = self.tables
         side = len(self.profile) + 1
         span = batch.bounds[:, :-1] * side + batch.bounds[:, 1:]
-        shares = [n / r for n in samples]
+        shares = [rules.replica_share(n, r) for n in samples]
         out: list[tuple[FloatArray, FloatArray]] = []
         for k in range(batch.devices.shape[2]):
             ok = batch.devices[:, :, k] >= 0
@@ -261,7 +262,7 @@ class BatchEvaluator:
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.held_microbatches(schedule, b, B, warmups)
-        memory = rules.memory_bytes(params, tb.acts(start, end), b / r, held)
+        memory = rules.memory_bytes(params, tb.acts(start, end), rules.replica_share(b, r), held)
         capacity = _over_replicas(np.minimum, np.where(valid, tb.dev_capacity[dev], np.inf))
         ratio = (memory / capacity).max(-1)
         price = _over_replicas(np.add, np.where(valid, tb.dev_price[dev], 0.0)).sum(-1)

@@ -34,6 +34,18 @@ latency, :class:`core.cluster.Link`): rule 8's all-reduce is then
 without them it uses the link's own numbers, as before. Rule 4's sends always use the
 link's own send numbers (a calibration's fitted ones where it has them).
 
+Integer replica shares (issue #18) change rules 2 and 9; with ``r_s`` dividing every
+microbatch's samples each reads exactly as before:
+
+- **2i.** A replica's share of an op of ``n`` samples is ``ceil(n / r_s)``
+  (:func:`core.rules.replica_share`): the executor cuts the ``n`` samples into ``r_s``
+  contiguous shares that differ by at most one, and the busiest replica sets the pace. F_s
+  and Bk_s (rule 2) are computed for that share on every replica (the maximum over the
+  replicas' types, as before); rule 9's activations per device are ``ceil(b_s / r_s)``
+  samples per held microbatch. Before, the share was the fraction ``n / r_s``: 4 samples on 3
+  replicas cost 4/3 samples each, while the executor's first replica computes 2 (the demo's
+  plans of that kind were measured 30% slower than predicted).
+
 Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
 every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:
 
@@ -41,8 +53,8 @@ every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as b
   ``[j b_s, min((j+1) b_s, B))``, so ``n_{s,j} = b_s`` except the last one's
   ``B - (M_s - 1) b_s``. Any ``1 <= b_s <= B`` is a valid plan, under either schedule.
 - Rule 2: an op of microbatch ``j`` lasts F_s or Bk_s computed for ``n_{s,j}`` samples (each
-  replica's share ``n_{s,j} / r_s``). Rule 2b's accumulation, ``(M_s - 1) / M_s`` x update,
-  is added to every backward, the last one's too.
+  replica's share ``ceil(n_{s,j} / r_s)``, rule 2i). Rule 2b's accumulation,
+  ``(M_s - 1) / M_s`` x update, is added to every backward, the last one's too.
 - Rule 5, 1F1B: stage ``s`` runs ``w_s`` warm-up forwards, then alternates ``F(w_s + i)``
   and ``B(i)``, then the remaining backwards. From the last stage up, ``w_{S-1} = 0`` and
   ``w_s = min(M_s, max(ceil(sum_{t>s} b_t / b_s), max_{i<M_s} (ceil(f(i) / b_s) - i - 1)))``
@@ -58,7 +70,7 @@ every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as b
   of X_{s-1}).
 - Rule 9: a stage holds ``H_s`` samples of activations at its peak: ``H_s = B`` for GPipe;
   ``H_s = min((w_s + 1) b_s, B)`` for 1F1B (its first ``min(w_s + 1, M_s)`` microbatches).
-  Memory per device ``4 x params_s + (H_s / b_s) x (b_s / r_s) x acts_s``
+  Memory per device ``4 x params_s + (H_s / b_s) x ceil(b_s / r_s) x acts_s``
   (:func:`core.rules.held_microbatches`).
 - Rule 10: the op time of a stage is the sum of its ops' durations, ``(M_s - 1) (F_s + Bk_s)
   + F_s(n_last) + Bk_s(n_last)``.
@@ -221,11 +233,11 @@ class _Simulation:
         call: np.ndarray,
         samples: int | None = None,
     ) -> float:
-        """Rule 2: max over replicas of the summed layer times for a ``n / r_s`` share of a
-        microbatch of ``n`` samples (``b_s`` unless given), plus the replica type's call
-        overhead (rule 1c)."""
+        """Rule 2: max over replicas of the summed layer times for a ``ceil(n / r_s)`` share
+        (rule 2i) of a microbatch of ``n`` samples (``b_s`` unless given), plus the replica
+        type's call overhead (rule 1c)."""
         stage = self.plan.stages[s]
-        n = (stage.microbatch if samples is None else samples) / stage.replicas
+        n = rules.replica_share(stage.microbatch if samples is None else samples, stage.replicas)
         best = 0.0
         for d in stage.devices:
             t = self.tables.type_index[self.cluster.device(d).type]
@@ -329,7 +341,9 @@ class _Simulation:
             )
         )
         acts = float(self.tables.acts(st.start, st.end))
-        memory = rules.memory_bytes(params, acts, st.microbatch / st.replicas, held)
+        memory = rules.memory_bytes(
+            params, acts, rules.replica_share(st.microbatch, st.replicas), held
+        )
         capacity = min(t.memory_bytes for t in types)
         for d, t in zip(st.devices, types, strict=True):
             if memory > t.memory_bytes:

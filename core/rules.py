@@ -41,6 +41,15 @@ def compute_s(fixed_s: Quantity, per_sample_s: Quantity, samples: Quantity) -> Q
     return fixed_s + samples * per_sample_s
 
 
+def replica_share(samples: Quantity, replicas: Quantity) -> Quantity:
+    """Rule 2i: the samples of a stage's busiest replica when ``samples`` are shared by
+    ``replicas``: ``ceil(samples / replicas)``. The executor cuts an op's samples into
+    ``replicas`` contiguous shares that differ by at most one (the first ones larger,
+    :func:`executor.microbatch.replica_shares`), and the busiest sets the stage's pace: 4
+    samples on 3 replicas is 2 samples for the first, not 4/3 each."""
+    return -(-samples // replicas)
+
+
 def flops_forward_s(flops: Quantity, device_flops: Quantity) -> Quantity:
     """Rule 1's fallback for a layer without a timing on a type: per-sample forward seconds
     ``flops / device flops`` (the backward is :data:`BACKWARD_FLOPS_RATIO` times this)."""
@@ -111,8 +120,8 @@ def memory_bytes(
     params_bytes: Quantity, activation_bytes: Quantity, share: Quantity, held: Quantity
 ) -> Quantity:
     """Rule 9: memory per device of a stage: :data:`OPTIMIZER_COPIES` x its parameters plus
-    ``held`` microbatches (:func:`in_flight`, :func:`held_microbatches`) of ``share = b / r``
-    samples of its activations."""
+    ``held`` microbatches (:func:`in_flight`, :func:`held_microbatches`) of ``share``
+    samples of its activations (:func:`replica_share` of ``b`` over ``r``, rule 2i)."""
     return OPTIMIZER_COPIES * params_bytes + held * share * activation_bytes
 
 

@@ -233,7 +233,7 @@ def stage_memory(
         state = replace(state, count=count)
     params = inst.params[end] - inst.params[start]
     acts = inst.acts[end] - inst.acts[start]
-    share = microbatch_size(inst, state) / replicas
+    share = rules.replica_share(microbatch_size(inst, state), replicas)
     return float(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
 
 
@@ -375,7 +375,7 @@ def stage_memory_ends(
     """:func:`stage_memory` of layers ``[start, e)`` for every ``e`` of ``ends``."""
     params = inst.params[ends] - inst.params[start]
     acts = inst.acts[ends] - inst.acts[start]
-    share = microbatch_size(inst, state) / replicas
+    share = rules.replica_share(microbatch_size(inst, state), replicas)
     return np.asarray(rules.memory_bytes(params, acts, share, in_flight(inst, state)))
 
 
@@ -650,7 +650,7 @@ def _load(inst: Instance, state: State, start: int, end: int, devs: tuple[int, .
     """``t / (t + T / D)``: a stage's microbatch time on its slowest replica against the
     whole model's on the fastest device spread over all devices."""
     b = microbatch_size(inst, state)
-    t = max(inst.stage_time(d, start, end, b / len(devs)) for d in devs)
+    t = max(inst.stage_time(d, start, end, rules.replica_share(b, len(devs))) for d in devs)
     balanced = min(inst.stage_time(d, 0, inst.n_layers, b) for d in range(inst.n_devices))
     balanced /= inst.n_devices
     return t / (t + balanced) if t + balanced > 0 else 0.0
@@ -739,7 +739,7 @@ def end_features(inst: Instance, state: State) -> np.ndarray:
     t = rules.compute_s(
         inst.fixed[d][:, ends] - inst.fixed[d, start, None],
         inst.per_sample[d][:, ends] - inst.per_sample[d, start, None],
-        b / len(devs),
+        rules.replica_share(b, len(devs)),
     ).max(axis=0)
     balanced = min(inst.stage_time(k, 0, L, b) for k in range(inst.n_devices)) / inst.n_devices
     free = np.setdiff1d(np.arange(inst.n_devices), np.asarray(state.used))
@@ -766,7 +766,7 @@ def size_features(inst: Instance, state: State) -> np.ndarray:
     """``stage_sizes``: (K, 4) in ``[0, 1]``; row ``k`` describes giving the stage whose size
     is pending microbatches of ``b_k = sizes[k]`` (zeros while none is pending). Its busy
     time over the whole batch at ``b_k`` is, on its slowest replica, ``B / b_k`` microbatches
-    of compute (rules 1-2, ``b_k / r`` samples each) plus their gradient accumulation (rule
+    of compute (rules 1-2, ``ceil(b_k / r)`` samples each) plus their gradient accumulation (rule
     2b), which grows with the count and with the stage's parameters; the row holds that
     stage's least busy time at any size over this one (1: its best size), whether ``b_k`` is
     the shared size, ``log b_k / log B`` (smaller microbatches fill the pipeline sooner, which
@@ -783,8 +783,8 @@ def size_features(inst: Instance, state: State) -> np.ndarray:
     t = rules.compute_s(
         (inst.fixed[d, end] - inst.fixed[d, start])[:, None],
         (inst.per_sample[d, end] - inst.per_sample[d, start])[:, None],
-        sizes[None, :] / len(d),
-    )  # (R, K): a microbatch on each replica
+        rules.replica_share(sizes[None, :], len(d)),
+    )  # (R, K): a microbatch on each replica (its busiest share, rule 2i)
     update = rules.update_s(inst.params[end] - inst.params[start], inst.membw[d])  # (R,)
     accumulate = rules.accumulation_s(update[:, None], micro[None, :]) * micro[None, :]
     busy = (micro[None, :] * t + accumulate).max(axis=0)  # (K,)

@@ -15,8 +15,9 @@ Which devices:
   all-reduce stays intra-node where it can). ``prod(n_t + 1) - 1`` sets, costed in chunks
   until the budget runs out.
 
-Every allowed microbatch size is tried for each set; a replica's share ``b / r`` may be
-fractional, as the cost model allows.
+Every allowed microbatch size is tried for each set; a replica's share is ``ceil(b / r)``
+samples (cost model rule 2i: the executor's busiest replica), so a size that ``r`` divides
+wastes nothing.
 """
 
 from __future__ import annotations

@@ -104,7 +104,9 @@ def memory_hint(problem: Problem, classes: list[DeviceClass]) -> str:
     worst, where = 0.0, ""
     for layer in profile.layers:
         ratio = min(
-            rules.memory_bytes(layer.params_bytes, layer.activation_bytes, b / r, held)
+            rules.memory_bytes(
+                layer.params_bytes, layer.activation_bytes, rules.replica_share(b, r), held
+            )
             / cluster.device_types[t].memory_bytes
             for t, r in most.items()
             if r

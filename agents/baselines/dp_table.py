@@ -167,7 +167,7 @@ class BottleneckDP:
         tb, b, M = self.tables, self.sizes, self.M
         t, r = c.type_index, c.replicas
         jj = np.arange(i + 1, self.L + 1)
-        n = b / r
+        n = rules.replica_share(b, r)
         f = rules.compute_s(
             tb.fwd_fixed_range[t, i, jj][:, None], tb.fwd_per_sample_range[t, i, jj][:, None], n
         )

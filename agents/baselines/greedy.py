@@ -194,15 +194,17 @@ class _StageTimes:
 
     def __call__(self, a: int, b: int, devices: Iterable[int]) -> float:
         devs = list(devices)
-        n = self.batch / len(devs)
+        n = rules.replica_share(self.batch, len(devs))
         types = {int(self.tables.dev_type[d]) for d in devs}
         return max(float(self.tables.fb_time(t, a, b, n)) for t in types)
 
     def memory(self, a: int, b: int, devices: Sequence[int]) -> float:
         """GPipe's footprint (rule 9) over the smallest capacity: ``M`` microbatches of
-        ``b / r`` samples are ``B / r``, the same for every microbatch size."""
+        ``ceil(b / r)`` samples are about ``ceil(B / r)`` (rule 2i), taken for every
+        microbatch size."""
         tb = self.tables
-        need = rules.memory_bytes(tb.params(a, b), tb.acts(a, b), self.batch / len(devices), 1)
+        share = rules.replica_share(self.batch, len(devices))
+        need = rules.memory_bytes(tb.params(a, b), tb.acts(a, b), share, 1)
         return float(need / min(tb.dev_capacity[d] for d in devices))
 
     def bottleneck(self, state: Structure) -> int:

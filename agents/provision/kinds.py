@@ -122,7 +122,7 @@ class StageCosts:
         jj = np.arange(i + 1, self.L + 1)[:, None]
         m = np.arange(1, self.catalogue.available[opt.kind] + 1)[None, :]
         r = m * opt.per_node
-        n = b / r
+        n = rules.replica_share(b, r)
         f = rules.compute_s(tb.fwd_fixed_range[t, i, jj], tb.fwd_per_sample_range[t, i, jj], n)
         bk = rules.compute_s(tb.bwd_fixed_range[t, i, jj], tb.bwd_per_sample_range[t, i, jj], n)
         cluster = self.problem.cluster

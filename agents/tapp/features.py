@@ -296,9 +296,11 @@ def group_inputs(ctx: PlanContext, member: Tensor, n_groups: Tensor, cuts: Tenso
 
 def stage_time(groups: GroupTables, member: Tensor) -> Tensor:
     """(P, G) seconds per microbatch of each stage on its replicas (``member``: (P, G, D)
-    bool), the slowest replica's share ``b / r`` (rule 2); 0 for a stage with no device."""
+    bool), the slowest replica's share ``ceil(b / r)`` (rules 2 and 2i); 0 for a stage with no
+    device."""
     r = member.sum(-1).clamp(min=1).double()
-    t = rules.compute_s(groups.fixed, groups.per_sample, (groups.b[:, None] / r)[..., None])
+    share = rules.replica_share(groups.b[:, None], r)[..., None]
+    t = rules.compute_s(groups.fixed, groups.per_sample, share)
     return torch.where(member, t, torch.zeros(())).amax(-1)
 
 
@@ -348,7 +350,7 @@ def replica_keys(
     joined[:, :, k] = torch.arange(G)[None] < groups.n_groups[:, None]
     after = stage_time(groups, joined)
     slowest = now.amax(-1, keepdim=True).clamp(min=1e-30)
-    share = groups.b[:, None] / (r + 1)
+    share = rules.replica_share(groups.b[:, None], r + 1)
     memory = rules.memory_bytes(groups.params, groups.acts, share, groups.in_flight)
     on_node = (ctx.node == ctx.node[k])[None, None, :]
     same = (member & on_node).sum(-1).double() / r.clamp(min=1)
@@ -392,7 +394,7 @@ def stage_size_inputs(
     sizes = torch.tensor([float(b) for b in ctx.sizes], dtype=torch.float64)  # (K,)
     K = sizes.shape[0]
     r = member.sum(-1).clamp(min=1).double()  # (P, G)
-    share = sizes[None, None, :] / r[..., None]  # (P, G, K)
+    share = rules.replica_share(sizes[None, None, :], r[..., None])  # (P, G, K)
     t = rules.compute_s(
         groups.fixed[..., None], groups.per_sample[..., None], share[:, :, None, :]
     )  # (P, G, D, K)

@@ -11,7 +11,8 @@ How the rules were read where the text leaves room (each marked "reading" below)
 - Rule 1: the "no timing" fallback is decided per layer (a layer without an entry for the
   device type falls back to FLOPs, even if other layers have one). The fixed cost is paid
   once per operation call, whatever the share of samples.
-- Rule 2: a replica's share ``b_s / r_s`` may be fractional; F_s and Bk_s are maxima taken
+- Rule 2: a replica's share of n samples is ``ceil(n / r_s)`` (rule 2i, issue #18: the
+  executor's busiest replica; it was the fraction ``n / r_s``); F_s and Bk_s are maxima taken
   separately (the slowest forward replica need not be the slowest backward one). Every
   Bk_s also carries ``(M_s - 1) / M_s`` times rule 8's update time: the replica adds into the
   step's gradients on every microbatch but its first (added to the contract by issue #5).
@@ -102,7 +103,7 @@ def stage_compute(
 ) -> tuple[float, float]:
     """(F_s, Bk_s): the slowest replica's forward and backward for its share of n samples."""
     stage = plan.stages[s]
-    share = n / len(stage.devices)
+    share = math.ceil(n / len(stage.devices))
     layers = profile.layers[stage.start : stage.end]
     fwd = []
     bwd = []
@@ -343,7 +344,8 @@ def reference_simulate(plan: Plan, profile: ModelProfile, cluster: ClusterSpec) 
         acts = sum(layer.activation_bytes for layer in profile.layers[stage.start : stage.end])
         # samples held at the peak: all of them (GPipe), or 1F1B's first w_s + 1 microbatches
         held = batch if plan.schedule is Schedule.GPIPE else min((w[s] + 1) * b[s], batch)
-        mem = 4.0 * params + held / len(stage.devices) * acts
+        # each held microbatch puts its busiest replica's share on a device (rule 2i)
+        mem = 4.0 * params + held / b[s] * math.ceil(b[s] / len(stage.devices)) * acts
         memory.append(mem)
         for d in stage.devices:
             if mem > cluster.device_types[cluster.device(d).type].memory_gb * 1e9:

@@ -174,6 +174,21 @@ def test_slowest_replica_sets_stage_time() -> None:
     assert est.batch_time_s == pytest.approx(0.048 + 4 * 4000 / 50e9 + ar, rel=1e-12)
 
 
+def test_replicas_are_costed_for_the_busiest_share() -> None:
+    """Rule 2i: a microbatch of 4 on three replicas is 2 samples on the first (the executor's
+    split 2, 1, 1), as a microbatch of 6 is; 4 layers x 2 samples x 1e6 / 1e9 = 8 ms forward.
+    Its memory holds 2 samples of activations per device: 4 x 4000 + 2 x 400 bytes."""
+    plan = Plan(4, (Stage((0, 4), ("n0/a:0", "n0/a:1", "n1/a:0"), 4),))
+    est = simulate(plan, chain(4), cluster())
+    assert est.stages[0].forward_s == pytest.approx(0.008)
+    assert est.stages[0].backward_s == pytest.approx(0.016)
+    six = simulate(
+        Plan(6, (Stage((0, 4), ("n0/a:0", "n0/a:1", "n1/a:0"), 6),)), chain(4), cluster()
+    )
+    assert six.stages[0].forward_s == est.stages[0].forward_s
+    assert est.stages[0].memory_bytes == pytest.approx(4 * 4000 + 2 * 400)
+
+
 def test_measured_timings_with_fixed_costs_take_precedence() -> None:
     t = {"a": LayerTiming(fwd_s=1e-3, bwd_s=2e-3, fwd_fixed_s=5e-3, bwd_fixed_s=1e-2)}
     layers = (LayerProfile("x", "conv", 0, 1e12, 0, (), t),)

@@ -20,6 +20,17 @@ def test_accumulation_charges_all_backwards_but_the_first() -> None:
     assert rules.accumulation_s(0.04, 4) == pytest.approx(0.03)
 
 
+def test_replica_share_is_the_busiest_replicas_samples() -> None:
+    """Rule 2i: ``ceil(n / r)``, for ints, floats and arrays (the executor's shares differ by
+    at most one, the first ones larger)."""
+    assert rules.replica_share(4, 3) == 2
+    assert rules.replica_share(6, 3) == 2
+    assert rules.replica_share(1, 1) == 1
+    assert rules.replica_share(5.0, 2) == 3.0
+    shares = rules.replica_share(np.array([4, 8, 9, 2]), np.array([3, 4, 4, 3]))
+    assert shares.tolist() == [2, 2, 3, 1]
+
+
 def test_ring_allreduce_is_free_for_one_replica() -> None:
     assert rules.allreduce_s(1e9, 1, 1e9, 1e-5) == 0.0
     # 2 replicas: 2 (r-1)/r = 1 pass of the bytes, 2 latencies

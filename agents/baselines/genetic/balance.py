@@ -31,7 +31,9 @@ def balanced_cuts(ctx: Context, assign: IntArray, mb: IntArray) -> tuple[IntArra
         t = tb.dev_type[devs[s]]
         b = float(ctx.sizes[mb[s]])
         m = B // b
-        cost = m * rules.compute_s(ctx.fb_fixed[t], ctx.fb_per_sample[t], b / t.size).max(0)
+        cost = m * rules.compute_s(
+            ctx.fb_fixed[t], ctx.fb_per_sample[t], rules.replica_share(b, t.size)
+        ).max(0)
         cost = cost + _update_time(ctx, devs[s]) * tb.params_range  # step + all-reduce
         if s < S - 1:  # the busier direction of the link to the next stage
             cross = int(np.unique(tb.dev_node[np.concatenate(devs[s : s + 2])]).size > 1)

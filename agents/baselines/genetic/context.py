@@ -195,12 +195,13 @@ def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
         else np.zeros_like(batch.microbatch)
     )
     held = rules.held_microbatches(problem.schedule, b, B, warmups)
-    memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], b / r, held)
+    share = rules.replica_share(b, r)
+    memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], share, held)
     capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
     out = np.maximum((memory / capacity).max(-1) - 1.0, 0.0)
     if problem.objective is Objective.COST and problem.min_throughput:
         t = tb.dev_type[dev]
-        n = (b / r)[..., None]
+        n = share[..., None]
         a, e = start[..., None], end[..., None]
         op = rules.compute_s(ctx.fb_fixed[t, a, e], ctx.fb_per_sample[t, a, e], n)
         busy = m * np.where(valid, op, 0.0).max(-1)  # (P, S) compute time of each stage
