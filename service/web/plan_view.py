@@ -88,13 +88,14 @@ def plan_grid_svg(plan: Plan, cluster: ClusterSpec | None = None) -> str:
         svg.text(22, y + 31, f"layers [{stage.start}, {stage.end})", 12, fill="#555")
         for i in range(len(devices)):
             svg.rect(left + i * col + 1, y + 2, col - 2, row - 4, "#f6f7f9", rx=3)
-        share = stage.microbatch / stage.replicas
-        for d in stage.devices:
+        # the executor's shares: contiguous, the first ones one sample larger (rule 2i)
+        q, rem = divmod(stage.microbatch, stage.replicas)
+        for k, d in enumerate(stage.devices):
             x = left + column[d] * col
             svg.rect(x + 1, y + 2, col - 2, row - 4, stage_colour(s), rx=3, class_="replica")
             svg.title(
                 f"stage {s} on {d}: layers [{stage.start}, {stage.end}), "
-                f"{share:g} of each microbatch of {stage.microbatch}"
+                f"{q + (k < rem)} samples of each microbatch of {stage.microbatch}"
             )
         info = f"mb {stage.microbatch} x {plan.microbatches(s)}"
         svg.text(left + col * len(devices) + 10, y + 24, info, 12, fill="#333")

@@ -621,6 +621,19 @@ def test_the_plan_grid_has_a_cell_per_replica_and_a_column_per_device() -> None:
     assert ">mid:0</text>" not in alone and alone.count("class='replica'") == 3
 
 
+def test_the_plan_grid_names_each_replicas_share_as_the_executor_cuts_it() -> None:
+    """Rule 2i: a microbatch of 5 on two replicas is 3 samples on the first, 2 on the second."""
+    plan = Plan.from_dict(
+        {
+            "global_batch": 10,
+            "stages": [{"layers": [0, 2], "devices": ["n2/slow:0", "n2/slow:1"], "microbatch": 5}],
+        }
+    )
+    svg = plan_grid_svg(plan)
+    assert "on n2/slow:0: layers [0, 2), 3 samples of each microbatch of 5" in svg
+    assert "on n2/slow:1: layers [0, 2), 2 samples of each microbatch of 5" in svg
+
+
 def test_the_gantt_chart_draws_every_box_of_the_timeline_or_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
