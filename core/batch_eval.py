@@ -157,14 +157,14 @@ class BatchEvaluator:
         self, batch: PlanBatch, r: IntArray, samples: Sequence[IntArray]
     ) -> list[tuple[FloatArray, FloatArray]]:
         """Rule 2: (P, S) forward and backward time of each stage, slowest replica, for a
-        microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas, each costed for
-        the busiest one's share (rule 2i)."""
+        microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas, replica slot ``k``
+        costed for its own share (rule 2i)."""
         tb = self.tables
         side = len(self.profile) + 1
         span = batch.bounds[:, :-1] * side + batch.bounds[:, 1:]
-        shares = [rules.replica_share(n, r) for n in samples]
         out: list[tuple[FloatArray, FloatArray]] = []
         for k in range(batch.devices.shape[2]):
+            shares = [rules.replica_samples(n, r, k) for n in samples]
             ok = batch.devices[:, :, k] >= 0
             t = tb.dev_type[np.where(ok, batch.devices[:, :, k], 0)]
             sums = np.take(self._ranges, t * (side * side) + span, axis=0)

@@ -37,14 +37,15 @@ link's own send numbers (a calibration's fitted ones where it has them).
 Integer replica shares (issue #18) change rules 2 and 9; with ``r_s`` dividing every
 microbatch's samples each reads exactly as before:
 
-- **2i.** A replica's share of an op of ``n`` samples is ``ceil(n / r_s)``
-  (:func:`core.rules.replica_share`): the executor cuts the ``n`` samples into ``r_s``
-  contiguous shares that differ by at most one, and the busiest replica sets the pace. F_s
-  and Bk_s (rule 2) are computed for that share on every replica (the maximum over the
-  replicas' types, as before); rule 9's activations per device are ``ceil(b_s / r_s)``
-  samples per held microbatch. Before, the share was the fraction ``n / r_s``: 4 samples on 3
-  replicas cost 4/3 samples each, while the executor's first replica computes 2 (the demo's
-  plans of that kind were measured 30% slower than predicted).
+- **2i.** Replica ``k`` of a stage (``k = 0 .. r_s - 1`` in its device order) computes
+  ``floor(n / r_s) + (1 if k < n mod r_s else 0)`` samples of an op of ``n`` samples
+  (:func:`core.rules.replica_samples`): the executor cuts the ``n`` samples so, into
+  contiguous shares, the first ones larger. F_s and Bk_s (rule 2) are the maxima over the
+  replicas of each one's time for its own share; rule 9's activations per device are the
+  largest share, ``ceil(b_s / r_s)`` samples per held microbatch
+  (:func:`core.rules.replica_share`). Before, every share was the fraction ``n / r_s``: 4
+  samples on 3 replicas cost 4/3 samples each, while the executor's first replica computes
+  2 (the demo's plans of that kind were measured 30% slower than predicted).
 
 Remainders and unequal 1F1B (issue #16) change rules 2, 5, 6, 7, 9 and 10 as follows; with
 every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as before:
@@ -53,7 +54,7 @@ every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as b
   ``[j b_s, min((j+1) b_s, B))``, so ``n_{s,j} = b_s`` except the last one's
   ``B - (M_s - 1) b_s``. Any ``1 <= b_s <= B`` is a valid plan, under either schedule.
 - Rule 2: an op of microbatch ``j`` lasts F_s or Bk_s computed for ``n_{s,j}`` samples (each
-  replica's share ``ceil(n_{s,j} / r_s)``, rule 2i). Rule 2b's accumulation,
+  replica's own share of them, rule 2i). Rule 2b's accumulation,
   ``(M_s - 1) / M_s`` x update, is added to every backward, the last one's too.
 - Rule 5, 1F1B: stage ``s`` runs ``w_s`` warm-up forwards, then alternates ``F(w_s + i)``
   and ``B(i)``, then the remaining backwards. From the last stage up, ``w_{S-1} = 0`` and
@@ -233,16 +234,19 @@ class _Simulation:
         call: np.ndarray,
         samples: int | None = None,
     ) -> float:
-        """Rule 2: max over replicas of the summed layer times for a ``ceil(n / r_s)`` share
-        (rule 2i) of a microbatch of ``n`` samples (``b_s`` unless given), plus the replica
-        type's call overhead (rule 1c)."""
+        """Rule 2: max over replicas of the summed layer times for each one's share (rule 2i)
+        of a microbatch of ``n`` samples (``b_s`` unless given), plus the replica type's call
+        overhead (rule 1c)."""
         stage = self.plan.stages[s]
-        n = rules.replica_share(stage.microbatch if samples is None else samples, stage.replicas)
+        n = stage.microbatch if samples is None else samples
         best = 0.0
-        for d in stage.devices:
+        for k, d in enumerate(stage.devices):
+            share = rules.replica_samples(n, stage.replicas, k)
             t = self.tables.type_index[self.cluster.device(d).type]
             layers = slice(stage.start, stage.end)
-            layer_sum = sum(rules.compute_s(fixed[t, layers], per_sample[t, layers], n).tolist())
+            layer_sum = sum(
+                rules.compute_s(fixed[t, layers], per_sample[t, layers], share).tolist()
+            )
             best = max(best, layer_sum + float(call[t]))
         return best
 

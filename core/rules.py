@@ -41,12 +41,19 @@ def compute_s(fixed_s: Quantity, per_sample_s: Quantity, samples: Quantity) -> Q
     return fixed_s + samples * per_sample_s
 
 
+def replica_samples(samples: Quantity, replicas: Quantity, k: int) -> Quantity:
+    """Rule 2i: the samples replica ``k`` (of ``replicas``, in the stage's device order)
+    computes of an op of ``samples``: ``samples // replicas``, one more for the first
+    ``samples % replicas`` replicas. The executor cuts an op's samples into contiguous
+    shares so (:func:`executor.microbatch.replica_shares`): 4 samples on 3 replicas are
+    2, 1 and 1, not 4/3 each."""
+    return samples // replicas + (k < samples % replicas)
+
+
 def replica_share(samples: Quantity, replicas: Quantity) -> Quantity:
-    """Rule 2i: the samples of a stage's busiest replica when ``samples`` are shared by
-    ``replicas``: ``ceil(samples / replicas)``. The executor cuts an op's samples into
-    ``replicas`` contiguous shares that differ by at most one (the first ones larger,
-    :func:`executor.microbatch.replica_shares`), and the busiest sets the stage's pace: 4
-    samples on 3 replicas is 2 samples for the first, not 4/3 each."""
+    """Rule 2i: the largest replica share, ``ceil(samples / replicas)`` (replica 0's,
+    :func:`replica_samples`): the activations rule 9 holds per microbatch on a device, and
+    the busiest replica's compute where the replicas are of one type."""
     return -(-samples // replicas)
 
 

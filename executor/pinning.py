@@ -47,8 +47,9 @@ tcmalloc). Other C libraries ignore these variables."""
 
 def check_shares(plan: Plan) -> None:
     """Refuse a plan with a stage whose microbatch, or whose last microbatch (the remainder),
-    has fewer samples than the stage has replicas (the cost model costs such a stage at one
-    sample per replica, rule 2i; a run needs >= 1 sample each)."""
+    has fewer samples than the stage has replicas (the cost model costs such a stage, a
+    replica without a sample paying its fixed cost per call, rule 2i; a run needs >= 1
+    sample each)."""
     for i, stage in enumerate(plan.stages):
         if stage.microbatch < stage.replicas:
             raise PlanError(

@@ -11,9 +11,10 @@ How the rules were read where the text leaves room (each marked "reading" below)
 - Rule 1: the "no timing" fallback is decided per layer (a layer without an entry for the
   device type falls back to FLOPs, even if other layers have one). The fixed cost is paid
   once per operation call, whatever the share of samples.
-- Rule 2: a replica's share of n samples is ``ceil(n / r_s)`` (rule 2i, issue #18: the
-  executor's busiest replica; it was the fraction ``n / r_s``); F_s and Bk_s are maxima taken
-  separately (the slowest forward replica need not be the slowest backward one). Every
+- Rule 2: replica k (in the stage's device order) computes n // r_s samples, plus one when
+  k < n % r_s (rule 2i, issue #18: the executor's split; it was the fraction ``n / r_s``);
+  rule 9 holds the largest share, ceil(b_s / r_s), per held microbatch; F_s and Bk_s are
+  maxima taken separately (the slowest forward replica need not be the slowest backward one). Every
   Bk_s also carries ``(M_s - 1) / M_s`` times rule 8's update time: the replica adds into the
   step's gradients on every microbatch but its first (added to the contract by issue #5).
 - Rule 4/7: a transfer always carries the whole microbatch ``b_s`` (not a replica's share).
@@ -103,12 +104,13 @@ def stage_compute(
 ) -> tuple[float, float]:
     """(F_s, Bk_s): the slowest replica's forward and backward for its share of n samples."""
     stage = plan.stages[s]
-    share = math.ceil(n / len(stage.devices))
+    r = len(stage.devices)
     layers = profile.layers[stage.start : stage.end]
     fwd = []
     bwd = []
     cal = cluster.calibration
-    for device in stage.devices:
+    for k, device in enumerate(stage.devices):
+        share = n // r + (1 if k < n % r else 0)
         dtype = cluster.device_types[cluster.device(device).type]
         scale = cal.compute_scale.get(dtype.name, 1.0) if cal else 1.0
         call = cal.call_overhead.get(dtype.name) if cal else None

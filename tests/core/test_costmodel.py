@@ -189,6 +189,17 @@ def test_replicas_are_costed_for_the_busiest_share() -> None:
     assert est.stages[0].memory_bytes == pytest.approx(4 * 4000 + 2 * 400)
 
 
+def test_each_replica_computes_its_own_share_the_first_ones_larger() -> None:
+    """Rule 2i with unlike replicas: 5 samples on (a, b) are 3 on a, 2 on b (the executor's
+    split); b, half as fast, sets the pace: 4 layers x 2 x 1e6 / 5e8 = 16 ms forward (a's 3
+    samples take 12 ms). In the other order b gets 3: 24 ms."""
+    model = chain(4)
+    first = simulate(Plan(5, (Stage((0, 4), ("n1/a:0", "n1/b:0"), 5),)), model, cluster())
+    assert first.stages[0].forward_s == pytest.approx(0.016)
+    swapped = simulate(Plan(5, (Stage((0, 4), ("n1/b:0", "n1/a:0"), 5),)), model, cluster())
+    assert swapped.stages[0].forward_s == pytest.approx(0.024)
+
+
 def test_measured_timings_with_fixed_costs_take_precedence() -> None:
     t = {"a": LayerTiming(fwd_s=1e-3, bwd_s=2e-3, fwd_fixed_s=5e-3, bwd_fixed_s=1e-2)}
     layers = (LayerProfile("x", "conv", 0, 1e12, 0, (), t),)

@@ -31,6 +31,15 @@ def test_replica_share_is_the_busiest_replicas_samples() -> None:
     assert shares.tolist() == [2, 2, 3, 1]
 
 
+def test_replica_samples_are_the_executors_split() -> None:
+    """Rule 2i: 4 samples on 3 replicas are 2, 1, 1; 9 on 4 are 3, 2, 2, 2."""
+    assert [rules.replica_samples(4, 3, k) for k in range(3)] == [2, 1, 1]
+    assert [rules.replica_samples(9, 4, k) for k in range(4)] == [3, 2, 2, 2]
+    n, r = np.array([4, 6, 5]), np.array([3, 3, 3])
+    assert rules.replica_samples(n, r, 0).tolist() == [2, 2, 2]
+    assert rules.replica_samples(n, r, 2).tolist() == [1, 2, 1]
+
+
 def test_ring_allreduce_is_free_for_one_replica() -> None:
     assert rules.allreduce_s(1e9, 1, 1e9, 1e-5) == 0.0
     # 2 replicas: 2 (r-1)/r = 1 pass of the bytes, 2 latencies

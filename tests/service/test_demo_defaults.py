@@ -81,10 +81,12 @@ def test_on_local_pipeline_the_best_plan_is_a_pipeline_that_pays(problem: Proble
     bsp = simulate(bsp_all(problem), p, spec).batch_time_s
     pipe_torch = simulate(pipe_torch_all(problem), p, spec).batch_time_s
     assert single / t >= 1.5  # above the 5-15% noise of measurements here
-    assert bsp / t >= 1.5
+    assert bsp / t >= 1.3  # 1.41x on this profile under rule 2i (measured 1.61x, 2026-11-27)
     assert pipe_torch / t >= 1.3
-    for name in ("uniform", "data_parallel"):  # the baseline planners miss it
-        assert make_planner(name).plan(problem).estimate.batch_time_s / t >= 1.3
+    # the baseline planners miss it (data_parallel's four replicas by 1.25x on this profile
+    # since rule 2i costs the best plan's three replicas for their busiest share)
+    for name in ("uniform", "data_parallel"):
+        assert make_planner(name).plan(problem).estimate.batch_time_s / t >= 1.2
     exact = make_planner("brute", max_stages=3).plan(problem)
     assert exact.estimate.batch_time_s <= t * (1 + 1e-9)
     assert len(exact.plan.stages) >= 2
