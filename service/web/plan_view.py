@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from core import rules
 from core.cluster import ClusterSpec, parse_device_id
 from core.costmodel import Estimate
 from core.plan import Plan
@@ -88,14 +89,13 @@ def plan_grid_svg(plan: Plan, cluster: ClusterSpec | None = None) -> str:
         svg.text(22, y + 31, f"layers [{stage.start}, {stage.end})", 12, fill="#555")
         for i in range(len(devices)):
             svg.rect(left + i * col + 1, y + 2, col - 2, row - 4, "#f6f7f9", rx=3)
-        # the executor's shares: contiguous, the first ones one sample larger (rule 2i)
-        q, rem = divmod(stage.microbatch, stage.replicas)
         for k, d in enumerate(stage.devices):
+            share = rules.replica_samples(stage.microbatch, stage.replicas, k)
             x = left + column[d] * col
             svg.rect(x + 1, y + 2, col - 2, row - 4, stage_colour(s), rx=3, class_="replica")
             svg.title(
                 f"stage {s} on {d}: layers [{stage.start}, {stage.end}), "
-                f"{q + (k < rem)} samples of each microbatch of {stage.microbatch}"
+                f"{share} samples of each microbatch of {stage.microbatch}"
             )
         info = f"mb {stage.microbatch} x {plan.microbatches(s)}"
         svg.text(left + col * len(devices) + 10, y + 24, info, 12, fill="#333")
