@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core import rules
 from core.schedules import microbatch_count, microbatch_samples
 
 Span = tuple[int, int]
@@ -45,10 +46,9 @@ def replica_shares(microbatch: int, replicas: int) -> list[Span]:
         raise ValueError(
             f"replica_shares: a microbatch of {microbatch} cannot be shared by {replicas} replicas"
         )
-    q, rem = divmod(microbatch, replicas)
     bounds = [0]
-    for k in range(replicas):
-        bounds.append(bounds[-1] + q + (1 if k < rem else 0))
+    for k in range(replicas):  # the cost model's rule 2i prices these sizes
+        bounds.append(bounds[-1] + int(rules.replica_samples(microbatch, replicas, k)))
     return [(bounds[k], bounds[k + 1]) for k in range(replicas)]
 
 

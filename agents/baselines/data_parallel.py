@@ -15,9 +15,9 @@ Which devices:
   all-reduce stays intra-node where it can). ``prod(n_t + 1) - 1`` sets, costed in chunks
   until the budget runs out.
 
-Every allowed microbatch size is tried for each set; a replica's share is ``ceil(b / r)``
-samples (cost model rule 2i: the executor's busiest replica), so a size that ``r`` divides
-wastes nothing.
+Every allowed microbatch size is tried for each set; replica ``k`` computes ``b // r``
+samples, one more for the first ``b % r`` replicas (cost model rule 2i: the executor's
+split), so a size that ``r`` divides wastes nothing.
 """
 
 from __future__ import annotations
