@@ -8,11 +8,16 @@ ports, recorded under ``--state-dir``
 (:mod:`executor.local.persistent_cluster`). It is a cluster of its own processes, so it
 outlives a crash of the service; a service started again with the same state directory
 reattaches to it, and a clean shutdown (Ctrl-C, SIGTERM) stops it, leaving no Ray process.
+
+The API's socket is bound before the embedded cluster starts: a port that is taken is an
+error at once, with no cluster started, and none of Ray's processes (which take free ports
+of their own while they start) can take the service's port in the meantime.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,12 +99,33 @@ def embedded_cluster(ref: str, state_dir: Path) -> Iterator[PersistentCluster]:
         stop_persistent(state_dir)
 
 
-def run_server(settings: Settings, jobs_address: str) -> None:
-    """The app on uvicorn until SIGINT or SIGTERM (then :class:`Shutdown`)."""
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening; uvicorn listens on it).
+
+    Raises :class:`SettingsError` naming the address when it cannot be bound (taken, or not
+    an address of this machine)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SettingsError(f"host: {host!r} cannot be resolved ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise SettingsError(f"port: cannot listen on {host}:{port} ({e.strerror})") from None
+    return sock
+
+
+def run_server(settings: Settings, jobs_address: str, listener: socket.socket) -> None:
+    """The app on uvicorn, on the bound ``listener``, until SIGINT or SIGTERM (then
+    :class:`Shutdown`)."""
     app = create_app(settings, backend=RayJobsBackend(jobs_address))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
     say(f"pipeplan service at {settings.public_url} (jobs on Ray at {jobs_address})")
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[listener])
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
@@ -140,19 +166,21 @@ def serve_command(
         settings = settings_from(flags)
         check_bind(settings)
         announce_token(settings)
+        listener = bind_listener(settings.host, settings.port)
     except SettingsError as e:
         say(f"error: {e}")
         raise typer.Exit(2) from None
-    catch_shutdown()
-    try:
-        if settings.ray_address is not None:
-            run_server(settings, settings.ray_address)
-            return
-        with embedded_cluster(settings.cluster, state_dir or serve_state_dir()) as state:
-            say(f"Ray dashboard (Jobs API) at {state.dashboard_url}")
-            run_server(settings, state.dashboard_url)
-    except Shutdown as e:
-        say(f"stopped ({e})")
+    with listener:
+        catch_shutdown()
+        try:
+            if settings.ray_address is not None:
+                run_server(settings, settings.ray_address, listener)
+                return
+            with embedded_cluster(settings.cluster, state_dir or serve_state_dir()) as state:
+                say(f"Ray dashboard (Jobs API) at {state.dashboard_url}")
+                run_server(settings, state.dashboard_url, listener)
+        except Shutdown as e:
+            say(f"stopped ({e})")
 
 
 def register(app: typer.Typer) -> None:

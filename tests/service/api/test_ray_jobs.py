@@ -229,6 +229,21 @@ def test_a_wrong_ray_token_is_named_by_ready(service: Service) -> None:
     assert reason is not None and "Invalid authentication token" in reason
 
 
+def test_a_taken_port_is_refused_before_any_cluster_starts(service: Service) -> None:
+    """The API's socket is bound first: a second service on the first one's port ends at
+    once with the address named, and starts no cluster of its own."""
+    other = service.tmp / "other"
+    other.mkdir()
+    (other / "solo.yaml").write_bytes((service.tmp / "solo.yaml").read_bytes())
+    log = other / "serve.log"
+    proc = start_serve(other, service.port, log)
+    assert proc.wait(timeout=60) == 2, log.read_text()
+    said = log.read_text()
+    assert f"error: port: cannot listen on 127.0.0.1:{service.port} (" in said, said
+    assert "starting the embedded Ray cluster" not in said
+    assert not (other / "state").exists()
+
+
 def test_the_cluster_outlives_a_crash_and_a_restart_reattaches(
     service: Service, done_job: dict[str, Any]
 ) -> None:
