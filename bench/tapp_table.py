@@ -37,6 +37,15 @@ Each row's JSON also holds its stages' predicted and measured parts side by side
 (:func:`bench.fidelity.stage_breakdown`: compute, transfer, update, all-reduce), so an error
 can be traced to a term.
 
+Planning as the service does once a cluster has been used: each model after the first is
+planned (its candidates searched and compared, BSP's ``data_parallel`` choice too) on the
+cluster calibrated (:func:`executor.calibrate.fit`) to every run of the models measured
+before it, as runs already measured feed the calibration a ``pipeplan plan`` on that
+cluster then uses. The first model has no runs before it and is planned on the spec itself.
+``--uncalibrated-planning`` plans every model on the spec (the protocol of the runs before
+2026-11-27 16:00). Each row's ``predicted_s`` is the uncalibrated prediction either way (the
+table's errors are the profile's), and ``planning_predicted_s`` the one its plan was chosen by.
+
 Calibration, judged on plans it did not see (no extra runs: the table's own): every measured
 plan is predicted again under the calibration (:mod:`executor.calibrate`) fitted to the
 other models' runs (``held-out model``) and to every other plan's (``held-out plan``), each
@@ -83,7 +92,7 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan, Schedule, Stage
 from core.profile import ModelProfile
-from executor.calibrate import Observation
+from executor.calibrate import Observation, fit
 from executor.emulation import EMULATED_NOTE
 from executor.local_cluster import LocalCluster
 from executor.measure import Measurement, relative_error
@@ -181,14 +190,22 @@ def tail(values: tuple[float, ...]) -> float:
 
 
 def row(
-    method: str, plan: Plan, profile: ModelProfile, spec: ClusterSpec, m: Measurement | None
+    method: str,
+    plan: Plan,
+    profile: ModelProfile,
+    spec: ClusterSpec,
+    m: Measurement | None,
+    planning: ClusterSpec,
 ) -> dict[str, Any]:
+    """One plan's row: predicted on ``spec`` (uncalibrated) and on ``planning`` (the cluster
+    its plan was chosen on), and measured (``m``, None where the run failed)."""
     est = simulate(plan, profile, spec)
     return {
         "method": method,
         "plan": plan.to_dict(),
         "describe": describe(plan),
         "predicted_s": est.batch_time_s,
+        "planning_predicted_s": simulate(plan, profile, planning).batch_time_s,
         "predicted_comm_fraction": est.comm_fraction,
         "measured_s": m.batch_time_s if m else None,
         "measured_std_s": m.batch_time_std_s if m else None,
@@ -202,37 +219,58 @@ def row(
     }
 
 
+def planning_spec(
+    spec: ClusterSpec, observed: dict[tuple[str, str], Observed]
+) -> tuple[ClusterSpec, list[str]]:
+    """``spec`` calibrated to every run in ``observed`` (the models measured so far), and the
+    models it was fitted to; ``spec`` itself and no model where nothing was measured yet."""
+    runs = [o for seen in observed.values() for o in seen.runs]
+    if not runs:
+        return spec, []
+    models = sorted({seen.model for seen in observed.values()})
+    cal = fit(spec, runs, {"fitted_to_models": models}).calibration
+    return spec.calibrated(cal), models
+
+
 def model_table(
-    case: ModelCase, spec: ClusterSpec, a: argparse.Namespace, console: Any
+    case: ModelCase,
+    spec: ClusterSpec,
+    a: argparse.Namespace,
+    console: Any,
+    planning: ClusterSpec,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], Observed]]:
-    """The model's rows, and each plan measured (not a twin's run) for the calibrations."""
+    """The model's rows, and each plan measured (not a twin's run) for the calibrations. The
+    planners search, and their candidates are compared, on ``planning`` (``spec``, or ``spec``
+    calibrated to the runs before); the rows' ``predicted_s`` are on ``spec``."""
     t0 = time.perf_counter()
     sizes = profile_sizes(a.profile_batches, case.batch)
     profile = measure_profile(case.source, spec, batch_sizes=sizes, repeats=a.repeats)
     profile_s = time.perf_counter() - t0
     console.print(f"{case.label}: profile of {len(profile)} layers measured in {profile_s:.1f} s")
     plans: dict[str, Plan] = {
-        "SingleCPU": single_device(profile, spec, case.batch),
-        "Pipe-Torch": pipe_torch(profile, spec, case.batch),
-        "BSP": bsp_all(profile, spec, case.batch),
+        "SingleCPU": single_device(profile, planning, case.batch),
+        "Pipe-Torch": pipe_torch(profile, planning, case.batch),
+        "BSP": bsp_all(profile, planning, case.batch),
     }
     candidates: dict[str, dict[str, Any]] = {}
     searches: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in a.planners.split(",")]
     searches.append((f"{PIPELINED}>=2", PIPELINED, {"min_stages": 2}))
     for label, name, more in searches:
         try:
-            plan, secs = plan_with(name, profile, spec, case.batch, a.plan_seconds, a.seed, **more)
+            plan, secs = plan_with(
+                name, profile, planning, case.batch, a.plan_seconds, a.seed, **more
+            )
         except ProblemError as e:  # brute's space too large (Inception-V3's 313 layers)
             console.print(f"  {label}: skipped ({str(e)[:100]}...)")
             continue
-        pred = simulate(plan, profile, spec).batch_time_s
+        pred = simulate(plan, profile, planning).batch_time_s
         candidates[label] = {"plan": plan.to_dict(), "predicted_s": pred, "search_s": secs}
         console.print(f"  {label}: {describe(plan)} predicted {pred * 1e3:.0f} ms ({secs:.1f} s)")
     best = best_candidate(candidates)
     piped = best_candidate(candidates, min_stages=2)
     plans["Planned"] = Plan.from_dict(candidates[best]["plan"])
     plans["Pipelined"] = Plan.from_dict(candidates[piped]["plan"])
-    dp_choice, _ = plan_with("data_parallel", profile, spec, case.batch, a.plan_seconds, a.seed)
+    dp_choice, _ = plan_with("data_parallel", profile, planning, case.batch, a.plan_seconds, a.seed)
     config = RunConfig(
         steps=a.train_steps - a.warmup,
         warmup=a.warmup,
@@ -262,7 +300,7 @@ def model_table(
             + (f"{m.batch_time_s * 1e3:.0f} ms" if m else f"ERROR {errors[method]}")
             + f" ({time.perf_counter() - t1:.0f} s)"
         )
-    rows = [row(k, plans[k], profile, spec, measured[k]) for k in METHODS]
+    rows = [row(k, plans[k], profile, spec, measured[k], planning) for k in METHODS]
     bsp, single = measured["BSP"], measured["SingleCPU"]
     for r in rows:
         m = measured[r["method"]]
@@ -301,7 +339,7 @@ def model_table(
         "data_parallel_planner": {
             "plan": dp_choice.to_dict(),
             "describe": describe(dp_choice),
-            "predicted_s": simulate(dp_choice, profile, spec).batch_time_s,
+            "predicted_s": simulate(dp_choice, profile, planning).batch_time_s,
         },
         "rows": rows,
     }
@@ -428,6 +466,11 @@ def main() -> None:
     add_cluster_options(ap)
     ap.set_defaults(cluster=str(CLUSTER), object_store_mb=STORE_MB)
     ap.add_argument("--quick", action="store_true", help="dp only, 4 steps, 3 profile repeats")
+    ap.add_argument(
+        "--uncalibrated-planning",
+        action="store_true",
+        help="plan every model on the spec, not on the calibration fitted to the runs before",
+    )
     a = ap.parse_args()
     if a.quick:
         a.planners, a.train_steps, a.repeats = "dp,brute", 4, 3
@@ -447,7 +490,19 @@ def main() -> None:
     with LocalCluster(spec, object_store_mb=a.object_store_mb) as cluster:
         console.print(f"cluster {spec.name} up in {cluster.startup_s:.1f} s")
         for key in models:
-            doc, seen = model_table(MODELS[key], spec, a, console)
+            planning, fitted_to = spec, list[str]()
+            if not a.uncalibrated_planning:
+                planning, fitted_to = planning_spec(spec, observed)
+            console.print(
+                f"{MODELS[key].label}: planned on "
+                + (
+                    f"the calibration fitted to {', '.join(fitted_to)}'s runs"
+                    if fitted_to
+                    else "the spec (uncalibrated)"
+                )
+            )
+            doc, seen = model_table(MODELS[key], spec, a, console, planning)
+            doc["planned_on"] = {"calibrated_to_models": fitted_to}
             docs.append(doc)
             observed.update(seen)
     t1 = time.perf_counter()
@@ -473,6 +528,9 @@ def main() -> None:
             "object_store_mb": a.object_store_mb,
             "accuracy": f"mean training-batch accuracy of the last {LAST} steps",
             "quick": a.quick,
+            "planning": "uncalibrated"
+            if a.uncalibrated_planning
+            else "calibrated to the runs of the models before",
         },
         "wall_s": wall,
         "calibrated": verdicts,

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from bench.fidelity import Observed
-from bench.tapp_table import BLIND, PIPELINED, best_candidate, calibrate_rows, plan_with
+from bench.tapp_table import (
+    BLIND,
+    PIPELINED,
+    best_candidate,
+    calibrate_rows,
+    plan_with,
+    planning_spec,
+)
 from core.calibration import Calibration
 from core.costmodel import simulate
 from core.plan import Plan, Stage
@@ -91,3 +98,30 @@ def row_doc(
         "predicted_s": predicted,
         "same_plan_as": twin,
     }
+
+
+def test_a_model_is_planned_on_the_calibration_fitted_to_the_runs_before_it() -> None:
+    """Nothing measured yet: the spec itself. Runs "measured" on a cluster whose slow type
+    updates at 6 GB/s: the planning spec is fitted to them (its slow type's update bandwidth
+    moves towards 6 GB/s), names the models it saw, and predicts their runs closer."""
+    spec = cluster()
+    assert planning_spec(spec, {}) == (spec, [])
+    truth = spec.calibrated(Calibration(memory_bandwidth_gbps={"slow": 6.0}))
+    plans = (
+        Plan(16, (Stage((0, 6), (S0, S1), 8),)),
+        Plan(16, (Stage((0, 3), (F,), 8), Stage((3, 6), (S0, S1), 8))),
+        Plan(16, (Stage((0, 4), (F,), 8), Stage((4, 6), (S0,), 8))),
+    )
+    observed = {
+        ("A", str(k)): Observed("A", plan, heavy(), (observe(truth, plan, heavy()),))
+        for k, plan in enumerate(plans)
+    }
+    planning, models = planning_spec(spec, observed)
+    assert models == ["A"] and planning != spec
+    assert planning.calibration is not None
+    assert planning.calibration.memory_bandwidth_gbps["slow"] < 15.0
+    for seen in observed.values():
+        measured = seen.runs[0].batch_time_s
+        before = abs(simulate(seen.plan, heavy(), spec).batch_time_s - measured)
+        after = abs(simulate(seen.plan, heavy(), planning).batch_time_s - measured)
+        assert after <= before
