@@ -10,6 +10,7 @@ from rich.table import Table
 
 from core.plan import Plan
 from executor.measure import Comparison, relative_error
+from executor.measured_reward import plan_key
 from service.tasks.demo import REFERENCE, Demo, DemoRow
 
 
@@ -84,7 +85,9 @@ def describe_plan(plan: Plan) -> str:
     return " | ".join(parts)
 
 
-def _demo_cells(r: DemoRow, ref_time: float | None) -> list[str]:
+def _demo_cells(r: DemoRow, ref_time: float | None, probe: bool = False) -> list[str]:
+    """A planned row's cells; ``probe``: its plan was one the calibration was fitted to, so
+    its error is marked as not held out."""
     assert r.result is not None  # rows without a plan are drawn by the caller
     predicted = r.result.estimate.batch_time_s
     m = r.outcome.measurement if r.outcome is not None else None
@@ -95,7 +98,7 @@ def _demo_cells(r: DemoRow, ref_time: float | None) -> list[str]:
         plan,
         pred,
         f"{m.batch_time_s * 1e3:.1f} ± {m.batch_time_std_s * 1e3:.1f}",
-        pct(predicted, m.batch_time_s),
+        pct(predicted, m.batch_time_s) + (" (probe)" if probe else ""),
         f"{ref_time / m.batch_time_s:.2f}x" if ref_time else "-",
         f"{m.comm_fraction:.2f}",
         f"{m.losses[-1]:.3f}",
@@ -108,6 +111,7 @@ def demo_table(demo: Demo) -> Table:
     ref = next((r for r in demo.rows if r.planner == REFERENCE), None)
     ref_time = ref.measured_s if ref is not None else None
     best = demo.best
+    probes = {plan_key(q) for q in demo.probes}
     title = (
         f"{p.profile.name} on {p.cluster.name}, batch {p.global_batch}: "
         f"cost model vs measured{' (EMULATED)' if demo.emulated else ''}"
@@ -121,5 +125,5 @@ def demo_table(demo: Demo) -> Table:
             table.add_row(r.planner, "[dim]no plan[/dim]", *["-"] * 6)
             continue
         name = f"{r.planner} (best)" if r is best else r.planner
-        table.add_row(name, *_demo_cells(r, ref_time))
+        table.add_row(name, *_demo_cells(r, ref_time, plan_key(r.result.plan) in probes))
     return table

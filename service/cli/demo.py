@@ -65,15 +65,19 @@ def fidelity_line(done: Demo) -> str:
     if f["median_abs_error"] is None:
         return "cost model: nothing measured"
     fit = f["calibration_fit"] or {}
-    how = (
-        f"calibrated ({fit.get('runs', '?')} runs, {fit.get('date', 'undated')})"
-        if f["calibrated"]
-        else "uncalibrated (`pipeplan calibrate --cluster ...` fits one)"
-    )
+    probes = f["calibrated_by_demo_probes"]
+    if probes:
+        how = f"calibrated to this demo's {probes} probe runs"
+    elif f["calibrated"]:
+        how = f"calibrated ({fit.get('runs', '?')} runs, {fit.get('date', 'undated')})"
+    else:
+        how = "uncalibrated (`pipeplan calibrate --cluster ...` or `--calibrate` fits one)"
     best = f["best_error"]
     return (
         f"cost model {how}: median |error| {f['median_abs_error']:.1%} over {f['plans']} "
-        f"measured plans" + ("" if best is None else f", best plan {best:+.1%}")
+        f"measured plans"
+        + (" (those not among the probes)" if probes else "")
+        + ("" if best is None else f", best plan {best:+.1%}")
     )
 
 
@@ -90,13 +94,20 @@ def demo_command(
     warmup: Annotated[int, typer.Option(help="untimed steps per plan")] = 1,
     tapp_iterations: Annotated[int, typer.Option(help="TAPP's training iterations")] = 15,
     seed: Annotated[int, typer.Option(help="planner, weights and data seed")] = 0,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="run pipeplan calibrate's probe plans first and plan on the calibrated cluster",
+        ),
+    ] = False,
     out_dir: OutOpt = Path("build/demo"),
 ) -> None:
     """The main job: local cluster, measured profile, planners, real runs, table, Gantt."""
     request = DemoRequest(
         model=model, input_size=input_size, cluster=cluster_ref(cluster), batch=batch,
         microbatches=microbatches, steps=steps, warmup=warmup, tapp_iterations=tapp_iterations,
-        seed=seed,
+        seed=seed, calibrate=calibrate,
     )  # fmt: skip
     done = demo(request, ConsoleReporter())
     gantt = write_files(done, out_dir)

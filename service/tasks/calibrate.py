@@ -36,6 +36,8 @@ from executor.calibrate import (
     probe_plans,
 )
 from executor.emulation import EMULATED_NOTE
+from executor.measure import Measurement
+from executor.model import ModelSource
 from executor.pipeline import RunConfig
 from executor.pipeline import run as run_plan
 from service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
@@ -132,13 +134,29 @@ def calibrate(request: CalibrateRequest, reporter: Reporter = QUIET) -> Calibrat
         types = sorted(live.device_types)
         profile = measure_on_cluster(source, live, reporter, types, request.batch)
         plans = probe_plans(live, profile, request.batch)
-        probes, observations = [], []
-        for i, plan in enumerate(plans):
-            with reporter.step(f"probe {i + 1}/{len(plans)}: {_describe(plan)}"):
-                m = run_plan(plan, source, live, config)
-            probes.append(ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i % 2 == 1))
-            observations.append(Observation.of(m, profile))
-    return _report(live, request.model, profile, probes, observations, t0, emulated=m.emulated)
+        runs = measure_probes(plans, source, live, config, reporter)
+    probes = [
+        ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i % 2 == 1)
+        for i, (plan, m) in enumerate(zip(plans, runs, strict=True))
+    ]
+    observations = [Observation.of(m, profile) for m in runs]
+    emulated = any(m.emulated for m in runs)
+    return _report(live, request.model, profile, probes, observations, t0, emulated=emulated)
+
+
+def measure_probes(
+    plans: Sequence[Plan],
+    source: ModelSource,
+    live: ClusterSpec,
+    config: RunConfig,
+    reporter: Reporter,
+) -> list[Measurement]:
+    """Each probe plan run for real on the connected cluster, one after the other."""
+    runs = []
+    for i, plan in enumerate(plans):
+        with reporter.step(f"probe {i + 1}/{len(plans)}: {_describe(plan)}"):
+            runs.append(run_plan(plan, source, live, config))
+    return runs
 
 
 def _from_runs(request: CalibrateRequest, t0: float) -> CalibrationReport:

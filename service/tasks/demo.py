@@ -14,6 +14,13 @@ cluster.
 4. Run every distinct plan for real on the cluster (warm-up + ``steps`` training steps each;
    actors are reused when stages repeat).
 
+With ``calibrate``, between steps 2 and 3: run ``pipeplan calibrate``'s probe plans
+(:func:`executor.calibrate.probe_plans`) on the cluster, fit the calibration to them
+(:func:`executor.calibrate.fit`: per-type call overheads, links, all-reduce, updates) and
+plan on the calibrated cluster, as a user who calibrated first would. The plans' errors are
+then held out: a plan that is also a probe (a type alone, BSP on every device) was fitted on
+and is left out of the median.
+
 The default, AlexNet at 224 x 224 with a batch of 32, is where planning pays on
 ``local-pipeline``: its convolutions are most of the work and split well over the three
 ``mid`` devices as replicas, while its classifier (most of the weights, a large fixed cost
@@ -37,12 +44,16 @@ from agents.baselines.every_device import bsp_all, pipe_torch_all
 from agents.compare import Entry, Row, fixed_plan_row, run_comparison
 from agents.problem import Budget, InfeasibleError, Objective, PlanResult, Problem
 from agents.registry import make_planner
+from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.plan import Plan, Stage
+from core.profile import ModelProfile
+from executor.calibrate import Observation, fit, probe_plans
 from executor.measure import relative_error
 from executor.measured_reward import MeasuredReward, Outcome, plan_key
 from executor.model import ModelSource
 from executor.pipeline import RunConfig
+from service.tasks.calibrate import CalibrateRequest, measure_probes
 from service.tasks.common import ClusterRef, Request, cluster_spec
 from service.tasks.live import live_cluster, measure_on_cluster
 from service.tasks.progress import QUIET, Reporter
@@ -74,6 +85,7 @@ class DemoRequest(Request):
     warmup: int = 1
     tapp_iterations: int = 15
     seed: int = 0
+    calibrate: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,8 @@ class Demo:
     problem: Problem
     rows: list[DemoRow]
     seconds: float
+    probes: tuple[Plan, ...] = ()
+    """The probe plans the cluster was calibrated to before planning (``calibrate``)."""
 
     @property
     def best(self) -> DemoRow | None:
@@ -123,9 +137,10 @@ class Demo:
 
     def errors(self) -> dict[str, float]:
         """Each measured plan's ``(predicted - measured) / measured``, by planner (a plan
-        several planners chose counts once, under the first)."""
+        several planners chose counts once, under the first; a plan that was also a probe
+        the calibration was fitted to is left out)."""
         out: dict[str, float] = {}
-        seen: set[str] = set()
+        seen: set[str] = {plan_key(p) for p in self.probes}
         for r in self.rows:
             m = r.outcome.measurement if r.outcome is not None else None
             if r.result is None or m is None or plan_key(r.result.plan) in seen:
@@ -143,6 +158,7 @@ class Demo:
         return {
             "calibrated": cal is not None,
             "calibration_fit": dict(cal.fit) if cal is not None else None,
+            "calibrated_by_demo_probes": len(self.probes),
             "median_abs_error": statistics.median(abs(e) for e in errors.values())
             if errors
             else None,
@@ -172,6 +188,7 @@ class Demo:
             "speedup_over_single_device": self.speedup(SINGLE),
             "fidelity": self.fidelity(),
             "seconds": self.seconds,
+            "probes": [p.to_dict() for p in self.probes],
             "rows": docs,
         }
 
@@ -255,14 +272,41 @@ def run_all(
     return out
 
 
+def calibrate_on_probes(
+    live: ClusterSpec,
+    source: ModelSource,
+    profile: ModelProfile,
+    request: DemoRequest,
+    reporter: Reporter,
+) -> tuple[ClusterSpec, tuple[Plan, ...]]:
+    """``live`` calibrated to the probe plans run on it (module docstring), and the probes.
+    Each probe runs ``pipeplan calibrate``'s steps (fewer if the demo's are fewer)."""
+    probes = tuple(probe_plans(live, profile, request.batch))
+    steps = min(request.steps, CalibrateRequest.model_fields["steps"].default)
+    config = RunConfig(steps=steps, warmup=request.warmup, data="digits", seed=request.seed)
+    runs = measure_probes(probes, source, live, config, reporter)
+    observations = [Observation.of(m, profile) for m in runs]
+    record = {
+        "model": profile.name,
+        "by": "pipeplan demo --calibrate",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    calibrated = live.calibrated(fit(live, observations, record).calibration)
+    reporter.note(f"calibrated to {len(probes)} probe runs; planning on the calibrated cluster")
+    return calibrated, probes
+
+
 def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
     """Steps 1-4 (module docstring)."""
     t0 = time.perf_counter()
     spec = cluster_spec(request.cluster)
     source = ModelSource(request.model, request.input_size, seed=request.seed)
     source.build()  # a bad model name or size fails here, before the cluster starts
+    probes: tuple[Plan, ...] = ()
     with live_cluster(spec, None, reporter) as live:
         profile = measure_on_cluster(source, live, reporter, global_batch=request.batch)
+        if request.calibrate:
+            live, probes = calibrate_on_probes(live, source, profile, request, reporter)
         problem = Problem(
             profile,
             live,
@@ -274,4 +318,4 @@ def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
         )
         rows = plan_all(problem, request.tapp_iterations, reporter)
         demo_rows = run_all(rows, source, problem, request, reporter)
-    return Demo(problem, demo_rows, time.perf_counter() - t0)
+    return Demo(problem, demo_rows, time.perf_counter() - t0, probes)
