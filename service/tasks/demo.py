@@ -112,6 +112,8 @@ class Demo:
     seconds: float
     probes: tuple[Plan, ...] = ()
     """The probe plans the cluster was calibrated to before planning (``calibrate``)."""
+    probe_times_s: tuple[float, ...] = ()
+    """Each probe's measured batch time, in the order of :attr:`probes`."""
 
     @property
     def best(self) -> DemoRow | None:
@@ -188,7 +190,19 @@ class Demo:
             "speedup_over_single_device": self.speedup(SINGLE),
             "fidelity": self.fidelity(),
             "seconds": self.seconds,
-            "probes": [p.to_dict() for p in self.probes],
+            "probes": [
+                {
+                    "plan": p.to_dict(),
+                    "measured_batch_time_s": t,
+                    "predicted_uncalibrated_s": simulate(
+                        p, self.problem.profile, self.problem.cluster.calibrated(None)
+                    ).batch_time_s,
+                    "predicted_s": simulate(
+                        p, self.problem.profile, self.problem.cluster
+                    ).batch_time_s,
+                }
+                for p, t in zip(self.probes, self.probe_times_s, strict=True)
+            ],
             "rows": docs,
         }
 
@@ -278,8 +292,9 @@ def calibrate_on_probes(
     profile: ModelProfile,
     request: DemoRequest,
     reporter: Reporter,
-) -> tuple[ClusterSpec, tuple[Plan, ...]]:
-    """``live`` calibrated to the probe plans run on it (module docstring), and the probes.
+) -> tuple[ClusterSpec, tuple[Plan, ...], tuple[float, ...]]:
+    """``live`` calibrated to the probe plans run on it (module docstring), the probes and
+    their measured batch times.
     Each probe runs ``pipeplan calibrate``'s steps (fewer if the demo's are fewer)."""
     probes = tuple(probe_plans(live, profile, request.batch))
     steps = min(request.steps, CalibrateRequest.model_fields["steps"].default)
@@ -293,7 +308,7 @@ def calibrate_on_probes(
     }
     calibrated = live.calibrated(fit(live, observations, record).calibration)
     reporter.note(f"calibrated to {len(probes)} probe runs; planning on the calibrated cluster")
-    return calibrated, probes
+    return calibrated, probes, tuple(m.batch_time_s for m in runs)
 
 
 def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
@@ -303,10 +318,13 @@ def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
     source = ModelSource(request.model, request.input_size, seed=request.seed)
     source.build()  # a bad model name or size fails here, before the cluster starts
     probes: tuple[Plan, ...] = ()
+    probe_times: tuple[float, ...] = ()
     with live_cluster(spec, None, reporter) as live:
         profile = measure_on_cluster(source, live, reporter, global_batch=request.batch)
         if request.calibrate:
-            live, probes = calibrate_on_probes(live, source, profile, request, reporter)
+            live, probes, probe_times = calibrate_on_probes(
+                live, source, profile, request, reporter
+            )
         problem = Problem(
             profile,
             live,
@@ -318,4 +336,4 @@ def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
         )
         rows = plan_all(problem, request.tapp_iterations, reporter)
         demo_rows = run_all(rows, source, problem, request, reporter)
-    return Demo(problem, demo_rows, time.perf_counter() - t0, probes)
+    return Demo(problem, demo_rows, time.perf_counter() - t0, probes, probe_times)

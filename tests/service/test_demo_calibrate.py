@@ -15,6 +15,7 @@ from rich.console import Console
 
 from core.cluster import ClusterSpec
 from core.costmodel import simulate
+from core.plan import Plan
 from executor.calibrate import probe_plans
 from executor.measure import Measurement, relative_error
 from executor.measured_reward import Outcome, plan_key
@@ -56,7 +57,7 @@ def calibrated_demo(monkeypatch: pytest.MonkeyPatch) -> Demo:
 
 
 def test_the_demo_plans_on_the_cluster_fitted_to_its_probes(calibrated_demo: Demo) -> None:
-    done = calibrated_demo
+    done, truth = calibrated_demo, cluster().calibrated(TRUTH)
     assert done.probes == tuple(probe_plans(cluster(), profile(), BATCH))
     cal = done.problem.cluster.calibration
     assert cal is not None and cal.fit["by"] == "pipeplan demo --calibrate"
@@ -72,6 +73,13 @@ def test_the_demo_plans_on_the_cluster_fitted_to_its_probes(calibrated_demo: Dem
         if r.result is not None and r.measured_s is not None
     ]
     assert max(uncalibrated) > 0.05  # so the line above says something
+    probes = done.to_dict()["probes"]
+    assert [Plan.from_dict(q["plan"]) for q in probes] == list(done.probes)
+    for q, plan in zip(probes, done.probes, strict=True):
+        assert q["measured_batch_time_s"] == measured(plan, truth).batch_time_s
+        assert abs(relative_error(q["predicted_s"], q["measured_batch_time_s"])) < 0.02
+        uncal = simulate(plan, profile(), cluster()).batch_time_s
+        assert q["predicted_uncalibrated_s"] == pytest.approx(uncal)
 
 
 def test_plans_that_were_probes_are_left_out_of_the_errors_and_marked(
