@@ -111,7 +111,7 @@ def demo_table(demo: Demo) -> Table:
     ref = next((r for r in demo.rows if r.planner == REFERENCE), None)
     ref_time = ref.measured_s if ref is not None else None
     best = demo.best
-    probes = {plan_key(q) for q in demo.probes}
+    probes = {plan_key(q.plan) for q in demo.probes}
     title = (
         f"{p.profile.name} on {p.cluster.name}, batch {p.global_batch}: "
         f"cost model vs measured{' (EMULATED)' if demo.emulated else ''}"

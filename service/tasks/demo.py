@@ -53,7 +53,7 @@ from executor.measure import relative_error
 from executor.measured_reward import MeasuredReward, Outcome, plan_key
 from executor.model import ModelSource
 from executor.pipeline import RunConfig
-from service.tasks.calibrate import CalibrateRequest, measure_probes
+from service.tasks.calibrate import CalibrateRequest, ProbeRun, measure_probes
 from service.tasks.common import ClusterRef, Request, cluster_spec
 from service.tasks.live import live_cluster, measure_on_cluster
 from service.tasks.progress import QUIET, Reporter
@@ -110,10 +110,9 @@ class Demo:
     problem: Problem
     rows: list[DemoRow]
     seconds: float
-    probes: tuple[Plan, ...] = ()
-    """The probe plans the cluster was calibrated to before planning (``calibrate``)."""
-    probe_times_s: tuple[float, ...] = ()
-    """Each probe's measured batch time, in the order of :attr:`probes`."""
+    probes: tuple[ProbeRun, ...] = ()
+    """The probe plans the cluster was calibrated to before planning (``calibrate``), each
+    with its measured batch time; every one was fitted on."""
 
     @property
     def best(self) -> DemoRow | None:
@@ -142,7 +141,7 @@ class Demo:
         several planners chose counts once, under the first; a plan that was also a probe
         the calibration was fitted to is left out)."""
         out: dict[str, float] = {}
-        seen: set[str] = {plan_key(p) for p in self.probes}
+        seen: set[str] = {plan_key(p.plan) for p in self.probes}
         for r in self.rows:
             m = r.outcome.measurement if r.outcome is not None else None
             if r.result is None or m is None or plan_key(r.result.plan) in seen:
@@ -192,16 +191,16 @@ class Demo:
             "seconds": self.seconds,
             "probes": [
                 {
-                    "plan": p.to_dict(),
-                    "measured_batch_time_s": t,
+                    "plan": p.plan.to_dict(),
+                    "measured_batch_time_s": p.batch_time_s,
                     "predicted_uncalibrated_s": simulate(
-                        p, self.problem.profile, self.problem.cluster.calibrated(None)
+                        p.plan, self.problem.profile, self.problem.cluster.calibrated(None)
                     ).batch_time_s,
                     "predicted_s": simulate(
-                        p, self.problem.profile, self.problem.cluster
+                        p.plan, self.problem.profile, self.problem.cluster
                     ).batch_time_s,
                 }
-                for p, t in zip(self.probes, self.probe_times_s, strict=True)
+                for p in self.probes
             ],
             "rows": docs,
         }
@@ -292,14 +291,13 @@ def calibrate_on_probes(
     profile: ModelProfile,
     request: DemoRequest,
     reporter: Reporter,
-) -> tuple[ClusterSpec, tuple[Plan, ...], tuple[float, ...]]:
-    """``live`` calibrated to the probe plans run on it (module docstring), the probes and
-    their measured batch times.
-    Each probe runs ``pipeplan calibrate``'s steps (fewer if the demo's are fewer)."""
-    probes = tuple(probe_plans(live, profile, request.batch))
+) -> tuple[ClusterSpec, tuple[ProbeRun, ...]]:
+    """``live`` calibrated to the probe plans run on it (module docstring), and the probes
+    as measured. Each probe runs ``pipeplan calibrate``'s steps (fewer if the demo's are)."""
+    plans = probe_plans(live, profile, request.batch)
     steps = min(request.steps, CalibrateRequest.model_fields["steps"].default)
     config = RunConfig(steps=steps, warmup=request.warmup, data="digits", seed=request.seed)
-    runs = measure_probes(probes, source, live, config, reporter)
+    runs = measure_probes(plans, source, live, config, reporter)
     observations = [Observation.of(m, profile) for m in runs]
     record = {
         "model": profile.name,
@@ -307,8 +305,12 @@ def calibrate_on_probes(
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     calibrated = live.calibrated(fit(live, observations, record).calibration)
-    reporter.note(f"calibrated to {len(probes)} probe runs; planning on the calibrated cluster")
-    return calibrated, probes, tuple(m.batch_time_s for m in runs)
+    reporter.note(f"calibrated to {len(runs)} probe runs; planning on the calibrated cluster")
+    probes = tuple(
+        ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=False)
+        for plan, m in zip(plans, runs, strict=True)
+    )
+    return calibrated, probes
 
 
 def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
@@ -317,14 +319,11 @@ def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
     spec = cluster_spec(request.cluster)
     source = ModelSource(request.model, request.input_size, seed=request.seed)
     source.build()  # a bad model name or size fails here, before the cluster starts
-    probes: tuple[Plan, ...] = ()
-    probe_times: tuple[float, ...] = ()
+    probes: tuple[ProbeRun, ...] = ()
     with live_cluster(spec, None, reporter) as live:
         profile = measure_on_cluster(source, live, reporter, global_batch=request.batch)
         if request.calibrate:
-            live, probes, probe_times = calibrate_on_probes(
-                live, source, profile, request, reporter
-            )
+            live, probes = calibrate_on_probes(live, source, profile, request, reporter)
         problem = Problem(
             profile,
             live,
@@ -336,4 +335,4 @@ def demo(request: DemoRequest, reporter: Reporter = QUIET) -> Demo:
         )
         rows = plan_all(problem, request.tapp_iterations, reporter)
         demo_rows = run_all(rows, source, problem, request, reporter)
-    return Demo(problem, demo_rows, time.perf_counter() - t0, probes, probe_times)
+    return Demo(problem, demo_rows, time.perf_counter() - t0, probes)

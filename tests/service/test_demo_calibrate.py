@@ -58,7 +58,7 @@ def calibrated_demo(monkeypatch: pytest.MonkeyPatch) -> Demo:
 
 def test_the_demo_plans_on_the_cluster_fitted_to_its_probes(calibrated_demo: Demo) -> None:
     done, truth = calibrated_demo, cluster().calibrated(TRUTH)
-    assert done.probes == tuple(probe_plans(cluster(), profile(), BATCH))
+    assert [q.plan for q in done.probes] == probe_plans(cluster(), profile(), BATCH)
     cal = done.problem.cluster.calibration
     assert cal is not None and cal.fit["by"] == "pipeplan demo --calibrate"
     # the fit recovered the truth: every plan the demo ran is predicted as "measured"
@@ -74,8 +74,8 @@ def test_the_demo_plans_on_the_cluster_fitted_to_its_probes(calibrated_demo: Dem
     ]
     assert max(uncalibrated) > 0.05  # so the line above says something
     probes = done.to_dict()["probes"]
-    assert [Plan.from_dict(q["plan"]) for q in probes] == list(done.probes)
-    for q, plan in zip(probes, done.probes, strict=True):
+    assert [Plan.from_dict(q["plan"]) for q in probes] == [q.plan for q in done.probes]
+    for q, plan in zip(probes, (q.plan for q in done.probes), strict=True):
         assert q["measured_batch_time_s"] == measured(plan, truth).batch_time_s
         assert abs(relative_error(q["predicted_s"], q["measured_batch_time_s"])) < 0.02
         uncal = simulate(plan, profile(), cluster()).batch_time_s
@@ -86,7 +86,7 @@ def test_plans_that_were_probes_are_left_out_of_the_errors_and_marked(
     calibrated_demo: Demo,
 ) -> None:
     done = calibrated_demo
-    probes = {plan_key(p) for p in done.probes}
+    probes = {plan_key(p.plan) for p in done.probes}
     ran = {r.planner: r for r in done.rows if r.result is not None}
     was_probe = {n for n, r in ran.items() if plan_key(r.result.plan) in probes}  # type: ignore[union-attr]
     assert "bsp-all" in was_probe  # every device as replicas of one stage is a probe
