@@ -43,7 +43,7 @@ cluster calibrated (:func:`executor.calibrate.fit`) to every run of the models m
 before it, as runs already measured feed the calibration a ``pipeplan plan`` on that
 cluster then uses. The first model has no runs before it and is planned on the spec itself.
 ``--uncalibrated-planning`` plans every model on the spec (the protocol of the runs before
-2026-11-27 16:00). Each row's ``predicted_s`` is the uncalibrated prediction either way (the
+2026-11-27 15:55). Each row's ``predicted_s`` is the uncalibrated prediction either way (the
 table's errors are the profile's), and ``planning_predicted_s`` the one its plan was chosen by.
 
 Calibration, judged on plans it did not see (no extra runs: the table's own): every measured
