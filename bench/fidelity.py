@@ -504,10 +504,11 @@ class Observed:
 
 
 def held_out(
-    rows: Sequence[Observed], spec: ClusterSpec
+    rows: Sequence[Observed], spec: ClusterSpec, per_model: bool = True
 ) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """Each row's predicted batch time under each :data:`HELD_OUT` calibration, and the
-    leave-one-model-out fits' terms by model."""
+    leave-one-model-out fits' terms by model (``per_model``: :func:`executor.calibrate.fit`'s;
+    a held-out model has no runs in its fit, so no factor of its own either way)."""
     predicted: list[dict[str, float]] = [{} for _ in rows]
     fits: dict[str, Any] = {}
 
@@ -516,7 +517,7 @@ def held_out(
         seen = [o for i, r in enumerate(rows) if i not in left_out for o in r.runs]
         if not seen:
             return None
-        cal = fit(spec, seen, record).calibration
+        cal = fit(spec, seen, record, per_model).calibration
         calibrated = spec.calibrated(cal)
         for i in left_out:
             predicted[i][kind] = simulate(rows[i].plan, rows[i].profile, calibrated).batch_time_s
@@ -532,6 +533,9 @@ def held_out(
     return predicted, fits
 
 
+PER_TYPE = " without model scale"
+"""Suffix of a held-out calibration fitted without the models' own compute scales (rule 1c's
+``model_scale``): the types' terms alone, as before 2026-11-27 evening."""
 BLIND = " without 8u"
 """Suffix of a held-out calibration fitted blind to the measured updates (the spec's update
 bandwidths kept): beside each :data:`HELD_OUT` one, what rule 8u's fitted bandwidth is worth."""
@@ -564,9 +568,11 @@ def calibrate_held_out(
     ]
     predicted, fits = held_out(rows, spec)
     blind, _ = held_out(without_updates(rows), spec)
-    for r, p, b in zip(measured, predicted, blind, strict=True):
+    per_type, _ = held_out(rows, spec, per_model=False)
+    for r, p, b, t in zip(measured, predicted, blind, per_type, strict=True):
         r.calibrated.update(p)
         r.calibrated.update({k + BLIND: v for k, v in b.items()})
+        r.calibrated.update({k + PER_TYPE: v for k, v in t.items()})
     return fits
 
 
@@ -590,11 +596,14 @@ def reanalyse(path: Path) -> None:
         for r in saved
     ]
     predicted, _ = held_out(rows, spec)
-    errs: dict[str, list[float]] = {k: [] for k in ("uncalibrated", *HELD_OUT)}
+    per_type, _ = held_out(rows, spec, per_model=False)
+    kinds = (*HELD_OUT, *(k + PER_TYPE for k in HELD_OUT))
+    errs: dict[str, list[float]] = {k: [] for k in ("uncalibrated", *kinds)}
     print(f"{'model':<12} {'plan':<16} " + " ".join(f"{k:>14}" for k in errs))
-    for r, p in zip(saved, predicted, strict=True):
+    for r, p, t in zip(saved, predicted, per_type, strict=True):
+        p = p | {k + PER_TYPE: v for k, v in t.items()}
         row = {"uncalibrated": relative_error(r["predicted_s"], r["measured_s"])}
-        row |= {k: relative_error(p[k], r["measured_s"]) for k in HELD_OUT if k in p}
+        row |= {k: relative_error(p[k], r["measured_s"]) for k in kinds if k in p}
         for k, err in row.items():
             errs[k].append(abs(err))
         print(

@@ -7,6 +7,13 @@ spec as a ``calibration:`` block; the cost model then uses it (DESIGN.md's contr
 - ``compute_scale[TYPE]``: a replica's forward and backward on ``TYPE`` last ``scale x`` the
   sum of their layers' times (rule 1). Layers are profiled one at a time; a stage runs them
   in one call, so the sum can miss (timer and cache effects, cores shared with other stages).
+- ``model_scale[MODEL]``: every layer time of the model whose profile has that
+  :attr:`~core.profile.ModelProfile.model_key` is multiplied by it too, on every type: what
+  the runs of that model's plans took over what its profiles predict. A model of small
+  operations (a GPT of a few ms per layer) runs further from its profile than a model of
+  large convolutions on the same devices, and a profile is measured at one moment of a
+  machine whose speed drifts; one factor per model, fitted to that model's runs, learns
+  both without moving the other models' predictions.
 - ``call_overhead[TYPE] = {fwd, bwd}``: seconds added to every forward and every backward
   a replica of ``TYPE`` runs: what a stage call costs beyond its layers (the actor call,
   unpacking the input and cloning it for its gradient, packing the output).
@@ -68,9 +75,12 @@ class Calibration:
     fit: Mapping[str, Any] = field(default_factory=dict)
     memory_bandwidth_gbps: Mapping[str, float] = field(default_factory=dict)
     """Device type -> the bandwidth (GB/s) of rule 8's update on it."""
+    model_scale: Mapping[str, float] = field(default_factory=dict)
+    """Model key (:attr:`core.profile.ModelProfile.model_key`) -> the factor on its layers."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_scale", _io.FrozenMap(dict(self.compute_scale)))
+        object.__setattr__(self, "model_scale", _io.FrozenMap(dict(self.model_scale)))
         object.__setattr__(self, "call_overhead", _io.FrozenMap(dict(self.call_overhead)))
         object.__setattr__(self, "network", _io.FrozenMap(dict(self.network)))
         object.__setattr__(self, "all_reduce", _io.FrozenMap(dict(self.all_reduce)))
@@ -83,6 +93,17 @@ class Calibration:
                     f"calibration.compute_scale.{t}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
                     f"got {s!r}"
                 )
+        for key, s in self.model_scale.items():
+            if not (isinstance(key, str) and key):
+                raise FormatError(
+                    f"calibration.model_scale: keys must be model keys (NAME@SHAPE:HASH), "
+                    f"got {key!r}"
+                )
+            if not (isinstance(s, int | float) and MIN_SCALE <= s <= MAX_SCALE):
+                raise FormatError(
+                    f"calibration.model_scale.{key}: must be in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
+                    f"got {s!r}"
+                )
         for t, bw in self.memory_bandwidth_gbps.items():
             if not (isinstance(bw, int | float) and math.isfinite(bw) and bw > 0):
                 raise FormatError(
@@ -93,6 +114,10 @@ class Calibration:
 
     def scale(self, device_type: str) -> float:
         return float(self.compute_scale.get(device_type, 1.0))
+
+    def model(self, model_key: str) -> float:
+        """The factor on the layers of the model with ``model_key`` (1 when not fitted)."""
+        return float(self.model_scale.get(model_key, 1.0))
 
     def overhead(self, device_type: str) -> CallOverhead:
         return self.call_overhead.get(device_type, CallOverhead())
@@ -121,6 +146,8 @@ class Calibration:
         }
         if self.memory_bandwidth_gbps:
             doc["memory_bandwidth_gbps"] = dict(self.memory_bandwidth_gbps)
+        if self.model_scale:
+            doc["model_scale"] = dict(self.model_scale)
         for key, links in (("network", self.network), ("all_reduce", self.all_reduce)):
             if links:
                 doc[key] = {
@@ -142,6 +169,7 @@ class Calibration:
         rings = _mapping(doc, "all_reduce")
         fit = _mapping(doc, "fit")
         bandwidths = _mapping(doc, "memory_bandwidth_gbps")
+        models = _mapping(doc, "model_scale")
         _check_link_classes(links, "network")  # before parsing them, so the name comes first
         _check_link_classes(rings, "all_reduce")
         return cls(
@@ -161,6 +189,7 @@ class Calibration:
                 str(t): _io.number(bandwidths, t, f"{where}.memory_bandwidth_gbps")
                 for t in bandwidths
             },
+            model_scale={str(m): _io.number(models, m, f"{where}.model_scale") for m in models},
         )
 
 
@@ -174,6 +203,7 @@ KEYS = frozenset(
         "step_overhead_s",
         "fit",
         "memory_bandwidth_gbps",
+        "model_scale",
     }
 )
 

@@ -13,10 +13,12 @@ Calibration (issue #18, :mod:`core.calibration`): when the cluster spec has a
 term at its default) is costed exactly as before:
 
 - **1c.** Every layer time of type ``t`` (rule 1, measured or FLOP fallback) is multiplied by
-  ``compute_scale[t]`` (default 1), and each forward and each backward op of a replica on
-  ``t`` adds ``call_overhead[t].fwd_s`` and ``.bwd_s`` (default 0) once, whatever its share of
-  samples; F_s and Bk_s (rule 2) are the maxima over replicas of those sums (rule 2b's
-  accumulation term is added to Bk_s after, unscaled).
+  ``compute_scale[t]`` (default 1) and by ``model_scale[k]`` (default 1), ``k`` the profile's
+  :attr:`~core.profile.ModelProfile.model_key` (``NAME@SHAPE:HASH``, the hash over the input
+  shape and the layers' names, ops, sizes and successors, README), and each forward and each
+  backward op of a replica on ``t`` adds ``call_overhead[t].fwd_s`` and ``.bwd_s`` (default
+  0) once, whatever its share of samples; F_s and Bk_s (rule 2) are the maxima over replicas
+  of those sums (rule 2b's accumulation term is added to Bk_s after, unscaled).
 - **4.** A link class's send numbers are ``calibration.network``'s where it has them, and
   its ring numbers (rule 8r) ``calibration.all_reduce``'s where it has them; the rest stays
   the spec's ``network``. Rule 4's sends and rule 8's all-reduce use the link so made (a

@@ -8,8 +8,11 @@ fixed cost per call.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +186,25 @@ class ModelProfile:
     @property
     def params_bytes(self) -> int:
         return sum(layer.params_bytes for layer in self.layers)
+
+    @cached_property
+    def model_key(self) -> str:
+        """The model this profile measures, apart from its timings: ``NAME@SHAPE:HASH``, the
+        hash (8 hex digits of a SHA-256) over the input shape and every layer's name, op,
+        sizes and successors. Two profiles of one model (measured again, on another day)
+        share it; a model of another width or depth under the same name does not. A
+        calibration's ``model_scale`` (:mod:`core.calibration`) is filed by it."""
+        structure = [
+            list(self.input_shape),
+            [
+                [x.name, x.op, x.params_bytes, x.flops, x.activation_bytes, list(x.successors)]
+                for x in self.layers
+            ],
+        ]
+        digest = hashlib.sha256(json.dumps(structure, separators=(",", ":")).encode()).hexdigest()[
+            :8
+        ]
+        return f"{self.name}@{'x'.join(map(str, self.input_shape))}:{digest}"
 
     @property
     def flops(self) -> float:

@@ -122,7 +122,9 @@ class CostTables:
 
     def _layers(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
         cal = cluster.calibration
-        scale = [cal.scale(t) if cal else 1.0 for t in self.types]
+        # rule 1c: the type's compute scale times the model's (both 1 where not fitted)
+        model = cal.model(profile.model_key) if cal and cal.model_scale else 1.0
+        scale = [cal.scale(t) * model if cal else 1.0 for t in self.types]
         costs = [
             layer_costs(profile, cluster.device_types[t], k)
             for t, k in zip(self.types, scale, strict=True)

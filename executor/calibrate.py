@@ -63,6 +63,10 @@ to hundreds of MB, which pins a round's bandwidth and leaves its latency free to
 against the step overhead (fitted alone it fell to zero and the small all-reduces of held-out
 plans came out 15% short); the spec's latency is a measured one (``bench.links`` times the
 rounds on chunks of 4 MB up)."""
+MODEL_SCALE_PRIOR = 0.5
+"""Prior scale of a model's compute scale (as a type's): a factor off by 0.5 costs as much as
+a 0.1% error, so a model whose runs pin it (several plans, each stage's forward and
+backward) gets its factor, and one seen in a single run stays near 1."""
 UPDATE_FLOOR_S = 1e-3
 """Measured updates shorter than this (a few MB of weights) are timer noise, not fitted."""
 UPDATE_RANGE = (1000.0, 10.0)
@@ -184,18 +188,30 @@ class _Terms:
     the moment instead (in ``bench.fidelity``, fitting it made held-out plans worse). Per link class
     the observations send over: a send's latency and inverse bandwidth; per link class a
     replicated stage of theirs all-reduces over: a ring round's. Then the step overhead.
+
+    Per model observed (:attr:`~core.profile.ModelProfile.model_key`): a compute scale of
+    its layers on every type (after the types' scales). Unlike a type's, it is fitted where
+    the layers are timed: it learns what that model's runs took over its profile -- a GPT
+    of millisecond operations runs further from its profile than the convolutional nets do
+    on the same devices, and a profile is one moment of a machine whose speed drifts --
+    without moving any other model's predictions. ``bench.fidelity --reanalyse`` on the
+    saved runs gives the held-out errors with and without it (README).
     """
 
-    def __init__(self, cluster: ClusterSpec, observations: Sequence[Observation]) -> None:
+    def __init__(
+        self, cluster: ClusterSpec, observations: Sequence[Observation], per_model: bool = True
+    ) -> None:
         used = {cluster.device(d).type for o in observations for d in o.plan.devices}
         self.types = sorted(used)
         self.scaled = [t for t in self.types if _untimed(t, observations)]
+        self.models = sorted({o.profile.model_key for o in observations}) if per_model else []
         self.updated = [t for t in self.types if _updates_on(cluster, observations, t)]
         self.sends = [k for k in LINK_CLASSES if _sends_over(cluster, observations, k)]
         self.rings = [k for k in LINK_CLASSES if _reduces_over(cluster, observations, k)]
         net = cluster.links
         rows: list[tuple[float, float, float, float]] = []  # start, lo, hi, prior scale
         rows += [(1.0, MIN_SCALE, MAX_SCALE, 0.5)] * len(self.scaled)
+        rows += [(1.0, MIN_SCALE, MAX_SCALE, MODEL_SCALE_PRIOR)] * len(self.models)
         rows += [(0.0, 0.0, 1e4, 10.0)] * (2 * len(self.types))  # fwd, bwd overhead (ms)
         for t in self.updated:  # ms per GB of rule 8's update (prior scale 0: on a log scale)
             per_gb = 1.0 / cluster.memory_bandwidth_gbps(t) / MS
@@ -225,10 +241,12 @@ class _Terms:
         return PRIOR_WEIGHT * out
 
     def calibration(self, x: np.ndarray, fit: dict[str, Any] | None = None) -> Calibration:
-        n, T, K, U = len(self.scaled), len(self.types), len(self.sends), len(self.updated)
-        calls = x[n : n + 2 * T].reshape(-1, 2)
-        per_gb = x[n + 2 * T : n + 2 * T + U]
-        links = x[n + 2 * T + U : -1].reshape(-1, 2)
+        n, M, T = len(self.scaled), len(self.models), len(self.types)
+        K, U = len(self.sends), len(self.updated)
+        scales, models = x[:n], x[n : n + M]
+        calls = x[n + M : n + M + 2 * T].reshape(-1, 2)
+        per_gb = x[n + M + 2 * T : n + M + 2 * T + U]
+        links = x[n + M + 2 * T + U : -1].reshape(-1, 2)
 
         def fitted(names: list[str], rows: np.ndarray) -> dict[str, tuple[float, float]]:
             """(bandwidth_gbps, latency_us) of each link class from (latency ms, ms per MB)."""
@@ -238,7 +256,7 @@ class _Terms:
             }
 
         return Calibration(
-            compute_scale={t: float(v) for t, v in zip(self.scaled, x[:n], strict=True)},
+            compute_scale={t: float(v) for t, v in zip(self.scaled, scales, strict=True)},
             call_overhead={
                 t: CallOverhead(float(v[0]) * MS, float(v[1]) * MS)
                 for t, v in zip(self.types, calls, strict=True)
@@ -250,6 +268,7 @@ class _Terms:
             memory_bandwidth_gbps={
                 t: float(1.0 / (v * MS)) for t, v in zip(self.updated, per_gb, strict=True)
             },
+            model_scale={m: float(v) for m, v in zip(self.models, models, strict=True)},
         )
 
 
@@ -324,10 +343,15 @@ def errors(cluster: ClusterSpec, observations: Sequence[Observation]) -> tuple[f
 
 
 def fit(
-    cluster: ClusterSpec, observations: Sequence[Observation], record: dict[str, Any] | None = None
+    cluster: ClusterSpec,
+    observations: Sequence[Observation],
+    record: dict[str, Any] | None = None,
+    per_model: bool = True,
 ) -> Fit:
     """The calibration of ``cluster`` (its uncalibrated spec is the start) that best explains
-    ``observations``; ``record`` goes into the calibration's ``fit`` block."""
+    ``observations``; ``record`` goes into the calibration's ``fit`` block. ``per_model``:
+    fit each observed model's compute scale (``False``: the types' terms alone, the
+    ablation ``bench.fidelity`` reports)."""
     if not observations:
         raise PlanError("calibrate: no measured runs to fit")
     for i, o in enumerate(observations):
@@ -335,7 +359,7 @@ def fit(
             raise PlanError(f"observations[{i}].batch_time_s: must be > 0, got {o.batch_time_s!r}")
         o.plan.validate(o.profile, cluster)
     base = cluster.calibrated(None)
-    terms = _Terms(base, observations)
+    terms = _Terms(base, observations, per_model)
     result = least_squares(
         lambda x: np.concatenate(
             [

@@ -3,6 +3,7 @@ runs (no Ray: the "measurements" are the cost model's answers under a known cali
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -34,6 +35,30 @@ def test_every_plan_is_predicted_by_fits_without_its_runs() -> None:
         # every term is pinned by the other plans too, so the held-out fits find the truth
         assert p["held-out plan"] == pytest.approx(measured, rel=1e-2)
         assert p["held-out model"] == pytest.approx(measured, rel=5e-2)
+
+
+def test_a_models_own_scale_is_learnt_from_its_other_plans() -> None:
+    """Model ``a``'s runs take 1.25x its profile on every type (rule 1c's model scale),
+    ``b``'s do not: held out by plan, the fits with the models' scales predict ``a``'s plans;
+    the types' terms alone (the ablation ``bench.fidelity`` prints beside it) cannot, as
+    they must serve ``b`` too."""
+    a, b = profile(), dataclasses.replace(profile(), name="b")
+    truth = cluster().calibrated(dataclasses.replace(TRUTH, model_scale={a.model_key: 1.25}))
+    observed = [
+        Observed(name, p, model, (observe(truth, p, model),))
+        for p in plans()
+        for name, model in (("a", a), ("b", b))
+    ]
+    with_scale, _ = held_out(observed, cluster())
+    types_only, _ = held_out(observed, cluster(), per_model=False)
+    for r, p, q in zip(observed, with_scale, types_only, strict=True):
+        measured = r.runs[0].batch_time_s
+        assert p["held-out plan"] == pytest.approx(measured, rel=1e-2)
+    worst = max(
+        abs(q["held-out plan"] / r.runs[0].batch_time_s - 1)
+        for r, q in zip(observed, types_only, strict=True)
+    )
+    assert worst > 0.05
 
 
 def test_a_lone_model_has_no_other_model_to_learn_from() -> None:

@@ -139,6 +139,8 @@ def summary_lines(report: CalibrationReport) -> list[str]:
         for what, links in (("sends", cal.network), ("all-reduce rounds", cal.all_reduce)):
             for name, (bw, lat) in sorted(links.items()):
                 lines.append(f"  {name} {what}: {bw:.3g} Gbit/s, {lat / 1e3:.2f} ms")
+        for key, factor in sorted(cal.model_scale.items()):
+            lines.append(f"  model {key}: compute x{factor:.3f}")
         lines.append(f"  step overhead {cal.step_overhead_s * 1e3:.2f} ms")
     if report.emulated:
         lines.append("EMULATED: every device is this machine's CPU")

@@ -85,6 +85,8 @@ class CalibrationPanel:
     types: tuple[TypeTerms, ...]
     links: tuple[LinkTerms, ...]
     step_overhead_s: float | None
+    models: tuple[tuple[str, float], ...] = ()
+    """Each model's compute scale (rule 1c's ``model_scale``), by model key."""
 
     @property
     def anchor(self) -> str:
@@ -121,7 +123,12 @@ def calibration_panel(info: ClusterCalibration, spec: ClusterSpec, ours: bool) -
                 ring_spec = (link.bandwidth_gbps, link.latency_us)  # else the link's
             links.append(LinkTerms(f"{k} all-reduce", *ring_spec, *(ring or (None, None))))
     return CalibrationPanel(
-        info, ours, types, tuple(links), cal.step_overhead_s if cal is not None else None
+        info,
+        ours,
+        types,
+        tuple(links),
+        cal.step_overhead_s if cal is not None else None,
+        tuple(sorted(cal.model_scale.items())) if cal is not None else (),
     )
 
 

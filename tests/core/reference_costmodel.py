@@ -28,7 +28,8 @@ How the rules were read where the text leaves room (each marked "reading" below)
   all-reduce ``bw`` is the link class's bytes per second (``gbps * 1e9 / 8``), its latency in
   seconds; the link class is intra-node when every replica is on one node.
 - Rule 1c (calibration, issue #18): with a ``calibration`` block, every layer time of type t
-  is multiplied by ``compute_scale[t]`` (default 1) and each replica's forward / backward
+  is multiplied by ``compute_scale[t]`` (default 1) and by ``model_scale[profile.model_key]``
+  (default 1), and each replica's forward / backward
   op adds ``call_overhead[t].fwd_s`` / ``.bwd_s`` once (so F_s and Bk_s include it); rule 4's
   link classes are the calibration's fitted ones where it has them (``network`` for the
   sends, ``all_reduce`` for rule 8r's ring rounds); rule 8c adds
@@ -112,7 +113,11 @@ def stage_compute(
     for k, device in enumerate(stage.devices):
         share = n // r + (1 if k < n % r else 0)
         dtype = cluster.device_types[cluster.device(device).type]
-        scale = cal.compute_scale.get(dtype.name, 1.0) if cal else 1.0
+        scale = (
+            cal.compute_scale.get(dtype.name, 1.0) * cal.model_scale.get(profile.model_key, 1.0)
+            if cal
+            else 1.0
+        )
         call = cal.call_overhead.get(dtype.name) if cal else None
         f = scale * sum(layer_forward(layer, dtype, share) for layer in layers)
         b = scale * sum(layer_backward(layer, dtype, share) for layer in layers)

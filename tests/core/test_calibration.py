@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from core.cluster import ClusterSpec
 from core.costmodel import simulate
 from core.errors import FormatError
 from core.plan import Plan, Stage
+from core.profile import LayerTiming, ModelProfile
 
 from .test_costmodel import chain, cluster
 
@@ -23,6 +25,7 @@ CALIBRATION = Calibration(
     step_overhead_s=5e-3,
     fit={"runs": 3},
     memory_bandwidth_gbps={"b": 5.0},
+    model_scale={"m@1:00000000": 1.2},
 )
 
 
@@ -99,6 +102,31 @@ def test_batch_eval_uses_the_calibration() -> None:
         )
 
 
+def test_model_scale_multiplies_only_its_own_models_layers() -> None:
+    """Rule 1c's model scale: the paper case above with ``model_scale`` 1.5 on the chain's
+    model: F = 1.5 x 16 + 1 = 25 ms, backward 1.5 x 32 + 2 = 50 ms (the call overheads and
+    the update unscaled); another model's key leaves it at 17 and 34 ms."""
+    plan = Plan(4, (Stage((0, 4), ("n0/a:0",), 2),))
+    profile = chain(4)
+    for key, fwd, bwd in ((profile.model_key, 0.025, 0.050), ("other@3:00000000", 0.017, 0.034)):
+        cal = dataclasses.replace(CALIBRATION, model_scale={key: 1.5})
+        est = simulate(plan, profile, cluster().calibrated(cal))
+        assert est.stages[0].forward_s == pytest.approx(fwd, rel=1e-12)
+        assert est.stages[0].backward_s == pytest.approx(bwd + 8e-8, rel=1e-12)
+
+
+def test_model_key_names_the_model_not_its_timings() -> None:
+    """A profile with other timings (measured again) keeps its model key; one more layer or
+    another input shape changes it."""
+    profile = chain(4)
+    retimed = profile.with_timings("a", [LayerTiming(2e-3, 4e-3)] * 4)
+    assert retimed.model_key == profile.model_key
+    assert profile.model_key.startswith(f"{profile.name}@")
+    assert chain(5).model_key != profile.model_key
+    reshaped = ModelProfile(profile.name, (7,), profile.layers)
+    assert reshaped.model_key != profile.model_key
+
+
 def test_round_trip_through_the_document() -> None:
     spec = calibrated()
     again = ClusterSpec.from_dict(spec.to_dict())
@@ -144,6 +172,16 @@ def test_round_trip_through_the_document() -> None:
         ),
         ({"memory_bandwidth_gbps": 7}, "calibration.memory_bandwidth_gbps: expected an object"),
         ({"scale": 1}, "calibration: unknown key 'scale'"),
+        (
+            {"model_scale": {"gpt@32:0123abcd": 0.01}},
+            "calibration.model_scale.gpt@32:0123abcd: must be in [0.1, 10], got 0.01",
+        ),
+        (
+            {"model_scale": {"gpt@32:0123abcd": "big"}},
+            "calibration.model_scale.gpt@32:0123abcd: expected a number, got 'big'",
+        ),
+        ({"model_scale": [2]}, "calibration.model_scale: expected an object, got [2]"),
+        ({"model_scale": {"": 1.0}}, "calibration.model_scale: keys must be model keys"),
     ],
 )
 def test_bad_calibration_is_refused_naming_the_field(change: dict[str, Any], message: str) -> None:

@@ -156,6 +156,13 @@ def _divisors(n: int) -> list[int]:
 def cases(draw: st.DrawFn, schedule: Schedule | None = None) -> Case:
     profile = draw(profile_docs())
     cluster = draw(cluster_docs())
+    if "calibration" in cluster and draw(st.booleans()):
+        # rule 1c's model scale: of this profile's model, or of another model (no effect)
+        key = ModelProfile.from_dict(profile).model_key
+        other = draw(st.booleans())
+        cluster["calibration"]["model_scale"] = {
+            ("other@1:00000000" if other else key): draw(st.floats(0.5, 2.0))
+        }
     ids = list(ClusterSpec.from_dict(cluster).device_ids)
     n = len(profile["layers"])
     most = min(4, n, len(ids))

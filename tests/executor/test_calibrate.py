@@ -48,6 +48,26 @@ def test_fit_recovers_the_terms_that_made_the_measurements() -> None:
     assert cal.fit["source"] == "test" and cal.fit["runs"] == len(fitted)
 
 
+def test_fit_finds_a_models_own_scale_and_leaves_the_others() -> None:
+    """Two models on one cluster, the runs of one of them 25% over its profile on every type
+    (rule 1c's model scale): the fit gives that model its factor, the other keeps 1, and the
+    types' terms stay the truth's."""
+    other = dataclasses.replace(profile(), name="q")
+    slow_model = profile()
+    truth = cluster().calibrated(
+        dataclasses.replace(TRUTH, model_scale={slow_model.model_key: 1.25})
+    )
+    runs = [observe(truth, p, m) for p in plans() for m in (slow_model, other)]
+    result = fit(cluster(), runs)
+    cal = result.calibration
+    assert cal.model(slow_model.model_key) == pytest.approx(1.25, rel=0.02)
+    assert cal.model(other.model_key) == pytest.approx(1.0, rel=0.02)
+    assert cal.scale("slow") == pytest.approx(1.3, rel=0.02)
+    assert max(abs(e) for e in result.errors_after) < 2e-3
+    # a model none of the runs used is costed without a factor
+    assert cal.model(dataclasses.replace(profile(), name="unseen").model_key) == 1.0
+
+
 PAIR = ("n1/slow:0", "n1/slow:1")
 RING_TRUTH = Calibration(all_reduce={"intra_node": (2.0, 2500.0)})
 """A ring round of 2 Gbit/s (the link's sends: 5) at the spec's latency."""

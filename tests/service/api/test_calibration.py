@@ -220,7 +220,8 @@ def test_the_cluster_page_shows_the_calibration_and_its_error(
     page = app_client.get("/cluster").text
     assert 'id="calibration-c"' in page
     shown = ("compute scale", "fwd overhead", "inter_node", "step overhead", "11 runs",
-             "newest quarter", "held-out", "new jobs on this cluster predict with it")  # fmt: skip
+             "newest quarter", "held-out", "new jobs on this cluster predict with it",
+             'class="calibration-models"', profile().model_key)  # fmt: skip
     for text in shown:
         assert text in page, text
 
@@ -428,6 +429,13 @@ def fitted_info(calibration: dict[str, Any]) -> ClusterCalibration:
         last_observed_at=datetime.now(UTC),
         calibration=calibration,
     )
+
+
+def test_the_cluster_pages_models_show_their_compute_scale() -> None:
+    info = fitted_info({"model_scale": {"gpt@32:0123abcd": 1.2, "alexnet@3x64x64:89abcdef": 0.9}})
+    panel = calibration_panel(info, cluster(), ours=True)
+    assert panel.models == (("alexnet@3x64x64:89abcdef", 0.9), ("gpt@32:0123abcd", 1.2))
+    assert calibration_panel(fitted_info({}), cluster(), ours=True).models == ()
 
 
 def test_the_cluster_pages_types_show_the_update_bandwidth_spec_and_fitted() -> None:
