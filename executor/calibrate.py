@@ -9,6 +9,7 @@ measured batch time and, per stage, the busiest replica's forward and backward p
 - per link class that the observed plans send over: latency and bandwidth of a send;
 - per link class that the observed plans all-reduce over: latency and bandwidth of a ring
   round (rule 8r);
+- per model observed: a compute scale of all its layers (rule 1c's ``model_scale``);
 - one step overhead.
 
 It minimises, with :func:`scipy.optimize.least_squares` (bounded, trust-region), the
