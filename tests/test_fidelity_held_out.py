@@ -51,7 +51,7 @@ def test_a_models_own_scale_is_learnt_from_its_other_plans() -> None:
     ]
     with_scale, _ = held_out(observed, cluster())
     types_only, _ = held_out(observed, cluster(), per_model=False)
-    for r, p, q in zip(observed, with_scale, types_only, strict=True):
+    for r, p in zip(observed, with_scale, strict=True):
         measured = r.runs[0].batch_time_s
         assert p["held-out plan"] == pytest.approx(measured, rel=1e-2)
     worst = max(
