@@ -105,13 +105,19 @@ def document(path: Path | None) -> Document | None:
 
 class ConsoleReporter(Reporter):
     """Spinners, notes and transient progress bars on stderr (bars only on a terminal:
-    in a pipe or a log they would leave blank lines)."""
+    in a pipe or a log they would leave blank lines). In a pipe or a log a long step is one
+    line as it starts, where a terminal gets a spinner: a spinner draws nothing there, and a
+    log of a several-minute step would otherwise say nothing until it ends."""
 
     def __init__(self, objective: Objective = Objective.TIME) -> None:
         self.objective = objective
 
     @contextmanager
     def step(self, text: str) -> Iterator[None]:
+        if not err.is_terminal:
+            say(f"{text} ...")
+            yield
+            return
         with err.status(text):
             yield
 

@@ -145,3 +145,14 @@ def test_errors_are_one_line_and_exit_2(monkeypatch, capsys, files, args, messag
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_long_step_is_a_line_in_a_log(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Where stderr is not a terminal (a pipe, a log, CI) a step's spinner would draw nothing:
+    the step is announced as one line instead, before it runs."""
+    out = tmp_path / "p.json"
+    code, _, err = run(monkeypatch, capsys, "profile", "digits_cnn", "--input-size", "8",
+                       "-o", str(out))  # fmt: skip
+    assert code == 0, err
+    assert err.splitlines()[0] == "profiling digits_cnn ..."
+    assert err.splitlines()[1].startswith(f"wrote {out}")
