@@ -18,8 +18,8 @@ forward and backward last ``k x`` its CPU time), five ways to train:
 - ``Pipelined``: the best of those plans that has several stages. TAPP's table compares
   pipelines with BSP; where the planners' optimum is one replicated stage (Inception-V3 on
   ``local-pipeline`` on slower machines: there its 313 layers' cost per call outweighs the
-  replicas' ring inside one node) this row still shows the best pipeline, measured. Elsewhere it is the Planned plan
-  (one run serves both rows).
+  replicas' ring inside one node) this row still shows the best pipeline, measured.
+  Elsewhere it is the Planned plan (one run serves both rows).
 
 The claims checked (and printed) per model: the pipelined plan (several stages) and the
 planned plan (several stages or replicas) are each measured at least :data:`TARGET` x
