@@ -263,7 +263,9 @@ def test_cpu_clock_times_the_compute_not_a_sleep(monkeypatch: pytest.MonkeyPatch
     opts = {"batch_sizes": (2, 4), "warmup": 0, "repeats": 1}
     wall = profile_model(model, x, "d", "cpu", clock="wall", **opts)  # type: ignore[arg-type]
     cpu = profile_model(model, x, "d", "cpu", clock="cpu", **opts)  # type: ignore[arg-type]
-    assert wall.layers[0].timings["cpu"].forward(2) >= 0.02
+    # A layer's time is a fit (two sizes, scaled to the whole model's call), not one reading:
+    # the sleep shows as about 20 ms (19.8 ms in one CI run), never as the CPU clock's few.
+    assert wall.layers[0].timings["cpu"].forward(2) >= 0.015
     assert cpu.layers[0].timings["cpu"].forward(2) < 0.01
 
 
