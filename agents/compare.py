@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.problem import Objective, PlanResult, Problem
-from agents.registry import PLANNERS, make_planner
-from agents.search import Progress
-from core.costmodel import simulate
-from core.errors import PipeplanError
-from core.plan import Plan
+from pipeplan.agents.problem import Objective, PlanResult, Problem
+from pipeplan.agents.registry import PLANNERS, make_planner
+from pipeplan.agents.search import Progress
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
 
 EXACT_PLANNERS = ("brute", "dp")
 """The planners that can serve as the exact reference, in order of preference."""
@@ -55,7 +55,7 @@ class Row:
 
 def default_planners() -> list[str]:
     """Every registered classical baseline (the learned planners take minutes)."""
-    return [n for n, target in PLANNERS.items() if target.startswith("agents.baselines.")]
+    return [n for n, target in PLANNERS.items() if target.startswith("pipeplan.agents.baselines.")]
 
 
 def plan_with(entry: Entry, problem: Problem, progress: Progress | None = None) -> PlanResult:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from itertools import permutations
 
-from agents.problem import Problem
-from agents.search import Search
-from core.plan import Plan, Stage
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.search import Search
+from pipeplan.core.plan import Plan, Stage
 
 StageSpec = tuple[int, int, tuple[str, ...]]
 """A stage as layers ``[start, end)`` on devices."""

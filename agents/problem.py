@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate
-from core.errors import PipeplanError
-from core.limits import MAX_GLOBAL_BATCH, check_limit
-from core.objective import Objective, score
-from core.plan import Plan, Schedule
-from core.profile import ModelProfile
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.limits import MAX_GLOBAL_BATCH, check_limit
+from pipeplan.core.objective import Objective, score
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.profile import ModelProfile
 
 
 class ProblemError(PipeplanError):

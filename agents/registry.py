@@ -12,26 +12,26 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from agents.problem import PlanResult, Problem, ProblemError
-from agents.rewards import RewardSource
-from agents.search import OnRecord, Progress, Search
+from pipeplan.agents.problem import PlanResult, Problem, ProblemError
+from pipeplan.agents.rewards import RewardSource
+from pipeplan.agents.search import OnRecord, Progress, Search
 
 # name -> "module:Class"; modules are imported on demand (optuna, torch, ray stay unloaded)
 PLANNERS: dict[str, str] = {
-    "uniform": "agents.baselines.uniform:UniformPlanner",
-    "balanced": "agents.baselines.balanced:BalancedPlanner",
-    "data_parallel": "agents.baselines.data_parallel:DataParallelPlanner",
-    "greedy": "agents.baselines.greedy:GreedyPlanner",
-    "pipedream_dp": "agents.baselines.pipedream_dp:PipeDreamDPPlanner",
-    "dp": "agents.baselines.dp:DPPlanner",
-    "brute": "agents.baselines.brute:BrutePlanner",
-    "genetic": "agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
-    "bayes": "agents.baselines.bayes:BayesPlanner",
-    "tapp": "agents.provision.tapp_kinds:TAPPPlanner",  # kind-level on catalogues
-    "ppo": "agents.rllib_ppo:PPOPlanner",
-    "provision_dp": "agents.provision.exact:ProvisionDPPlanner",
-    "heterps_cpu_gpu": "agents.provision.cpu_gpu:CpuGpuPlanner",
-    "heterps_rl": "agents.provision.rl:HeterPSRLPlanner",
+    "uniform": "pipeplan.agents.baselines.uniform:UniformPlanner",
+    "balanced": "pipeplan.agents.baselines.balanced:BalancedPlanner",
+    "data_parallel": "pipeplan.agents.baselines.data_parallel:DataParallelPlanner",
+    "greedy": "pipeplan.agents.baselines.greedy:GreedyPlanner",
+    "pipedream_dp": "pipeplan.agents.baselines.pipedream_dp:PipeDreamDPPlanner",
+    "dp": "pipeplan.agents.baselines.dp:DPPlanner",
+    "brute": "pipeplan.agents.baselines.brute:BrutePlanner",
+    "genetic": "pipeplan.agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
+    "bayes": "pipeplan.agents.baselines.bayes:BayesPlanner",
+    "tapp": "pipeplan.agents.provision.tapp_kinds:TAPPPlanner",  # kind-level on catalogues
+    "ppo": "pipeplan.agents.rllib_ppo:PPOPlanner",
+    "provision_dp": "pipeplan.agents.provision.exact:ProvisionDPPlanner",
+    "heterps_cpu_gpu": "pipeplan.agents.provision.cpu_gpu:CpuGpuPlanner",
+    "heterps_rl": "pipeplan.agents.provision.rl:HeterPSRLPlanner",
 }
 
 

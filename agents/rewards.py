@@ -28,10 +28,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import ArrayLike
 
-from agents.problem import Problem
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.errors import PipeplanError
-from core.plan import Plan
+from pipeplan.agents.problem import Problem
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
 
 FloatArray = np.ndarray
 BoolArray = np.ndarray

@@ -104,15 +104,15 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from agents.local_search import polish
-from agents.problem import Problem, ProblemError
-from agents.registry import Planner
-from agents.search import Search
-from core.errors import PipeplanError
-from core.plan import Plan
-from envs import PlacementEnv
-from envs.config import instances_from_config
-from envs.mdp import ACTION_SPACES, GLOBAL_FEATURES, STAGES, global_offset, slot_groups
+from pipeplan.agents.local_search import polish
+from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.envs import PlacementEnv
+from pipeplan.envs.config import instances_from_config
+from pipeplan.envs.mdp import ACTION_SPACES, GLOBAL_FEATURES, STAGES, global_offset, slot_groups
 
 DRIVER_CPUS = 1.0
 """CPUs left to the driver (it runs the learner) when the env runners are counted."""

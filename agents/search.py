@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from agents.problem import HistoryPoint, InfeasibleError, Objective, PlanResult, Problem
-from agents.rewards import Population, Rewards, RewardSource, SimulatedReward
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.costmodel import simulate
-from core.plan import Plan
+from pipeplan.agents.problem import HistoryPoint, InfeasibleError, Objective, PlanResult, Problem
+from pipeplan.agents.rewards import Population, Rewards, RewardSource, SimulatedReward
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
 
 Progress = Callable[[int, float], None]
 """Called after each recorded population: (evaluations so far, best value so far)."""

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from core.costmodel import simulate
-from service.api.app import create_app
-from service.api.calibration_fit import FitPayload, FitWorker, RunDoc, fit_record
-from service.api.settings import Settings
-from service.tasks.observations import document_sha256
+from pipeplan.core.costmodel import simulate
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.calibration_fit import FitPayload, FitWorker, RunDoc, fit_record
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.tasks.observations import document_sha256
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 

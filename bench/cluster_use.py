@@ -36,16 +36,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents import Problem, make_planner
-from agents.rllib_ppo import PPOPlanner
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan, Stage
-from executor.local_cluster import LocalCluster
-from executor.measured_reward import MeasuredReward, disjoint_groups
-from executor.model import ModelSource
-from service.tasks.common import zoo_profile
-from service.tasks.progress import QUIET
+from pipeplan.agents import Problem, make_planner
+from pipeplan.agents.rllib_ppo import PPOPlanner
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_reward import MeasuredReward, disjoint_groups
+from pipeplan.executor.model import ModelSource
+from pipeplan.service.tasks.common import zoo_profile
+from pipeplan.service.tasks.progress import QUIET
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"

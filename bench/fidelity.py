@@ -74,21 +74,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents import Budget, Objective, Problem, make_planner
-from agents.baselines import every_device
-from core.calibration import Calibration
-from core.cluster import ClusterSpec, parse_device_id
-from core.costmodel import Estimate, simulate
-from core.plan import Plan, Schedule, Stage, uniform_stages
-from core.profile import ModelProfile
-from executor.calibrate import Observation, fit, observation_of_run
-from executor.emulation import EMULATED_NOTE, IDLE_PAUSE_S
-from executor.emulation import slowdown as type_slowdown
-from executor.local_cluster import LocalCluster
-from executor.measure import Measurement, relative_error
-from executor.measured_profile import call_sizes, measure_profile
-from executor.model import ModelSource
-from executor.pipeline import RunConfig, run
+from pipeplan.agents import Budget, Objective, Problem, make_planner
+from pipeplan.agents.baselines import every_device
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation, fit, observation_of_run
+from pipeplan.executor.emulation import EMULATED_NOTE, IDLE_PAUSE_S
+from pipeplan.executor.emulation import slowdown as type_slowdown
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measure import Measurement, relative_error
+from pipeplan.executor.measured_profile import call_sizes, measure_profile
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"

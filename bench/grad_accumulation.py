@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from bench.fidelity import CLUSTER, MODELS, model_keys
-from core.cluster import ClusterSpec
-from executor.local.keep_awake import KeepAwake
-from executor.model import timing_loss
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.executor.local.keep_awake import KeepAwake
+from pipeplan.executor.model import timing_loss
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -26,14 +26,14 @@ from typing import Any
 import torch
 
 from bench.fidelity import MODELS, RESULTS
-from core.profile import ModelProfile
-from executor.local.keep_awake import KeepAwake
-from executor.microbatch import Piece
-from executor.model import OptimizerConfig, timing_loss
-from executor.partition import partition
-from executor.pipeline import RunConfig, make_batches
-from executor.stage import Failure, StageWorker, WorkerSpec
-from models.profiler import profile_model
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.local.keep_awake import KeepAwake
+from pipeplan.executor.microbatch import Piece
+from pipeplan.executor.model import OptimizerConfig, timing_loss
+from pipeplan.executor.partition import partition
+from pipeplan.executor.pipeline import RunConfig, make_batches
+from pipeplan.executor.stage import Failure, StageWorker, WorkerSpec
+from pipeplan.models.profiler import profile_model
 
 BOUNDS = (0, 15, 30)
 MICRO, COUNT = 4, 4

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.formats.pipedream import load_pipedream
-from core.profile import LayerTiming, ModelProfile
-from core.tables import layer_costs
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.profile import LayerTiming, ModelProfile
+from pipeplan.core.tables import layer_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("local-hetero", "tapp-paper", "cloud-mix")
@@ -46,7 +46,7 @@ def model_profile(name: str) -> ModelProfile:
         path = ROOT / "tests" / "data" / "pipedream" / f"{model}.graph.txt"
         # PipeDream timed these on a V100-class GPU at minibatch 256
         return load_pipedream(path, 256, "v100", name=name)
-    from models import profiler, zoo
+    from pipeplan.models import profiler, zoo
 
     zname, size, options = ZOO[name]
     module, example = zoo.build(zname, size, **options)

@@ -50,11 +50,11 @@ import ray
 from rich.console import Console
 from rich.table import Table
 
-from core.cluster import ClusterSpec, Link
-from executor.live_cluster import live_nodes
-from executor.local_cluster import LocalCluster
-from executor.pinning import actor_options
-from executor.ring import rounds
+from pipeplan.core.cluster import ClusterSpec, Link
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.pinning import actor_options
+from pipeplan.executor.ring import rounds
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"

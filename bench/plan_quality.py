@@ -57,14 +57,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agents import Budget, Objective, Problem, compare
-from agents.baselines.dp import DPPlanner, explain_gap
-from agents.compare import Entry, run_entry
 from bench.instances import PIPEDREAM, PRESETS, WEIGHT_READS, ZOO, Instance, instances
 from bench.instances import cluster as preset
-from core.batch_eval import BatchEvaluator
-from core.plan import Plan
-from core.tables import layer_costs
+from pipeplan.agents import Budget, Objective, Problem, compare
+from pipeplan.agents.baselines.dp import DPPlanner, explain_gap
+from pipeplan.agents.compare import Entry, run_entry
+from pipeplan.core.batch_eval import BatchEvaluator
+from pipeplan.core.plan import Plan
+from pipeplan.core.tables import layer_costs
 
 RESULTS = Path(__file__).parent / "results"
 Doc = dict[str, Any]
@@ -596,7 +596,7 @@ LEARNED_RATIO, LEARNED_SECONDS = 1.02, 60.0  # the issue's target for tapp and p
 def realistic_instance(model: str, input_size: int, cluster_name: str) -> Instance:
     """``model`` from the zoo at ``input_size``, profiled as ``pipeplan plan --model MODEL
     --input-size N`` profiles it (analytic: FLOPs and sizes, times from device FLOP/s)."""
-    from models import profiler, zoo
+    from pipeplan.models import profiler, zoo
 
     module, example = zoo.build(model, input_size)
     profile = profiler.profile_model(module, example, name=model, device_type=None)
@@ -726,7 +726,7 @@ def realistic(a: argparse.Namespace, console: Console) -> None:
         )
     if a.seeds < 1:
         raise SystemExit(f"--seeds: must be >= 1, got {a.seeds}")
-    from executor import runtime
+    from pipeplan.executor import runtime
 
     ray_error = ""
     uses_ray = any(LEARNED.get(lb, ("",))[0] == "ppo" for lb in labels)

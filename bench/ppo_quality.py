@@ -34,9 +34,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents import InfeasibleError, Objective, ProblemError, make_planner
-from agents.local_search import polish as polish_plan
-from agents.search import Search
 from bench.rl_quality import (
     BRUTE_MAX_SPACE,
     DEFAULT_PPO,
@@ -46,7 +43,10 @@ from bench.rl_quality import (
     parse_case,
     reach,
 )
-from executor import runtime
+from pipeplan.agents import InfeasibleError, Objective, ProblemError, make_planner
+from pipeplan.agents.local_search import polish as polish_plan
+from pipeplan.agents.search import Search
+from pipeplan.executor import runtime
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 0.03

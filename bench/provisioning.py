@@ -34,14 +34,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents.problem import Budget, Objective, Problem
-from agents.provision.rental import kind_of, rental
-from agents.registry import make_planner
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.profile import ModelProfile
-from service.tasks.common import PRESETS_DIR, zoo_profile
-from service.tasks.progress import QUIET
+from pipeplan.agents.problem import Budget, Objective, Problem
+from pipeplan.agents.provision.rental import kind_of, rental
+from pipeplan.agents.registry import make_planner
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.tasks.common import PRESETS_DIR, zoo_profile
+from pipeplan.service.tasks.progress import QUIET
 
 RESULTS = Path(__file__).parent / "results"
 Doc = dict[str, Any]

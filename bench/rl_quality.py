@@ -58,7 +58,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents import (
+from bench.instances import Instance, cluster, model_profile
+from pipeplan.agents import (
     Budget,
     InfeasibleError,
     Objective,
@@ -67,9 +68,8 @@ from agents import (
     ProblemError,
     make_planner,
 )
-from agents.tapp import IterationLog, TAPPConfig
-from bench.instances import Instance, cluster, model_profile
-from executor import runtime
+from pipeplan.agents.tapp import IterationLog, TAPPConfig
+from pipeplan.executor import runtime
 
 RESULTS = Path(__file__).parent / "results"
 THRESHOLDS = (0.05, 0.01)
@@ -439,7 +439,7 @@ def count_plans(seen: list[int], log: IterationLog) -> None:
 
 
 def generalisation(a: argparse.Namespace, genetic_ok: bool, console: Console) -> dict[str, Any]:
-    from agents.tapp import TAPPPlanner, train_policy
+    from pipeplan.agents.tapp import TAPPPlanner, train_policy
 
     train_cluster = cluster(a.train_cluster)
     models = a.train_models.split(",")

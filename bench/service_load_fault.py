@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.service_load_http import RESULT, SPEC, all_events, event_doc, submit_job
 from bench.service_load_server import ServerProcess, job_tokens
-from service.tasks.events import Delivery, EventChannel, EventDeliveryError
+from pipeplan.service.tasks.events import Delivery, EventChannel, EventDeliveryError
 
 DELIVERY = Delivery(first_wait_s=0.05, max_wait_s=0.5, deadline_s=120.0)
 """The job side's backoff in these runs (shorter waits than a job's default, same code)."""

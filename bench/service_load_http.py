@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.api.auth import hash_token, new_job_token
-from service.api.schemas import JobKind, JobState
-from service.api.store import Store
-from service.tasks.events import EventChannel
+from pipeplan.service.api.auth import hash_token, new_job_token
+from pipeplan.service.api.schemas import JobKind, JobState
+from pipeplan.service.api.store import Store
+from pipeplan.service.tasks.events import EventChannel
 
 PROFILE: dict[str, Any] = {
     "name": "tiny",

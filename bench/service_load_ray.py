@@ -24,9 +24,14 @@ import numpy as np
 
 from bench.service_load_http import SPEC
 from bench.service_load_server import TOKEN_ENV, ServerProcess, free_port
-from core.cluster import ClusterSpec, Node
-from executor.local.persistent_cluster import STATE_FILE, is_running, read_state, stop_persistent
-from service.tasks.common import cluster_spec
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.executor.local.persistent_cluster import (
+    STATE_FILE,
+    is_running,
+    read_state,
+    stop_persistent,
+)
+from pipeplan.service.tasks.common import cluster_spec
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 POLL_S = 0.02

@@ -24,9 +24,9 @@ import httpx
 import uvicorn
 from pydantic import SecretStr
 
-from service.api.app import create_app
-from service.api.backend import BackendState, BackendStatus, Submission
-from service.api.settings import Settings
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.backend import BackendState, BackendStatus, Submission
+from pipeplan.service.api.settings import Settings
 
 HOST = "127.0.0.1"
 TOKEN_ENV = "PIPEPLAN_API_TOKEN"

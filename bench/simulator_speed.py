@@ -25,11 +25,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.plan import Schedule
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import LayerProfile, ModelProfile
 
 RESULTS = Path(__file__).parent / "results"
 LAYERS, STAGES, BATCH, MICRO = 50, 4, 64, 8

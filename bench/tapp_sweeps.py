@@ -46,22 +46,22 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from agents import Budget, Objective, Problem, make_planner
-from agents.baselines.every_device import bsp_all
-from agents.problem import ProblemError
 from bench.fidelity import describe
 from bench.tapp_table import CLUSTER, MODELS, OPTIMIZER, pipe_torch
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
-from core.profile import ModelProfile
-from executor.emulation import EMULATED_NOTE, emulated_timings, slowdown
-from executor.local_cluster import LocalCluster
-from executor.measure import Measurement
-from executor.measured_profile import call_sizes
-from executor.model import timing_loss
-from executor.pipeline import RunConfig, run
-from models.profiler import profile_model
+from pipeplan.agents import Budget, Objective, Problem, make_planner
+from pipeplan.agents.baselines.every_device import bsp_all
+from pipeplan.agents.problem import ProblemError
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.emulation import EMULATED_NOTE, emulated_timings, slowdown
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measure import Measurement
+from pipeplan.executor.measured_profile import call_sizes
+from pipeplan.executor.model import timing_loss
+from pipeplan.executor.pipeline import RunConfig, run
+from pipeplan.models.profiler import profile_model
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = ("Planned", "BSP", "Pipe-Torch")

@@ -72,9 +72,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents import Budget, Objective, Problem, make_planner
-from agents.baselines import every_device
-from agents.problem import ProblemError
 from bench.fidelity import (
     BLIND,
     ModelCase,
@@ -88,17 +85,20 @@ from bench.fidelity import (
     stage_breakdown,
     without_updates,
 )
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan, Schedule, Stage
-from core.profile import ModelProfile
-from executor.calibrate import Observation, fit
-from executor.emulation import EMULATED_NOTE
-from executor.local_cluster import LocalCluster
-from executor.measure import Measurement, relative_error
-from executor.measured_profile import measure_profile
-from executor.model import ModelSource, OptimizerConfig
-from executor.pipeline import RunConfig, run
+from pipeplan.agents import Budget, Objective, Problem, make_planner
+from pipeplan.agents.baselines import every_device
+from pipeplan.agents.problem import ProblemError
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation, fit
+from pipeplan.executor.emulation import EMULATED_NOTE
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measure import Measurement, relative_error
+from pipeplan.executor.measured_profile import measure_profile
+from pipeplan.executor.model import ModelSource, OptimizerConfig
+from pipeplan.executor.pipeline import RunConfig, run
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"

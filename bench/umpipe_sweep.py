@@ -47,15 +47,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agents import Budget, Problem
-from agents.compare import Entry, run_entry
 from bench.instances import cluster, weight_reads
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan, Schedule, Stage
-from core.profile import ModelProfile
-from models import profiler, zoo
+from pipeplan.agents import Budget, Problem
+from pipeplan.agents.compare import Entry, run_entry
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models import profiler, zoo
 
 RESULTS = Path(__file__).parent / "results"
 BATCH, SEQUENCE, SEED = 64, 64, 0
@@ -210,11 +210,11 @@ def plot(doc: Doc, path: Path) -> None:
 
 def measure_depths(depths: list[int], evaluations: int, console: Console) -> Doc:
     """Plans of small GPTs on ``local-hetero``, predicted and run there (EMULATED)."""
-    from executor.emulation import EMULATED_NOTE
-    from executor.local_cluster import LocalCluster
-    from executor.measured_profile import measure_profile
-    from executor.model import ModelSource
-    from executor.pipeline import RunConfig, run
+    from pipeplan.executor.emulation import EMULATED_NOTE
+    from pipeplan.executor.local_cluster import LocalCluster
+    from pipeplan.executor.measured_profile import measure_profile
+    from pipeplan.executor.model import ModelSource
+    from pipeplan.executor.pipeline import RunConfig, run
 
     spec = cluster("local-hetero")
     batch = 16

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from bench.fidelity import MODELS, model_keys
-from executor.model import OptimizerConfig
+from pipeplan.executor.model import OptimizerConfig
 
 RESULTS = Path(__file__).parent / "results"
 OPTIMIZERS = {

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from core.errors import FormatError
+from pipeplan.core.errors import FormatError
 
 Doc = Mapping[str, Any]
 

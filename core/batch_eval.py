@@ -14,19 +14,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core import rules
-from core.cluster import ClusterSpec
-from core.errors import PlanError
-from core.objective import SECONDS_PER_HOUR
-from core.plan import Plan, Schedule, Stage
-from core.profile import ModelProfile
-from core.schedules import (
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PlanError
+from pipeplan.core.objective import SECONDS_PER_HOUR
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.schedules import (
     microbatch_count,
     population_warmups,
     stage_orders,
     upstream_microbatch,
 )
-from core.tables import CostTables
+from pipeplan.core.tables import CostTables
 
 IntArray = np.ndarray
 FloatArray = np.ndarray

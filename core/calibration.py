@@ -45,8 +45,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import _io
-from core.errors import FormatError
+from pipeplan.core import _io
+from pipeplan.core.errors import FormatError
 
 MIN_SCALE, MAX_SCALE = 0.1, 10.0
 """Bounds of a compute scale: outside them a fit is wrong, not a cluster."""

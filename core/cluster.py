@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core import _io, rules
-from core.calibration import Calibration
-from core.errors import FormatError
-from core.limits import MAX_DEVICES_PER_NODE, MAX_NODES, check_limit
+from pipeplan.core import _io, rules
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.errors import FormatError
+from pipeplan.core.limits import MAX_DEVICES_PER_NODE, MAX_NODES, check_limit
 
 DeviceId = str
 _ID = re.compile(r"^(?P<node>[^/\s]+)/(?P<type>[^:/\s]+):(?P<index>\d+)$")

@@ -86,13 +86,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core import rules
-from core.cluster import ClusterSpec
-from core.objective import SECONDS_PER_HOUR
-from core.plan import Plan, Schedule
-from core.profile import ModelProfile
-from core.schedules import one_f_one_b_warmups, stage_orders, upstream_microbatch
-from core.tables import CostTables
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.objective import SECONDS_PER_HOUR
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.schedules import one_f_one_b_warmups, stage_orders, upstream_microbatch
+from pipeplan.core.tables import CostTables
 
 EventKind = Literal["F", "B", "send", "grad", "update", "allreduce"]
 

@@ -8,7 +8,7 @@ benchmark showing that the work stays bounded.
 
 from __future__ import annotations
 
-from core.errors import PipeplanError
+from pipeplan.core.errors import PipeplanError
 
 MAX_DEVICES_PER_NODE = 4_096
 MAX_NODES = 4_096

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core import _io
-from core.cluster import ClusterSpec, DeviceId, parse_device_id
-from core.errors import FormatError, PlanError
-from core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, check_limit
-from core.profile import ModelProfile
-from core.schedules import Schedule, microbatch_count, microbatch_samples
+from pipeplan.core import _io
+from pipeplan.core.cluster import ClusterSpec, DeviceId, parse_device_id
+from pipeplan.core.errors import FormatError, PlanError
+from pipeplan.core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, check_limit
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.schedules import Schedule, microbatch_count, microbatch_samples
 
 
 @dataclass(frozen=True)

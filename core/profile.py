@@ -16,9 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from core import _io
-from core.errors import FormatError
-from core.limits import MAX_LAYERS, check_limit
+from pipeplan.core import _io
+from pipeplan.core.errors import FormatError
+from pipeplan.core.limits import MAX_LAYERS, check_limit
 
 OPS: tuple[str, ...] = (
     "conv",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from core.schedules import Schedule
+from pipeplan.core.schedules import Schedule
 
 Quantity = Any
 """A float, a numpy array or a torch tensor: the rules apply element-wise."""

@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from core import rules
-from core.cluster import ClusterSpec, DeviceType
-from core.profile import ModelProfile
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec, DeviceType
+from pipeplan.core.profile import ModelProfile
 
 FloatArray = np.ndarray
 IntArray = np.ndarray

@@ -14,9 +14,9 @@ from typing import Any
 
 import gymnasium
 
-from envs.config import EnvConfigError
-from envs.encoding import WIDTH, encode_profile
-from envs.env import PlacementEnv
+from pipeplan.envs.config import EnvConfigError
+from pipeplan.envs.encoding import WIDTH, encode_profile
+from pipeplan.envs.env import PlacementEnv
 
 ENV_ID = "pipeplan/Placement-v0"
 
@@ -27,6 +27,6 @@ def make_env(config: Mapping[str, Any]) -> PlacementEnv:
 
 
 if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="envs.env:PlacementEnv")
+    gymnasium.register(id=ENV_ID, entry_point="pipeplan.envs.env:PlacementEnv")
 
 __all__ = ["ENV_ID", "WIDTH", "EnvConfigError", "PlacementEnv", "encode_profile", "make_env"]

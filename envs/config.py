@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from core import rules
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.objective import Objective, score
-from core.plan import Schedule
-from core.profile import ModelProfile
-from core.tables import CostTables
-from envs.encoding import encode_profile
-from envs.mdp import ACTION_SPACES, LAYERS, STAGES, Instance
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.objective import Objective, score
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.tables import CostTables
+from pipeplan.envs.encoding import encode_profile
+from pipeplan.envs.mdp import ACTION_SPACES, LAYERS, STAGES, Instance
 
 
 class EnvConfigError(PipeplanError):

@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-from core.profile import OPS, ModelProfile
+from pipeplan.core.profile import OPS, ModelProfile
 
 WIDTH = 32
 """Values per layer."""

@@ -10,9 +10,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from core.costmodel import simulate
-from envs.config import instances_from_config
-from envs.mdp import (
+from pipeplan.core.costmodel import simulate
+from pipeplan.envs.config import instances_from_config
+from pipeplan.envs.mdp import (
     action_mask,
     elite_start,
     exploring_start,

@@ -40,13 +40,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core import rules
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate
-from core.objective import Objective, score
-from core.plan import Plan, Schedule, Stage
-from core.profile import ModelProfile
-from envs.encoding import WIDTH
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.objective import Objective, score
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.envs.encoding import WIDTH
 
 DEVICE_FEATURES = 5
 """Per device: speed, memory left, remaining layers fit, used, holds the open stage."""

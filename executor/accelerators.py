@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from core.cluster import ClusterSpec, Node, parse_device_id
-from executor.errors import ExecutorError
-from executor.live_cluster import LiveNode
+from pipeplan.core.cluster import ClusterSpec, Node, parse_device_id
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import LiveNode
 
 __all__ = [
     "CUDA",

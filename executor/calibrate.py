@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from core import rules
-from core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibration, CallOverhead
-from core.cluster import ClusterSpec, device_id
-from core.costmodel import simulate
-from core.errors import PlanError
-from core.plan import Plan, Schedule, Stage, uniform_stages
-from core.profile import ModelProfile
-from executor.measure import Measurement, relative_error
+from pipeplan.core import rules
+from pipeplan.core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibration, CallOverhead
+from pipeplan.core.cluster import ClusterSpec, device_id
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.measure import Measurement, relative_error
 
 STAGE_WEIGHT = 0.5
 """Weight of a stage's per-call residuals beside a batch time's (1)."""

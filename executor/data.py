@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
-from core.errors import PipeplanError
-from executor.model import Batch
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.model import Batch
 
 
 def digits(input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from core.cluster import ClusterSpec, parse_device_id
-from core.errors import PipeplanError, PlanError
-from core.profile import LayerTiming, ModelProfile
-from models.layer_timing import Clock
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.errors import PipeplanError, PlanError
+from pipeplan.core.profile import LayerTiming, ModelProfile
+from pipeplan.models.layer_timing import Clock
 
 __all__ = [
     "EMULATED_NOTE",

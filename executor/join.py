@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.cluster import ClusterSpec, Node
-from core.errors import PipeplanError
-from executor import runtime
-from executor.accelerators import check_machine
-from executor.errors import ExecutorError
-from executor.live_cluster import node_resources
-from executor.local.persistent_cluster import (
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor import runtime
+from pipeplan.executor.accelerators import check_machine
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import node_resources
+from pipeplan.executor.local.persistent_cluster import (
     ProcessRecord,
     any_alive,
     default_state_dir,

@@ -15,9 +15,9 @@ from typing import Any
 
 import ray
 
-from core.cluster import ClusterSpec, DeviceType, Network, Node
-from executor import runtime
-from executor.errors import ExecutorError
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Network, Node
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
 
 __all__ = [
     "DEFAULT_FLOPS",

@@ -21,13 +21,13 @@ from typing import Any
 
 from ray.cluster_utils import Cluster
 
-from core.cluster import ClusterSpec, Node
-from core.errors import PipeplanError
-from executor import runtime
-from executor.emulation import is_emulated, slowdown
-from executor.errors import ExecutorError
-from executor.live_cluster import node_resources
-from executor.local.keep_awake import KeepAwake
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor import runtime
+from pipeplan.executor.emulation import is_emulated, slowdown
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import node_resources
+from pipeplan.executor.local.keep_awake import KeepAwake
 
 __all__ = ["LocalCluster"]
 

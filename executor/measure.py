@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from core.costmodel import Estimate
-from core.plan import Plan
-from executor import metrics
-from executor.emulation import EMULATED_NOTE
-from executor.microbatch import Layout
-from executor.stage import OpRecord
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.plan import Plan
+from pipeplan.executor import metrics
+from pipeplan.executor.emulation import EMULATED_NOTE
+from pipeplan.executor.microbatch import Layout
+from pipeplan.executor.stage import OpRecord
 
 
 @dataclass(frozen=True)

@@ -63,17 +63,23 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from core.cluster import ClusterSpec, device_id
-from core.errors import PipeplanError
-from core.profile import LayerTiming, ModelProfile
-from executor.accelerators import accelerator_of, accelerators, check_nodes, local_device
-from executor.emulation import is_real, profile_clock, profile_pause, scaled_timings, slowdown
-from executor.errors import ExecutorError, ExecutorTimeoutError
-from executor.live_cluster import LiveNode, live_nodes
-from executor.model import ModelSource, timing_loss
-from executor.pinning import actor_options
-from models.layer_timing import Clock
-from models.profiler import profile_model
+from pipeplan.core.cluster import ClusterSpec, device_id
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import LayerTiming, ModelProfile
+from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes, local_device
+from pipeplan.executor.emulation import (
+    is_real,
+    profile_clock,
+    profile_pause,
+    scaled_timings,
+    slowdown,
+)
+from pipeplan.executor.errors import ExecutorError, ExecutorTimeoutError
+from pipeplan.executor.live_cluster import LiveNode, live_nodes
+from pipeplan.executor.model import ModelSource, timing_loss
+from pipeplan.executor.pinning import actor_options
+from pipeplan.models.layer_timing import Clock
+from pipeplan.models.profiler import profile_model
 
 __all__ = [
     "MeasureOn",

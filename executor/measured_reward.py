@@ -60,20 +60,20 @@ from types import TracebackType
 
 import numpy as np
 
-from agents.problem import Problem
-from agents.rewards import Rewards, plans_of
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate, simulate
-from core.errors import PipeplanError
-from core.plan import Plan
-from executor import metrics, runtime
-from executor.emulation import is_emulated
-from executor.errors import ExecutorError
-from executor.measure import Measurement, publish_errors
-from executor.model import Batch, ModelSource
-from executor.pinning import check_shares
-from executor.pipeline import Pipeline, RunConfig, make_batches
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.rewards import Rewards, plans_of
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.executor import metrics, runtime
+from pipeplan.executor.emulation import is_emulated
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.measure import Measurement, publish_errors
+from pipeplan.executor.model import Batch, ModelSource
+from pipeplan.executor.pinning import check_shares
+from pipeplan.executor.pipeline import Pipeline, RunConfig, make_batches
 
 
 @dataclass(frozen=True)

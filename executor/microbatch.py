@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core import rules
-from core.schedules import microbatch_count, microbatch_samples
+from pipeplan.core import rules
+from pipeplan.core.schedules import microbatch_count, microbatch_samples
 
 Span = tuple[int, int]
 """Samples ``[lo, hi)`` of the global batch."""

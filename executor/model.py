@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import PipeplanError
-from models import zoo
+from pipeplan.core.errors import PipeplanError
+from pipeplan.models import zoo
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 """``(inputs, labels)`` of one global batch."""

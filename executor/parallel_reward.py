@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from agents.problem import Problem
-from agents.rewards import Rewards, simulated_rewards
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.errors import PipeplanError
-from executor import runtime
-from executor.errors import ExecutorError
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.rewards import Rewards, simulated_rewards
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
 
 
 class WorkerError(ExecutorError):

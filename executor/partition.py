@@ -30,8 +30,8 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-from core.errors import PipeplanError, PlanError
-from models.fx_layers import layer_of_nodes, trace
+from pipeplan.core.errors import PipeplanError, PlanError
+from pipeplan.models.fx_layers import layer_of_nodes, trace
 
 ValueKind = Literal["batched", "shared", "constant"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from executor.microbatch import Piece
-from executor.partition import ValueKind
+from pipeplan.executor.microbatch import Piece
+from pipeplan.executor.partition import ValueKind
 
 Payload = dict[str, Any]
 """``{value name: numpy array}`` (or a constant) sent from one operation to another."""

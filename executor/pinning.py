@@ -18,11 +18,11 @@ from typing import Any
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from core.cluster import parse_device_id
-from core.errors import PlanError
-from core.plan import Plan
-from executor.accelerators import CUDA
-from executor.live_cluster import LiveNode, device_resource, node_resource
+from pipeplan.core.cluster import parse_device_id
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan
+from pipeplan.executor.accelerators import CUDA
+from pipeplan.executor.live_cluster import LiveNode, device_resource, node_resource
 
 MARKER_SHARE = 0.001
 """How much of a node marker one actor asks for (so up to 1000 actors fit on a node)."""

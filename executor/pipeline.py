@@ -42,24 +42,24 @@ import numpy as np
 import ray
 import torch
 
-from core.cluster import ClusterSpec, parse_device_id
-from core.errors import PlanError
-from core.plan import Plan
-from core.schedules import microbatch_count
-from executor import metrics, runtime
-from executor.accelerators import accelerator_of, accelerators, check_nodes
-from executor.data import digits_batches, synthetic_batches
-from executor.emulation import device_slowdowns
-from executor.errors import ExecutorError
-from executor.live_cluster import LiveNode, live_nodes
-from executor.measure import Measurement, Placement, StepResult, summarise, transfers
-from executor.microbatch import Layout
-from executor.model import Batch, ModelSource, OptimizerConfig
-from executor.partition import partition
-from executor.pinning import actor_options, busy_devices, check_feasible, check_shares
-from executor.stage import StageWorker, WorkerSpec
-from executor.submit import Ref, WorkerHandle, submit_step
-from executor.waiting import wait_all
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan
+from pipeplan.core.schedules import microbatch_count
+from pipeplan.executor import metrics, runtime
+from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes
+from pipeplan.executor.data import digits_batches, synthetic_batches
+from pipeplan.executor.emulation import device_slowdowns
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import LiveNode, live_nodes
+from pipeplan.executor.measure import Measurement, Placement, StepResult, summarise, transfers
+from pipeplan.executor.microbatch import Layout
+from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
+from pipeplan.executor.partition import partition
+from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
+from pipeplan.executor.stage import StageWorker, WorkerSpec
+from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
+from pipeplan.executor.waiting import wait_all
 
 _Actor = ray.remote(StageWorker)
 

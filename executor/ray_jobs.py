@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from executor.errors import ExecutorError
+from pipeplan.executor.errors import ExecutorError
 
 __all__ = ["JobInfo", "RayJobs", "RayJobsError", "ray_token"]
 

@@ -39,7 +39,7 @@ from ray._private.state import available_resources_per_node
 from ray.cluster_utils import Cluster
 from ray.exceptions import AuthenticationError
 
-from executor.errors import ExecutorError
+from pipeplan.executor.errors import ExecutorError
 
 __all__ = [
     "LOOPBACK_ENV",

@@ -64,22 +64,22 @@ import numpy as np
 import ray
 import torch
 
-from core.cluster import parse_device_id
-from executor import metrics
-from executor.accelerators import local_device, synchronize
-from executor.emulation import emulation_sleep
-from executor.errors import StageFailedError
-from executor.microbatch import Piece
-from executor.model import (
+from pipeplan.core.cluster import parse_device_id
+from pipeplan.executor import metrics
+from pipeplan.executor.accelerators import local_device, synchronize
+from pipeplan.executor.emulation import emulation_sleep
+from pipeplan.executor.errors import StageFailedError
+from pipeplan.executor.microbatch import Piece
+from pipeplan.executor.model import (
     ModelSource,
     OptimizerConfig,
     batch_loss,
     disable_dropout,
     loss_terms,
 )
-from executor.partition import ValueKind, fetch_attr, partition
-from executor.payloads import Payload, gather, gather_gradients, numpy_dtype, to_numpy
-from executor.ring import RingState
+from pipeplan.executor.partition import ValueKind, fetch_attr, partition
+from pipeplan.executor.payloads import Payload, gather, gather_gradients, numpy_dtype, to_numpy
+from pipeplan.executor.ring import RingState
 
 OpKind = Literal["F", "B", "G", "U"]
 Key = tuple[int, int]  # (step, microbatch)

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.plan import Plan
-from core.schedules import stage_orders
-from executor.errors import ExecutorError
-from executor.microbatch import Layout, Piece
-from executor.ring import rounds
-from executor.stage import WorkerInfo, WorkerSpec
+from pipeplan.core.plan import Plan
+from pipeplan.core.schedules import stage_orders
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.microbatch import Layout, Piece
+from pipeplan.executor.ring import rounds
+from pipeplan.executor.stage import WorkerInfo, WorkerSpec
 
 Ref = Any  # ray.ObjectRef
 OpKey = tuple[int, int, int]  # stage, microbatch, replica

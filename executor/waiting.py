@@ -16,9 +16,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from executor.errors import ExecutorTimeoutError, StageFailedError
-from executor.stage import Failure
-from executor.submit import Ref, WorkerHandle
+from pipeplan.executor.errors import ExecutorTimeoutError, StageFailedError
+from pipeplan.executor.stage import Failure
+from pipeplan.executor.submit import Ref, WorkerHandle
 
 
 def wait_all(

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from torch import fx, nn
 
-from core.errors import PipeplanError
+from pipeplan.core.errors import PipeplanError
 
 Node = fx.Node
 Assignment = dict[Node, int]

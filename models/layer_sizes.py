@@ -23,8 +23,8 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
-from core.profile import LayerProfile
-from models.fx_layers import (
+from pipeplan.core.profile import LayerProfile
+from pipeplan.models.fx_layers import (
     Assignment,
     Node,
     assign_layers,

@@ -40,9 +40,9 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
-from core.errors import PipeplanError
-from core.profile import LayerTiming
-from models.fx_layers import (
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import LayerTiming
+from pipeplan.models.fx_layers import (
     Assignment,
     Node,
     assign_layers,

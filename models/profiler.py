@@ -26,11 +26,11 @@ import torch
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from core.errors import PipeplanError
-from core.profile import ModelProfile
-from models.fx_layers import trace
-from models.layer_sizes import analytic_layers
-from models.layer_timing import Clock, Loss, check_one_output, measure_timings
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models.fx_layers import trace
+from pipeplan.models.layer_sizes import analytic_layers
+from pipeplan.models.layer_timing import Clock, Loss, check_one_output, measure_timings
 
 
 @contextmanager

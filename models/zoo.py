@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from core.errors import PipeplanError
+from pipeplan.core.errors import PipeplanError
 
 Builder = Callable[..., nn.Module]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from agents.compare import Row, describe
-from agents.problem import Objective, PlanResult, Problem
+from pipeplan.agents.compare import Row, describe
+from pipeplan.agents.problem import Objective, PlanResult, Problem
 
 
 def draw_curve(result: PlanResult, problem: Problem, path: Path) -> None:

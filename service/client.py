@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from service.api.schemas import ENDING_EVENTS, Event, Job, JobKind, JobPage, JobState
-from service.api.settings import config_dir
+from pipeplan.service.api.schemas import ENDING_EVENTS, Event, Job, JobKind, JobPage, JobState
+from pipeplan.service.api.settings import config_dir
 
 DEFAULT_SERVER = "http://127.0.0.1:8321"
 TIMEOUT_S = 30.0

@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from core.costmodel import Estimate
+from pipeplan.core.costmodel import Estimate
 
 COLOURS = {
     "F": "#4C72B0",

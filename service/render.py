@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from agents.compare import Row, describe, exact_reference, ratios
-from agents.problem import Objective, Problem
-from core.costmodel import Estimate
-from service.tasks.plan import Planned
+from pipeplan.agents.compare import Row, describe, exact_reference, ratios
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.core.costmodel import Estimate
+from pipeplan.service.tasks.plan import Planned
 
 NOTE_WIDTH = 48
 """Of the comparison table's note column."""

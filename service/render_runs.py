@@ -8,10 +8,10 @@ from typing import Any
 
 from rich.table import Table
 
-from core.plan import Plan
-from executor.measure import Comparison, relative_error
-from executor.measured_reward import plan_key
-from service.tasks.demo import REFERENCE, Demo, DemoRow
+from pipeplan.core.plan import Plan
+from pipeplan.executor.measure import Comparison, relative_error
+from pipeplan.executor.measured_reward import plan_key
+from pipeplan.service.tasks.demo import REFERENCE, Demo, DemoRow
 
 
 def pct(predicted: float, measured: float) -> str:

@@ -5,10 +5,10 @@ model's own answers under ``TRUTH``, so a fit has an exact answer to find."""
 
 from __future__ import annotations
 
-from core.calibration import Calibration, CallOverhead
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.calibration import Calibration, CallOverhead
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 
 TRUTH = Calibration(
     compute_scale={"slow": 1.3},  # only slow is costed by FLOPs: only its scale is fitted

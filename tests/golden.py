@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from agents import Budget, Problem, make_planner
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
-from core.profile import ModelProfile
-from envs.env import PlacementEnv
+from pipeplan.agents import Budget, Problem, make_planner
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.envs.env import PlacementEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "golden"
@@ -183,7 +183,7 @@ def compute() -> dict[str, Any]:
 def write_inputs() -> None:
     """The profiles the golden answers are computed on (the profiler's output, kept)."""
     from bench.instances import model_profile
-    from models import profiler, zoo
+    from pipeplan.models import profiler, zoo
 
     DATA.mkdir(parents=True, exist_ok=True)
     module, example = zoo.build("alexnet", 64)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +34,11 @@ def _files() -> Iterator[Path]:
 
 
 def _module_name(path: Path) -> str:
+    """The installed name: ``core/costmodel.py`` is ``pipeplan.core.costmodel``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join(["pipeplan", *parts])
 
 
 def _imports(path: Path) -> Iterator[tuple[str, ast.AST, bool]]:
@@ -69,7 +71,12 @@ def _imports(path: Path) -> Iterator[tuple[str, ast.AST, bool]]:
 
 
 def _top(module: str) -> str:
-    return module.split(".", 1)[0]
+    """The top-level name, with the project's packages by their folder: ``pipeplan.core.x``
+    is ``core``."""
+    parts = module.split(".")
+    if parts[0] == "pipeplan" and len(parts) > 1:
+        return parts[1]
+    return parts[0]
 
 
 def test_core_imports_neither_torch_nor_ray_nor_the_project() -> None:
@@ -161,3 +168,19 @@ def test_no_import_cycle_between_files() -> None:
 )
 def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]], has_cycle: bool) -> None:
     assert (_cycle(graph) is not None) is has_cycle
+
+
+def test_every_package_folder_is_installed_under_pipeplan() -> None:
+    """``pyproject.toml`` lists the packages by their ``pipeplan.`` names (setuptools'
+    package-dir maps them onto the top-level folders): a new folder must be listed, or an
+    installed pipeplan would lack it."""
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        _module_name(p.parent / "__init__.py")
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("__init__.py")
+    }
+    assert folders | {"pipeplan"} == listed

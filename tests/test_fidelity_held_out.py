@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench.fidelity import HELD_OUT, Observed, Result, held_out, profile_noise
-from core.costmodel import simulate
+from pipeplan.core.costmodel import simulate
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.executor.test_calibrate import observe
 

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from bench.idle_slowdown import COUNT, checked, run
-from executor.errors import StageFailedError
-from executor.stage import Failure
+from pipeplan.executor.errors import StageFailedError
+from pipeplan.executor.stage import Failure
 
 
 def test_one_measured_step_gives_a_ratio_per_operation() -> None:

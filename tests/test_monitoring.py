@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from ray._private.ray_constants import PROMETHEUS_SERVICE_DISCOVERY_FILE
 
-from executor import metrics
-from service.api.app import create_app
+from pipeplan.executor import metrics
+from pipeplan.service.api.app import create_app
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,9 @@ from bench.tapp_table import (
     plan_with,
     planning_spec,
 )
-from core.calibration import Calibration
-from core.costmodel import simulate
-from core.plan import Plan, Stage
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage
 from tests.calibration_cases import cluster, profile
 from tests.executor.test_calibrate import heavy, observe
 

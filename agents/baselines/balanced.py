@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.baselines.common import devices_fastest_first, population
-from agents.problem import Problem
-from agents.registry import Planner
-from agents.search import Search
+from pipeplan.agents.baselines.common import devices_fastest_first, population
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
 
 
 class BalancedPlanner(Planner):

@@ -36,16 +36,16 @@ import optuna
 import torch
 from optuna.distributions import FloatDistribution
 
-from agents.baselines.genetic.context import Context, GeneticConfig, violation
-from agents.baselines.genetic.genome import Genomes, decode
-from agents.baselines.genetic.islands import stage_range
-from agents.baselines.genetic.operators import repair
-from agents.baselines.genetic.seeds import candidates
-from agents.problem import Objective, Problem, ProblemError
-from agents.registry import Planner
-from agents.search import Search
-from core.batch_eval import PlanBatch
-from core.objective import COST_TIE_WEIGHT
+from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig, violation
+from pipeplan.agents.baselines.genetic.genome import Genomes, decode
+from pipeplan.agents.baselines.genetic.islands import stage_range
+from pipeplan.agents.baselines.genetic.operators import repair
+from pipeplan.agents.baselines.genetic.seeds import candidates
+from pipeplan.agents.problem import Objective, Problem, ProblemError
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.objective import COST_TIE_WEIGHT
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,11 @@ from itertools import combinations, product
 
 import numpy as np
 
-from agents.problem import Problem, ProblemError
-from agents.registry import Planner
-from agents.search import Search
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
+from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
 
 IntArray = np.ndarray
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
 
 
 def devices_fastest_first(cluster: ClusterSpec) -> list[int]:

@@ -25,11 +25,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-from agents.baselines.common import devices_fastest_first, population
-from agents.problem import Objective, Problem
-from agents.registry import Planner
-from agents.search import Search
-from core.cluster import ClusterSpec
+from pipeplan.agents.baselines.common import devices_fastest_first, population
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.cluster import ClusterSpec
 
 CHUNK = 256  # device sets per population
 

@@ -42,17 +42,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.baselines.brute import DeviceClass, device_classes
-from agents.baselines.dp_table import BottleneckDP, Candidate, DPConfig, StageModel
-from agents.problem import InfeasibleError, Objective, Problem
-from agents.registry import Planner
-from agents.search import Search
-from core import rules
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec, Link
-from core.costmodel import simulate
-from core.plan import Plan
-from core.profile import ModelProfile
+from pipeplan.agents.baselines.brute import DeviceClass, device_classes
+from pipeplan.agents.baselines.dp_table import BottleneckDP, Candidate, DPConfig, StageModel
+from pipeplan.agents.problem import InfeasibleError, Objective, Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core import rules
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.cluster import ClusterSpec, Link
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
 
 
 def bottleneck(

@@ -30,10 +30,10 @@ from itertools import product
 
 import numpy as np
 
-from agents.baselines.brute import device_classes
-from agents.problem import Problem, ProblemError
-from core import rules
-from core.tables import INTER, INTRA, CostTables
+from pipeplan.agents.baselines.brute import device_classes
+from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.core import rules
+from pipeplan.core.tables import INTER, INTRA, CostTables
 
 FloatArray = np.ndarray
 

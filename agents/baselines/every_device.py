@@ -14,10 +14,10 @@ when no such plan fits in memory.
 
 from __future__ import annotations
 
-from agents.baselines.common import devices_fastest_first
-from agents.problem import InfeasibleError, Problem
-from core.costmodel import simulate
-from core.plan import Plan, Stage, uniform_stages
+from pipeplan.agents.baselines.common import devices_fastest_first
+from pipeplan.agents.problem import InfeasibleError, Problem
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage, uniform_stages
 
 
 def bsp_all(problem: Problem) -> Plan:

@@ -42,14 +42,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from agents.baselines.common import devices_fastest_first, population
-from agents.problem import Objective, Problem
-from agents.registry import Planner
-from agents.search import Search
-from core import rules
-from core.cluster import ClusterSpec
-from core.profile import ModelProfile
-from core.tables import CostTables
+from pipeplan.agents.baselines.common import devices_fastest_first, population
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.tables import CostTables
 
 FOLLOWERS = frozenset({"relu", "pool", "pad", "norm", "dropout", "add", "concat", "flatten"})
 

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from agents.problem import Objective, Problem, ProblemError
-from agents.registry import Planner
-from agents.search import Search
-from core import rules
-from core.batch_eval import PlanBatch
+from pipeplan.agents.problem import Objective, Problem, ProblemError
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core import rules
+from pipeplan.core.batch_eval import PlanBatch
 
 FloatArray = np.ndarray
 

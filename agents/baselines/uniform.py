@@ -4,11 +4,11 @@ allowed microbatch size, and keeps the best for the objective."""
 
 from __future__ import annotations
 
-from agents.baselines.common import devices_fastest_first, population
-from agents.problem import Problem
-from agents.registry import Planner
-from agents.search import Search
-from core.plan import uniform_stages
+from pipeplan.agents.baselines.common import devices_fastest_first, population
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.plan import uniform_stages
 
 
 class UniformPlanner(Planner):

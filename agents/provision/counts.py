@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.problem import Objective, Problem
-from agents.provision.exact import Found
-from agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.agents.provision.exact import Found
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
 
 
 def best_counts(

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.problem import InfeasibleError, Objective, Problem
-from agents.provision.counts import best_counts
-from agents.provision.exact import Found, evaluate_found
-from agents.provision.kinds import Catalogue, StageCosts
-from agents.registry import Planner
-from agents.search import Search
+from pipeplan.agents.problem import InfeasibleError, Objective, Problem
+from pipeplan.agents.provision.counts import best_counts
+from pipeplan.agents.provision.exact import Found, evaluate_found
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
 
 
 @dataclass(frozen=True)

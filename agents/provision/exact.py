@@ -33,13 +33,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agents.problem import InfeasibleError, Objective, Problem, ProblemError
-from agents.provision.kinds import Catalogue, StageCosts
-from agents.registry import Planner
-from agents.search import Search
-from core.batch_eval import PlanBatch
-from core.plan import Schedule
-from core.tables import CostTables
+from pipeplan.agents.problem import InfeasibleError, Objective, Problem, ProblemError
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.plan import Schedule
+from pipeplan.core.tables import CostTables
 
 Stage = tuple[int, int]  # (option, nodes)
 REPAIRS = 16

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.baselines.genetic import GeneticConfig
-from agents.baselines.genetic import GeneticPlanner as DeviceGeneticPlanner
-from agents.problem import Objective, Problem
-from agents.provision.counts import best_counts
-from agents.provision.exact import Found, found_batch
-from agents.provision.kinds import Catalogue, StageCosts
-from agents.search import Search
-from core.tables import CostTables
+from pipeplan.agents.baselines.genetic import GeneticConfig
+from pipeplan.agents.baselines.genetic import GeneticPlanner as DeviceGeneticPlanner
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.agents.provision.counts import best_counts
+from pipeplan.agents.provision.exact import Found, found_batch
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.search import Search
+from pipeplan.core.tables import CostTables
 
 SLACK = (1.0, 1.6)
 """Range of the factor by which a recount raises the throughput target (uniform)."""

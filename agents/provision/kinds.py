@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.problem import Problem
-from agents.provision.rental import kind_of
-from core import rules
-from core.cluster import ClusterSpec
-from core.tables import INTER, INTRA, CostTables
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.provision.rental import kind_of
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.tables import INTER, INTRA, CostTables
 
 FloatArray = np.ndarray
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.cluster import ClusterSpec, Node
-from core.costmodel import Estimate
-from core.plan import Plan
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.plan import Plan
 
 
 def kind_of(node: Node) -> str:

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from agents.problem import Objective, Problem
-from agents.provision.counts import best_counts
-from agents.provision.exact import Found, found_batch
-from agents.provision.kinds import Catalogue, StageCosts
-from agents.registry import Planner
-from agents.search import Search
+from pipeplan.agents.problem import Objective, Problem
+from pipeplan.agents.provision.counts import best_counts
+from pipeplan.agents.provision.exact import Found, found_batch
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
 
 STAY_INIT = 3.0
 """Initial pull of a layer towards the previous layer's option (learned)."""

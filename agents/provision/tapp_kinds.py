@@ -36,13 +36,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from agents.baselines.genetic import GeneticConfig
-from agents.problem import Problem
-from agents.provision.genetic_kinds import KindGenetic, KindPlan, is_catalogue
-from agents.provision.rl import layer_features
-from agents.search import Search
-from agents.tapp import TAPPConfig
-from agents.tapp import TAPPPlanner as DeviceTAPPPlanner
+from pipeplan.agents.baselines.genetic import GeneticConfig
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.provision.genetic_kinds import KindGenetic, KindPlan, is_catalogue
+from pipeplan.agents.provision.rl import layer_features
+from pipeplan.agents.search import Search
+from pipeplan.agents.tapp import TAPPConfig
+from pipeplan.agents.tapp import TAPPPlanner as DeviceTAPPPlanner
 
 SLACKS = (1.0, 1.1, 1.25, 1.5)
 """Factors on the throughput target the counts are chosen for (the bound leaves out fill)."""

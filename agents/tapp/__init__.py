@@ -4,11 +4,11 @@ Torch is imported with this package. Plans are valued by the planner's reward so
 (:mod:`agents.rewards`), handed to it by whoever builds the planner.
 """
 
-from agents.tapp.features import PlanContext, make_context
-from agents.tapp.nets import TAPPPolicy
-from agents.tapp.planner import TAPPPlanner
-from agents.tapp.sampling import Sample, sample_plans
-from agents.tapp.trainer import IterationLog, TAPPConfig, train, train_policy
+from pipeplan.agents.tapp.features import PlanContext, make_context
+from pipeplan.agents.tapp.nets import TAPPPolicy
+from pipeplan.agents.tapp.planner import TAPPPlanner
+from pipeplan.agents.tapp.sampling import Sample, sample_plans
+from pipeplan.agents.tapp.trainer import IterationLog, TAPPConfig, train, train_policy
 
 __all__ = [
     "IterationLog",

@@ -38,12 +38,18 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from core import rules
-from core.cluster import ClusterSpec, DeviceType
-from core.plan import Schedule
-from core.profile import ModelProfile
-from core.tables import INTER, INTRA, CostTables
-from envs.encoding import ACTIVATION_SLICE, FLOPS_SLICE, PARAMS_SLICE, WIDTH, encode_profile
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec, DeviceType
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.core.tables import INTER, INTRA, CostTables
+from pipeplan.envs.encoding import (
+    ACTIVATION_SLICE,
+    FLOPS_SLICE,
+    PARAMS_SLICE,
+    WIDTH,
+    encode_profile,
+)
 
 FEEDS = 8
 """Width of a group's "groups it feeds" one-hot: slot k = feeds group g+1+k (relative)."""

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from agents.tapp.features import (
+from pipeplan.agents.tapp.features import (
     KEY_IN,
     LAYER_IN,
     MICROBATCH_IN,

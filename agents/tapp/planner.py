@@ -22,12 +22,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agents.problem import Problem
-from agents.registry import Planner
-from agents.rewards import RewardSource
-from agents.search import Search
-from agents.tapp.nets import TAPPPolicy
-from agents.tapp.trainer import OnIteration, TAPPConfig, Task, new_policy, problem_context, train
+from pipeplan.agents.problem import Problem
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.rewards import RewardSource
+from pipeplan.agents.search import Search
+from pipeplan.agents.tapp.nets import TAPPPolicy
+from pipeplan.agents.tapp.trainer import (
+    OnIteration,
+    TAPPConfig,
+    Task,
+    new_policy,
+    problem_context,
+    train,
+)
 
 
 class TAPPPlanner(Planner):

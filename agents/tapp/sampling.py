@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from agents.tapp.features import (
+from pipeplan.agents.tapp.features import (
     GroupTables,
     PlanContext,
     allocation_inputs,
@@ -58,8 +58,8 @@ from agents.tapp.features import (
     replica_keys,
     stage_size_inputs,
 )
-from agents.tapp.nets import TAPPPolicy
-from core.plan import Plan, Stage
+from pipeplan.agents.tapp.nets import TAPPPolicy
+from pipeplan.core.plan import Plan, Stage
 
 KEEP_SHARED = 0.9
 """A fresh policy's probability that a stage keeps the shared microbatch size."""

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agents.problem import Budget, Objective, Problem, ProblemError
-from agents.search import Search
-from agents.tapp.features import PlanContext, make_context
-from agents.tapp.nets import TAPPPolicy
-from agents.tapp.sampling import Sample, sample_plans
-from core.cluster import ClusterSpec
-from core.plan import Plan, Schedule
-from core.profile import ModelProfile
+from pipeplan.agents.problem import Budget, Objective, Problem, ProblemError
+from pipeplan.agents.search import Search
+from pipeplan.agents.tapp.features import PlanContext, make_context
+from pipeplan.agents.tapp.nets import TAPPPolicy
+from pipeplan.agents.tapp.sampling import Sample, sample_plans
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.profile import ModelProfile
 
 
 @dataclass(frozen=True)

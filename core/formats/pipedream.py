@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.errors import FormatError
-from core.formats.pipedream_graph import PipeDreamNode, read_graph, topological_order
-from core.formats.pipedream_ops import BYTES_PER_FLOAT, layer_flops, op_kind
-from core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.errors import FormatError
+from pipeplan.core.formats.pipedream_graph import PipeDreamNode, read_graph, topological_order
+from pipeplan.core.formats.pipedream_ops import BYTES_PER_FLOAT, layer_flops, op_kind
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 
 
 def load_pipedream(

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.errors import FormatError
+from pipeplan.core.errors import FormatError
 
 _NODE = re.compile(
     r"^(?P<id>\S+) -- (?P<desc>.+?) -- (?P<meta>forward_compute_time=.*?)"

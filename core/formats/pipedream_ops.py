@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from core.errors import FormatError
+from pipeplan.core.errors import FormatError
 
 BYTES_PER_FLOAT = 4
 

@@ -14,7 +14,7 @@ import sys
 
 from ray.scripts.scripts import main
 
-from executor import runtime
+from pipeplan.executor import runtime
 
 if __name__ == "__main__":
     runtime.keep_given_node_ip()

@@ -29,10 +29,10 @@ import ray  # noqa: F401  (importing Ray puts its bundled psutil on the path)
 # isort: split
 import psutil
 
-from core.cluster import ClusterSpec, Node
-from executor import runtime
-from executor.errors import ExecutorError
-from executor.live_cluster import node_resources
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import node_resources
 
 STATE_FILE = "cluster.json"
 
@@ -85,7 +85,7 @@ def _ray_exe() -> str:
 def ray_start_command() -> list[str]:
     """``ray start`` through :mod:`executor.local.loopback_ray_start`, which keeps 127.0.0.1
     as given."""
-    return [sys.executable, "-m", "executor.local.loopback_ray_start", "start"]
+    return [sys.executable, "-m", "pipeplan.executor.local.loopback_ray_start", "start"]
 
 
 def _node_command(

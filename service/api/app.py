@@ -26,19 +26,19 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from core.errors import PipeplanError
-from service.api.backend import BackendState, JobsBackend
-from service.api.calibration import Calibrator
-from service.api.calibration_fit import FitWorker
-from service.api.deps import AppContext
-from service.api.metrics import Metrics, MetricsMiddleware
-from service.api.ray_jobs import RayJobsBackend
-from service.api.routes import catalog, dashboard, events, health, jobs, metrics, simulate
-from service.api.schemas import Job, JobState
-from service.api.settings import Settings, get_settings, resolve_token
-from service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
-from service.api.validation import BodyLimit, one_line
-from service.web import STATIC_DIR
+from pipeplan.core.errors import PipeplanError
+from pipeplan.service.api.backend import BackendState, JobsBackend
+from pipeplan.service.api.calibration import Calibrator
+from pipeplan.service.api.calibration_fit import FitWorker
+from pipeplan.service.api.deps import AppContext
+from pipeplan.service.api.metrics import Metrics, MetricsMiddleware
+from pipeplan.service.api.ray_jobs import RayJobsBackend
+from pipeplan.service.api.routes import catalog, dashboard, events, health, jobs, metrics, simulate
+from pipeplan.service.api.schemas import Job, JobState
+from pipeplan.service.api.settings import Settings, get_settings, resolve_token
+from pipeplan.service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
+from pipeplan.service.api.validation import BodyLimit, one_line
+from pipeplan.service.web import STATIC_DIR
 
 log = logging.getLogger("pipeplan.service")
 

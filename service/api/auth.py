@@ -26,7 +26,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import ContextDep, StoreDep
+from pipeplan.service.api.deps import ContextDep, StoreDep
 
 bearer = HTTPBearer(auto_error=False, description="The API token (or a job's own token)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]

@@ -29,14 +29,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from core.calibration import Calibration
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.plan import Plan
-from core.profile import ModelProfile
-from service.api.calibration_fit import MIN_RUNS as MIN_RUNS
-from service.api.calibration_fit import FitPayload, FitWorker, RunDoc
-from service.api.schemas import (
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.api.calibration_fit import MIN_RUNS as MIN_RUNS
+from pipeplan.service.api.calibration_fit import FitPayload, FitWorker, RunDoc
+from pipeplan.service.api.schemas import (
     ClusterCalibration,
     EventIn,
     EventType,
@@ -44,10 +44,14 @@ from service.api.schemas import (
     JobCreate,
     JobKind,
 )
-from service.api.store import CalibrationRecord, ObservationRow, Store, StoredObservation
-from service.api.validation import check_cluster_limits, check_plan_limits, check_profile_limits
-from service.tasks.common import RequestError, cluster_spec, presets
-from service.tasks.observations import OBSERVATION_KEY, document_sha256, spec_sha256
+from pipeplan.service.api.store import CalibrationRecord, ObservationRow, Store, StoredObservation
+from pipeplan.service.api.validation import (
+    check_cluster_limits,
+    check_plan_limits,
+    check_profile_limits,
+)
+from pipeplan.service.tasks.common import RequestError, cluster_spec, presets
+from pipeplan.service.tasks.observations import OBSERVATION_KEY, document_sha256, spec_sha256
 
 log = logging.getLogger("pipeplan.service.calibration")
 

@@ -28,11 +28,11 @@ from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.plan import Plan
-from core.profile import ModelProfile
-from executor.calibrate import Observation, errors, fit
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation, errors, fit
 
 MIN_RUNS = 3
 """Observations a calibration needs before new jobs use it."""

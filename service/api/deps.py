@@ -13,11 +13,11 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
-from service.api.backend import JobsBackend
-from service.api.calibration import Calibrator
-from service.api.metrics import Metrics
-from service.api.settings import ApiToken, Settings
-from service.api.store import Store
+from pipeplan.service.api.backend import JobsBackend
+from pipeplan.service.api.calibration import Calibrator
+from pipeplan.service.api.metrics import Metrics
+from pipeplan.service.api.settings import ApiToken, Settings
+from pipeplan.service.api.store import Store
 
 MAX_TOKEN_HASHES = 10_000
 

@@ -21,8 +21,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.schemas import Job, JobState
-from service.api.store import Store
+from pipeplan.service.api.schemas import Job, JobState
+from pipeplan.service.api.store import Store
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from executor.live_cluster import DEVICE_PREFIX, NODE_PREFIX
-from executor.ray_jobs import JobInfo, RayJobs, RayJobsError, ray_token
-from service.api.backend import (
+from pipeplan.executor.live_cluster import DEVICE_PREFIX, NODE_PREFIX
+from pipeplan.executor.ray_jobs import JobInfo, RayJobs, RayJobsError, ray_token
+from pipeplan.service.api.backend import (
     BackendState,
     BackendStatus,
     ClusterState,

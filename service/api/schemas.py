@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from service.tasks.compare import CompareRequest
-from service.tasks.plan import PlanRequest
-from service.tasks.profile import ProfileRequest
-from service.tasks.run import RunRequest
+from pipeplan.service.tasks.compare import CompareRequest
+from pipeplan.service.tasks.plan import PlanRequest
+from pipeplan.service.tasks.profile import ProfileRequest
+from pipeplan.service.tasks.run import RunRequest
 
 
 class JobKind(StrEnum):

@@ -23,34 +23,34 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agents.problem import Budget
-from agents.registry import make_planner
-from core.limits import (
+from pipeplan.agents.problem import Budget
+from pipeplan.agents.registry import make_planner
+from pipeplan.core.limits import (
     MAX_DEVICES_PER_NODE,
     MAX_GLOBAL_BATCH,
     MAX_LAYERS,
     MAX_MICROBATCHES,
     MAX_NODES,
 )
-from core.plan import Plan
-from core.profile import ModelProfile
-from executor.pipeline import RunConfig
-from models import zoo
-from service.api.schemas import SPEC_MODELS, JobCreate, JobKind
-from service.tasks.common import (
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.pipeline import RunConfig
+from pipeplan.models import zoo
+from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
+from pipeplan.service.tasks.common import (
     ProblemRequest,
     RequestError,
     check_problem_fields,
     cluster_spec,
     problem_of,
 )
-from service.tasks.compare import CompareRequest, planner_names
-from service.tasks.live import model_source
-from service.tasks.plan import PlanRequest, Reward, check_plan_fields, planner_options
-from service.tasks.profile import ProfileRequest
-from service.tasks.run import RunRequest
-from service.tasks.search import measured_budget
-from service.tasks.simulate import SimulateRequest
+from pipeplan.service.tasks.compare import CompareRequest, planner_names
+from pipeplan.service.tasks.live import model_source
+from pipeplan.service.tasks.plan import PlanRequest, Reward, check_plan_fields, planner_options
+from pipeplan.service.tasks.profile import ProfileRequest
+from pipeplan.service.tasks.run import RunRequest
+from pipeplan.service.tasks.search import measured_budget
+from pipeplan.service.tasks.simulate import SimulateRequest
 
 # DESIGN.md's limits are core.limits', checked here on the raw documents before the core
 # builds anything from them; below, the service's own bounds on the work a request may ask

@@ -24,7 +24,7 @@ import sys
 import typer
 from typer._click import exceptions as click_errors
 
-from service.cli import (
+from pipeplan.service.cli import (
     calibrate,
     cluster,
     demo,
@@ -39,7 +39,7 @@ from service.cli import (
     simulate,
     submit,
 )
-from service.cli.console import debug, say
+from pipeplan.service.cli.console import debug, say
 
 app = typer.Typer(
     name="pipeplan",

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from core._io import read_document
-from service.cli.console import (
+from pipeplan.core._io import read_document
+from pipeplan.service.cli.console import (
     ConsoleReporter,
     clean_errors,
     cluster_ref,
@@ -18,8 +18,8 @@ from service.cli.console import (
     echo_json,
     out,
 )
-from service.render_runs import describe_plan
-from service.tasks.calibrate import CalibrateRequest, CalibrationReport, calibrate
+from pipeplan.service.render_runs import describe_plan
+from pipeplan.service.tasks.calibrate import CalibrateRequest, CalibrationReport, calibrate
 
 
 @clean_errors

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from service.cli.console import ConsoleReporter, clean_errors, cluster_ref
-from service.tasks.cluster import (
+from pipeplan.service.cli.console import ConsoleReporter, clean_errors, cluster_ref
+from pipeplan.service.tasks.cluster import (
     ClusterJoinRequest,
     ClusterUpRequest,
     cluster_down,
@@ -19,7 +19,7 @@ from service.tasks.cluster import (
     cluster_up,
     join_dir,
 )
-from service.tasks.live import state_dir
+from pipeplan.service.tasks.live import state_dir
 
 NOT_RUNNING = "no pipeplan cluster is running (none recorded in {where})"
 

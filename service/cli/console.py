@@ -21,14 +21,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents.problem import Objective
-from agents.search import Progress as SearchProgress
-from core._io import read_document
-from core.errors import PipeplanError
-from executor.errors import ExecutorError
-from service.render import format_value
-from service.tasks.common import ClusterRef, Document
-from service.tasks.progress import Reporter
+from pipeplan.agents.problem import Objective
+from pipeplan.agents.search import Progress as SearchProgress
+from pipeplan.core._io import read_document
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.service.render import format_value
+from pipeplan.service.tasks.common import ClusterRef, Document
+from pipeplan.service.tasks.progress import Reporter
 
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -11,11 +11,11 @@ from typing import Annotated
 
 import typer
 
-from executor.emulation import EMULATED_NOTE
-from service.cli.console import ConsoleReporter, clean_errors, cluster_ref, out, say
-from service.gantt import draw_gantt
-from service.render_runs import demo_table
-from service.tasks.demo import REFERENCE, SINGLE, Demo, DemoRequest, demo
+from pipeplan.executor.emulation import EMULATED_NOTE
+from pipeplan.service.cli.console import ConsoleReporter, clean_errors, cluster_ref, out, say
+from pipeplan.service.gantt import draw_gantt
+from pipeplan.service.render_runs import demo_table
+from pipeplan.service.tasks.demo import REFERENCE, SINGLE, Demo, DemoRequest, demo
 
 OutOpt = Annotated[Path, typer.Option("--out", help="where to write the results")]
 

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from core._io import read_document
-from service.cli.console import CliError, clean_errors, say
-from service.tasks.common import ClusterRef, presets
-from service.tasks.deploy import DeployRenderRequest, DeployTarget, render
+from pipeplan.core._io import read_document
+from pipeplan.service.cli.console import CliError, clean_errors, say
+from pipeplan.service.tasks.common import ClusterRef, presets
+from pipeplan.service.tasks.deploy import DeployRenderRequest, DeployTarget, render
 
 
 def spec_ref(text: str) -> ClusterRef:

@@ -23,26 +23,26 @@ import httpx
 import typer
 from pydantic import BaseModel, ValidationError
 
-from agents.problem import ProblemError
-from agents.registry import planner_class
-from core.errors import PipeplanError
-from executor import runtime
-from executor.errors import ExecutorError
-from service.api.ray_jobs import JOB_TOKEN_ENV
-from service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind
-from service.cli.console import say, validation_message
-from service.tasks.common import ProblemRequest, cluster_spec
-from service.tasks.compare import CompareRequest, compare, planner_names
-from service.tasks.events import (
+from pipeplan.agents.problem import ProblemError
+from pipeplan.agents.registry import planner_class
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV
+from pipeplan.service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind
+from pipeplan.service.cli.console import say, validation_message
+from pipeplan.service.tasks.common import ProblemRequest, cluster_spec
+from pipeplan.service.tasks.compare import CompareRequest, compare, planner_names
+from pipeplan.service.tasks.events import (
     EventChannel,
     EventDeliveryError,
     EventReporter,
     PlanContext,
     with_retries,
 )
-from service.tasks.plan import PlanRequest, Reward, plan, uses_ray
-from service.tasks.profile import ProfileRequest, profile
-from service.tasks.run import RunRequest, run
+from pipeplan.service.tasks.plan import PlanRequest, Reward, plan, uses_ray
+from pipeplan.service.tasks.profile import ProfileRequest, profile
+from pipeplan.service.tasks.run import RunRequest, run
 
 Result = Any
 """A use-case's result: anything with ``to_dict()``."""

@@ -19,15 +19,15 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agents.problem import Objective
-from core.costmodel import Estimate, StageEstimate
-from core.plan import Schedule
-from core.profile import ModelProfile
-from service.api.schemas import Event, EventType, Job, JobKind, JobPage
-from service.cli.console import err, out
-from service.client import EventCallback
-from service.render import NOTE_WIDTH, estimate_table, format_value, shorten, totals_lines
-from service.render_runs import measured_lines, pct
+from pipeplan.agents.problem import Objective
+from pipeplan.core.costmodel import Estimate, StageEstimate
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.api.schemas import Event, EventType, Job, JobKind, JobPage
+from pipeplan.service.cli.console import err, out
+from pipeplan.service.client import EventCallback
+from pipeplan.service.render import NOTE_WIDTH, estimate_table, format_value, shorten, totals_lines
+from pipeplan.service.render_runs import measured_lines, pct
 
 Document = dict[str, Any]
 

@@ -15,10 +15,16 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from service.api.schemas import Event, JobKind, JobState
-from service.cli.console import clean_errors, echo_json, out, say
-from service.cli.job_view import event_line, job_lines, jobs_table, render_result
-from service.client import Client, ClientError, ServiceError, server_from_env, token_from_env
+from pipeplan.service.api.schemas import Event, JobKind, JobState
+from pipeplan.service.cli.console import clean_errors, echo_json, out, say
+from pipeplan.service.cli.job_view import event_line, job_lines, jobs_table, render_result
+from pipeplan.service.client import (
+    Client,
+    ClientError,
+    ServiceError,
+    server_from_env,
+    token_from_env,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

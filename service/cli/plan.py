@@ -18,12 +18,12 @@ from typing import Annotated, Any
 
 import typer
 
-from agents.compare import describe
-from agents.problem import Budget, Objective
-from agents.registry import PLANNERS
-from core.plan import Schedule
-from service.charts import draw_comparison, draw_curve
-from service.cli.console import (
+from pipeplan.agents.compare import describe
+from pipeplan.agents.problem import Budget, Objective
+from pipeplan.agents.registry import PLANNERS
+from pipeplan.core.plan import Schedule
+from pipeplan.service.charts import draw_comparison, draw_curve
+from pipeplan.service.cli.console import (
     CliError,
     ConsoleReporter,
     clean_errors,
@@ -34,7 +34,7 @@ from service.cli.console import (
     out,
     say,
 )
-from service.render import (
+from pipeplan.service.render import (
     comparison_table,
     estimate_table,
     failure_lines,
@@ -43,9 +43,9 @@ from service.render import (
     search_line,
     totals_lines,
 )
-from service.render_runs import measured_lines
-from service.tasks.compare import CompareRequest, compare
-from service.tasks.plan import Planned, PlanRequest, Reward, plan
+from pipeplan.service.render_runs import measured_lines
+from pipeplan.service.tasks.compare import CompareRequest, compare
+from pipeplan.service.tasks.plan import Planned, PlanRequest, Reward, plan
 
 # --- options shared by both commands ----------------------------------------------------------
 

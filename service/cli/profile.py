@@ -7,10 +7,15 @@ from typing import Annotated
 
 import typer
 
-from core.profile import ModelProfile
-from models import zoo
-from service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
-from service.tasks.profile import PipedreamRequest, ProfileRequest, import_pipedream, profile
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models import zoo
+from pipeplan.service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
+from pipeplan.service.tasks.profile import (
+    PipedreamRequest,
+    ProfileRequest,
+    import_pipedream,
+    profile,
+)
 
 ClusterOpt = Annotated[
     str | None,

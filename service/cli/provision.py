@@ -11,10 +11,10 @@ import typer
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from agents.problem import Objective
-from core.plan import Schedule
-from service.cli.console import ConsoleReporter, clean_errors, echo_json, out, say
-from service.cli.plan import (
+from pipeplan.agents.problem import Objective
+from pipeplan.core.plan import Schedule
+from pipeplan.service.cli.console import ConsoleReporter, clean_errors, echo_json, out, say
+from pipeplan.service.cli.plan import (
     BatchOpt,
     BudgetOpt,
     ClusterOpt,
@@ -30,8 +30,8 @@ from service.cli.plan import (
     SeedOpt,
     parse_options,
 )
-from service.render import estimate_table, rental_lines, totals_lines
-from service.tasks.provision import FrontPoint, Provisioned, ProvisionRequest, provision
+from pipeplan.service.render import estimate_table, rental_lines, totals_lines
+from pipeplan.service.tasks.provision import FrontPoint, Provisioned, ProvisionRequest, provision
 
 TargetOpt = Annotated[float, typer.Option("--min-throughput", help="samples/s to reach")]
 PlannerOpt = Annotated[str, typer.Option("--planner", help="the planner answering each target")]

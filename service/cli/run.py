@@ -12,11 +12,18 @@ from typing import Annotated
 
 import typer
 
-from core._io import read_document
-from executor.emulation import EMULATED_NOTE
-from service.cli.console import ConsoleReporter, clean_errors, cluster_ref, document, echo_json, out
-from service.render_runs import run_lines, run_table
-from service.tasks.run import DataKind, RunRequest, run
+from pipeplan.core._io import read_document
+from pipeplan.executor.emulation import EMULATED_NOTE
+from pipeplan.service.cli.console import (
+    ConsoleReporter,
+    clean_errors,
+    cluster_ref,
+    document,
+    echo_json,
+    out,
+)
+from pipeplan.service.render_runs import run_lines, run_table
+from pipeplan.service.tasks.run import DataKind, RunRequest, run
 
 ClusterOpt = Annotated[
     str | None,

@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from executor.local.persistent_cluster import (
+from pipeplan.executor.local.persistent_cluster import (
     STATE_FILE,
     PersistentCluster,
     default_state_dir,
@@ -36,12 +36,12 @@ from executor.local.persistent_cluster import (
     start_persistent,
     stop_persistent,
 )
-from service.api.app import create_app
-from service.api.ray_jobs import RayJobsBackend
-from service.api.settings import Settings, SettingsError, check_bind, resolve_token
-from service.cli.console import clean_errors, cluster_ref, say
-from service.tasks.common import cluster_spec
-from service.tasks.live import quiet_ray_logs
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.ray_jobs import RayJobsBackend
+from pipeplan.service.api.settings import Settings, SettingsError, check_bind, resolve_token
+from pipeplan.service.cli.console import clean_errors, cluster_ref, say
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.live import quiet_ray_logs
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 OBJECT_STORE_MB = 500

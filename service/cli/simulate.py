@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from core._io import read_document
-from core.plan import Schedule
-from service.cli.console import clean_errors, cluster_ref, document, echo_json, out
-from service.gantt import draw_gantt
-from service.render import estimate_table, totals_lines
-from service.tasks.simulate import (
+from pipeplan.core._io import read_document
+from pipeplan.core.plan import Schedule
+from pipeplan.service.cli.console import clean_errors, cluster_ref, document, echo_json, out
+from pipeplan.service.gantt import draw_gantt
+from pipeplan.service.render import estimate_table, totals_lines
+from pipeplan.service.tasks.simulate import (
     Kind,
     Simulated,
     SimulateRequest,

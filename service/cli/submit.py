@@ -21,20 +21,20 @@ import typer
 from pydantic import BaseModel
 from typer._click.core import ParameterSource
 
-from agents.problem import Objective
-from core._io import read_document
-from core.plan import Schedule
-from service.api.schemas import JobKind, JobState
-from service.cli import plan as local_plan
-from service.cli import profile as local_profile
-from service.cli import run as local_run
-from service.cli.console import CliError, cluster_ref, document, echo_json, say
-from service.cli.job_view import job_progress, render_result
-from service.cli.jobs import JsonOpt, NameOpt, ServerOpt, TokenOpt, connect, served
-from service.tasks.compare import CompareRequest
-from service.tasks.plan import PlanRequest, Reward
-from service.tasks.profile import ProfileRequest
-from service.tasks.run import DataKind, RunRequest
+from pipeplan.agents.problem import Objective
+from pipeplan.core._io import read_document
+from pipeplan.core.plan import Schedule
+from pipeplan.service.api.schemas import JobKind, JobState
+from pipeplan.service.cli import plan as local_plan
+from pipeplan.service.cli import profile as local_profile
+from pipeplan.service.cli import run as local_run
+from pipeplan.service.cli.console import CliError, cluster_ref, document, echo_json, say
+from pipeplan.service.cli.job_view import job_progress, render_result
+from pipeplan.service.cli.jobs import JsonOpt, NameOpt, ServerOpt, TokenOpt, connect, served
+from pipeplan.service.tasks.compare import CompareRequest
+from pipeplan.service.tasks.plan import PlanRequest, Reward
+from pipeplan.service.tasks.profile import ProfileRequest
+from pipeplan.service.tasks.run import DataKind, RunRequest
 
 Document = dict[str, Any]
 

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.plan import Plan
-from core.profile import ModelProfile
-from executor.calibrate import (
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import (
     Fit,
     Observation,
     errors,
@@ -35,14 +35,14 @@ from executor.calibrate import (
     observation_of_run,
     probe_plans,
 )
-from executor.emulation import EMULATED_NOTE
-from executor.measure import Measurement
-from executor.model import ModelSource
-from executor.pipeline import RunConfig
-from executor.pipeline import run as run_plan
-from service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
-from service.tasks.live import live_cluster, measure_on_cluster, model_source
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.executor.emulation import EMULATED_NOTE
+from pipeplan.executor.measure import Measurement
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import RunConfig
+from pipeplan.executor.pipeline import run as run_plan
+from pipeplan.service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 
 class CalibrateRequest(Request):

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executor.emulation import is_emulated
-from executor.errors import ExecutorError
-from executor.join import JoinedNode, default_join_dir, join, leave
-from executor.local.persistent_cluster import (
+from pipeplan.executor.emulation import is_emulated
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.join import JoinedNode, default_join_dir, join, leave
+from pipeplan.executor.local.persistent_cluster import (
     PersistentCluster,
     is_running,
     ray_status,
@@ -20,9 +20,9 @@ from executor.local.persistent_cluster import (
     start_persistent,
     stop_persistent,
 )
-from service.tasks.common import ClusterRef, Request, cluster_spec
-from service.tasks.live import SPEC_FILE, quiet_ray_logs, state_dir
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.service.tasks.common import ClusterRef, Request, cluster_spec
+from pipeplan.service.tasks.live import SPEC_FILE, quiet_ray_logs, state_dir
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 
 class ClusterUpRequest(Request):

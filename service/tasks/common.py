@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.problem import Budget, Objective, Problem
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.plan import Schedule
-from core.profile import ModelProfile
-from models import profiler, zoo
-from service.tasks.progress import Reporter
+from pipeplan.agents.problem import Budget, Objective, Problem
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models import profiler, zoo
+from pipeplan.service.tasks.progress import Reporter
 
 Document = dict[str, Any]
 """A profile, cluster or plan document (DESIGN.md, "Data formats")."""

@@ -7,12 +7,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
-from agents.problem import PlanResult, Problem, ProblemError
-from agents.registry import PLANNERS, make_planner, planner_class
-from service.tasks.common import ProblemRequest, RequestError, build_problem
-from service.tasks.live import ray_for_search
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
+from pipeplan.agents.problem import PlanResult, Problem, ProblemError
+from pipeplan.agents.registry import PLANNERS, make_planner, planner_class
+from pipeplan.service.tasks.common import ProblemRequest, RequestError, build_problem
+from pipeplan.service.tasks.live import ray_for_search
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 
 class CompareRequest(ProblemRequest):

@@ -40,23 +40,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.baselines.every_device import bsp_all, pipe_torch_all
-from agents.compare import Entry, Row, fixed_plan_row, run_comparison
-from agents.problem import Budget, InfeasibleError, Objective, PlanResult, Problem
-from agents.registry import make_planner
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan, Stage
-from core.profile import ModelProfile
-from executor.calibrate import Observation, fit, probe_plans
-from executor.measure import relative_error
-from executor.measured_reward import MeasuredReward, Outcome, plan_key
-from executor.model import ModelSource
-from executor.pipeline import RunConfig
-from service.tasks.calibrate import CalibrateRequest, ProbeRun, measure_probes
-from service.tasks.common import ClusterRef, Request, cluster_spec
-from service.tasks.live import live_cluster, measure_on_cluster
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.agents.baselines.every_device import bsp_all, pipe_torch_all
+from pipeplan.agents.compare import Entry, Row, fixed_plan_row, run_comparison
+from pipeplan.agents.problem import Budget, InfeasibleError, Objective, PlanResult, Problem
+from pipeplan.agents.registry import make_planner
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation, fit, probe_plans
+from pipeplan.executor.measure import relative_error
+from pipeplan.executor.measured_reward import MeasuredReward, Outcome, plan_key
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import RunConfig
+from pipeplan.service.tasks.calibrate import CalibrateRequest, ProbeRun, measure_probes
+from pipeplan.service.tasks.common import ClusterRef, Request, cluster_spec
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 EXACT = ("brute", "dp")
 LEARNED = ("tapp",)

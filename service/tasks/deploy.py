@@ -43,12 +43,12 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from core import _io
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from executor.live_cluster import device_resource, node_resources
-from service.api.settings import Settings
-from service.tasks.common import PRESETS_DIR, ClusterRef, Document, Request, presets
+from pipeplan.core import _io
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.live_cluster import device_resource, node_resources
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.tasks.common import PRESETS_DIR, ClusterRef, Document, Request, presets
 
 Manifest = dict[str, Any]
 

@@ -43,14 +43,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agents.problem import Objective
-from agents.rewards import Population
-from agents.search import Progress
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
-from core.plan import Plan, Schedule
-from service.tasks.observations import OBSERVATION_KEY
-from service.tasks.progress import Reporter
+from pipeplan.agents.problem import Objective
+from pipeplan.agents.rewards import Population
+from pipeplan.agents.search import Progress
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.service.tasks.observations import OBSERVATION_KEY
+from pipeplan.service.tasks.progress import Reporter
 
 PROGRESS_EVERY_S = 0.1
 """Least time between two ``progress`` events of one search (at most ~10 a second)."""

@@ -28,19 +28,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.cluster import ClusterSpec
-from core.profile import ModelProfile
-from executor import runtime
-from executor.emulation import is_emulated
-from executor.errors import ExecutorError
-from executor.live_cluster import discover
-from executor.local.persistent_cluster import default_state_dir, is_running, read_state
-from executor.local_cluster import LocalCluster
-from executor.measured_profile import call_sizes, measure_profile
-from executor.model import ModelSource
-from models import zoo
-from service.tasks.common import RequestError
-from service.tasks.progress import Reporter
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor import runtime
+from pipeplan.executor.emulation import is_emulated
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import discover
+from pipeplan.executor.local.persistent_cluster import default_state_dir, is_running, read_state
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_profile import call_sizes, measure_profile
+from pipeplan.executor.model import ModelSource
+from pipeplan.models import zoo
+from pipeplan.service.tasks.common import RequestError
+from pipeplan.service.tasks.progress import Reporter
 
 SPEC_FILE = "spec.json"
 """Next to the persistent cluster's state file: the spec ``cluster up`` started."""

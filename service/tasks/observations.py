@@ -25,10 +25,10 @@ import hashlib
 import json
 from typing import Any
 
-from core.cluster import ClusterSpec
-from core.profile import ModelProfile
-from executor.calibrate import Observation
-from executor.measure import Measurement
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation
+from pipeplan.executor.measure import Measurement
 
 OBSERVATION_KEY = "observation"
 """The key of an evaluation event's data that holds the observation."""

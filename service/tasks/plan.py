@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agents.problem import Objective, PlanResult, Problem
-from agents.provision.rental import Rental, rental
-from agents.registry import PLANNERS, make_planner, planner_class
-from executor.parallel_reward import ParallelReward
-from service.tasks.common import ProblemRequest, RequestError, build_problem
-from service.tasks.live import ray_for_search
-from service.tasks.progress import QUIET, Reporter
-from service.tasks.search import (
+from pipeplan.agents.problem import Objective, PlanResult, Problem
+from pipeplan.agents.provision.rental import Rental, rental
+from pipeplan.agents.registry import PLANNERS, make_planner, planner_class
+from pipeplan.executor.parallel_reward import ParallelReward
+from pipeplan.service.tasks.common import ProblemRequest, RequestError, build_problem
+from pipeplan.service.tasks.live import ray_for_search
+from pipeplan.service.tasks.progress import QUIET, Reporter
+from pipeplan.service.tasks.search import (
     MEASURED_PLANNERS,
     MeasuredSearch,
     SearchSettings,

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.formats.pipedream import load_pipedream
-from core.profile import ModelProfile
-from executor.emulation import emulated_timings
-from executor.model import timing_loss
-from models import layer_timing, profiler, zoo
-from service.tasks.common import ClusterRef, Request, RequestError, cluster_spec
-from service.tasks.live import live_cluster, measure_on_cluster, model_source
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.emulation import emulated_timings
+from pipeplan.executor.model import timing_loss
+from pipeplan.models import layer_timing, profiler, zoo
+from pipeplan.service.tasks.common import ClusterRef, Request, RequestError, cluster_spec
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 
 class ProfileRequest(Request):

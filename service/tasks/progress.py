@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.rewards import Population
-from agents.search import Progress
+from pipeplan.agents.rewards import Population
+from pipeplan.agents.search import Progress
 
 
 def _ignore(evaluations: int, best: float) -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from agents.problem import InfeasibleError, Objective
-from agents.provision.rental import Rental
-from agents.registry import make_planner
-from service.tasks.common import ProblemRequest, RequestError, build_problem, problem_of
-from service.tasks.plan import Planned, planner_options
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.agents.problem import InfeasibleError, Objective
+from pipeplan.agents.provision.rental import Rental
+from pipeplan.agents.registry import make_planner
+from pipeplan.service.tasks.common import ProblemRequest, RequestError, build_problem, problem_of
+from pipeplan.service.tasks.plan import Planned, planner_options
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 MAX_TARGETS = 64
 """Throughput targets of one sweep."""

@@ -19,20 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from core.cluster import ClusterSpec, parse_device_id
-from core.costmodel import Estimate, simulate
-from core.plan import Plan
-from core.profile import ModelProfile
-from executor.live_cluster import live_nodes
-from executor.measure import Comparison, Measurement, publish_errors
-from executor.model import ModelSource
-from executor.pinning import check_feasible
-from executor.pipeline import RunConfig
-from executor.pipeline import run as run_plan
-from service.tasks.common import ClusterRef, Document, Request, cluster_spec
-from service.tasks.live import live_cluster, measure_on_cluster, model_source
-from service.tasks.observations import OBSERVATION_KEY, observation_doc
-from service.tasks.progress import QUIET, Reporter
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.measure import Comparison, Measurement, publish_errors
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pinning import check_feasible
+from pipeplan.executor.pipeline import RunConfig
+from pipeplan.executor.pipeline import run as run_plan
+from pipeplan.service.tasks.common import ClusterRef, Document, Request, cluster_spec
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
+from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
+from pipeplan.service.tasks.progress import QUIET, Reporter
 
 
 class DataKind(StrEnum):

@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from agents.problem import Budget, PlanResult, Problem
-from agents.registry import make_planner
-from agents.rewards import Population, plans_of
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.errors import PipeplanError
-from core.plan import Plan
-from executor.measured_reward import MeasuredReward
-from service.tasks.live import live_cluster, model_source
-from service.tasks.observations import OBSERVATION_KEY, observation_doc
-from service.tasks.progress import Reporter
+from pipeplan.agents.problem import Budget, PlanResult, Problem
+from pipeplan.agents.registry import make_planner
+from pipeplan.agents.rewards import Population, plans_of
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.executor.measured_reward import MeasuredReward
+from pipeplan.service.tasks.live import live_cluster, model_source
+from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
+from pipeplan.service.tasks.progress import Reporter
 
 MEASURED_PLANNERS = ("tapp", "ppo")
 MEASURED_ITERATIONS = 3

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate
-from core.costmodel import simulate as run_simulation
-from core.errors import FormatError
-from core.plan import Plan, Schedule, Stage, uniform_stages
-from core.profile import ModelProfile
-from service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.costmodel import simulate as run_simulation
+from pipeplan.core.errors import FormatError
+from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
 
 
 class UniformPlan(Request):

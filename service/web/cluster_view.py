@@ -17,16 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.calibration import LINK_CLASSES, Calibration
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from service.api.backend import ClusterSource, ClusterState, JobsBackend, NodeState
-from service.api.calibration import view
-from service.api.schemas import ClusterCalibration
-from service.api.settings import Settings
-from service.api.store import Store
-from service.tasks.common import cluster_spec
-from service.tasks.observations import spec_sha256
+from pipeplan.core.calibration import LINK_CLASSES, Calibration
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.service.api.backend import ClusterSource, ClusterState, JobsBackend, NodeState
+from pipeplan.service.api.calibration import view
+from pipeplan.service.api.schemas import ClusterCalibration
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.api.store import Store
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.observations import spec_sha256
 
 MAX_CALIBRATIONS_SHOWN = 20
 

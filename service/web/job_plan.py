@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate, simulate
-from core.errors import PipeplanError
-from core.plan import Plan
-from core.profile import ModelProfile
-from service.api.schemas import Event, EventType, Job, JobKind
-from service.tasks.common import cluster_spec, zoo_profile
-from service.tasks.progress import QUIET
-from service.web.format import objective_value
-from service.web.plan_view import gantt_svg, plan_grid_svg
-from service.web.run_view import RunComparison, comparison_of, stage_bars_svg
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.api.schemas import Event, EventType, Job, JobKind
+from pipeplan.service.tasks.common import cluster_spec, zoo_profile
+from pipeplan.service.tasks.progress import QUIET
+from pipeplan.service.web.format import objective_value
+from pipeplan.service.web.plan_view import gantt_svg, plan_grid_svg
+from pipeplan.service.web.run_view import RunComparison, comparison_of, stage_bars_svg
 
 MAX_GANTT_MICROBATCHES = 4096
 """Microbatches over all stages beyond which a plan is not simulated for its chart here

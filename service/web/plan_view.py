@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core import rules
-from core.cluster import ClusterSpec, parse_device_id
-from core.costmodel import Estimate
-from core.plan import Plan
-from service.gantt import COLOURS, LABELS
-from service.web.svg import Scale, Svg, nice_ticks, tick_label
+from pipeplan.core import rules
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.costmodel import Estimate
+from pipeplan.core.plan import Plan
+from pipeplan.service.gantt import COLOURS, LABELS
+from pipeplan.service.web.svg import Scale, Svg, nice_ticks, tick_label
 
 STAGE_COLOURS = (
     "#4C72B0",

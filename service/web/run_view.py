@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor.measure import relative_error
-from service.api.schemas import JobKind
-from service.web.svg import Scale, Svg, nice_ticks, tick_label
+from pipeplan.executor.measure import relative_error
+from pipeplan.service.api.schemas import JobKind
+from pipeplan.service.web.svg import Scale, Svg, nice_ticks, tick_label
 
 PREDICTED, MEASURED = "#9db4d6", "#2f5d9e"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.baselines.every_device import bsp_all
-from agents.compare import (
+from pipeplan.agents.baselines.every_device import bsp_all
+from pipeplan.agents.compare import (
     Entry,
     Row,
     comparison_doc,
@@ -19,9 +19,9 @@ from agents.compare import (
     ratios,
     run_comparison,
 )
-from agents.problem import InfeasibleError, PlanResult, Problem
-from core.cluster import ClusterSpec
-from core.formats.pipedream import load_pipedream
+from pipeplan.agents.problem import InfeasibleError, PlanResult, Problem
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.formats.pipedream import load_pipedream
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents.problem import ProblemError
+from pipeplan.agents.problem import ProblemError
 
-rllib_ppo = pytest.importorskip("agents.rllib_ppo")
+rllib_ppo = pytest.importorskip("pipeplan.agents.rllib_ppo")
 
 
 @pytest.mark.parametrize(

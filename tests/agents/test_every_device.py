@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from agents import InfeasibleError, Problem
-from agents.baselines.every_device import bsp_all, pipe_torch_all
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan, Stage
-from core.profile import ModelProfile
+from pipeplan.agents import InfeasibleError, Problem
+from pipeplan.agents.baselines.every_device import bsp_all, pipe_torch_all
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 HETERO = ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")

@@ -22,18 +22,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
-from agents.baselines.brute import BrutePlanner, count_assignments, count_matrices
-from agents.baselines.dp import DPPlanner, bottleneck, explain_gap
-from agents.baselines.dp_table import Candidate, StageModel
-from agents.baselines.pipedream_dp import assumed_type, pipedream_partition
-from core.batch_eval import BatchEvaluator
-from core.calibration import Calibration
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.costmodel import simulate
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
+from pipeplan.agents.baselines.brute import BrutePlanner, count_assignments, count_matrices
+from pipeplan.agents.baselines.dp import DPPlanner, bottleneck, explain_gap
+from pipeplan.agents.baselines.dp_table import Candidate, StageModel
+from pipeplan.agents.baselines.pipedream_dp import assumed_type, pipedream_partition
+from pipeplan.core.batch_eval import BatchEvaluator
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, ModelProfile
 from tests.core.strategies import plans, profiles
 
 ROOT = Path(__file__).resolve().parents[2]

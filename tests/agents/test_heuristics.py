@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents import InfeasibleError, Objective, Problem, ProblemError, make_planner
-from agents.baselines.balanced import balanced_bounds
-from agents.baselines.data_parallel import provisioning_sets
-from agents.baselines.greedy import data_intensive, initial_structure, ridge_point, runs
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.formats.pipedream import load_pipedream
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.agents import InfeasibleError, Objective, Problem, ProblemError, make_planner
+from pipeplan.agents.baselines.balanced import balanced_bounds
+from pipeplan.agents.baselines.data_parallel import provisioning_sets
+from pipeplan.agents.baselines.greedy import data_intensive, initial_structure, ridge_point, runs
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.profile import LayerProfile, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))

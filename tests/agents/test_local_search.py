@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents import Budget, Problem
-from agents.local_search import neighbours, polish
-from agents.search import Search
-from core.cluster import ClusterSpec
-from core.plan import Plan, Stage
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.agents import Budget, Problem
+from pipeplan.agents.local_search import neighbours, polish
+from pipeplan.agents.search import Search
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerProfile, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from ray.rllib.core.columns import Columns
 
-from agents import Budget, Problem, ProblemError, make_planner
-from agents.rllib_ppo import (
+from pipeplan.agents import Budget, Problem, ProblemError, make_planner
+from pipeplan.agents.rllib_ppo import (
     PPOOptions,
     PPOPlanner,
     Restart,
@@ -24,11 +24,11 @@ from agents.rllib_ppo import (
     env_config,
     slot_model_config,
 )
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.profile import LayerProfile, ModelProfile
-from envs import PlacementEnv
-from executor import runtime
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import LayerProfile, ModelProfile
+from pipeplan.envs import PlacementEnv
+from pipeplan.executor import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from agents.baselines.dp import bottleneck
-from agents.baselines.dp_table import StageModel
-from agents.baselines.genetic import GeneticPlanner as DeviceGenetic
-from agents.problem import Budget, Objective, Problem
-from agents.provision.exact import ProvisionDPConfig, solve
-from agents.provision.kinds import Catalogue
-from agents.provision.rental import rental
-from agents.registry import make_planner
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, ModelProfile
-from core.tables import CostTables
+from pipeplan.agents.baselines.dp import bottleneck
+from pipeplan.agents.baselines.dp_table import StageModel
+from pipeplan.agents.baselines.genetic import GeneticPlanner as DeviceGenetic
+from pipeplan.agents.problem import Budget, Objective, Problem
+from pipeplan.agents.provision.exact import ProvisionDPConfig, solve
+from pipeplan.agents.provision.kinds import Catalogue
+from pipeplan.agents.provision.rental import rental
+from pipeplan.agents.registry import make_planner
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, ModelProfile
+from pipeplan.core.tables import CostTables
 
 ROOT = Path(__file__).resolve().parents[2]
 

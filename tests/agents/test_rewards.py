@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents import Budget, InfeasibleError, Problem, make_planner
-from agents.rewards import Population, Rewards, SimulatedReward, plans_of
-from agents.search import Search
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
-from core.plan import Plan, Stage
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.agents import Budget, InfeasibleError, Problem, make_planner
+from pipeplan.agents.rewards import Population, Rewards, SimulatedReward, plans_of
+from pipeplan.agents.search import Search
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerProfile, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 

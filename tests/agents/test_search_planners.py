@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
-from agents.baselines.genetic.context import Context, GeneticConfig
-from agents.baselines.genetic.genome import canonical, decode, device_classes
-from agents.baselines.genetic.operators import repair_cuts, repair_devices
-from agents.baselines.genetic.seeds import random_genomes
-from agents.search import Search
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.agents import Budget, InfeasibleError, Objective, Problem, ProblemError, make_planner
+from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig
+from pipeplan.agents.baselines.genetic.genome import canonical, decode, device_classes
+from pipeplan.agents.baselines.genetic.operators import repair_cuts, repair_devices
+from pipeplan.agents.baselines.genetic.seeds import random_genomes
+from pipeplan.agents.search import Search
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))

@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents import Budget, Problem, ProblemError, make_planner
-from agents.search import Search
-from agents.tapp import (
+from pipeplan.agents import Budget, Problem, ProblemError, make_planner
+from pipeplan.agents.search import Search
+from pipeplan.agents.tapp import (
     IterationLog,
     TAPPConfig,
     TAPPPlanner,
@@ -25,9 +25,9 @@ from agents.tapp import (
     make_context,
     train_policy,
 )
-from agents.tapp.features import cut_cost, group_tables, stage_size_inputs
-from agents.tapp.sampling import KEEP_SHARED, Sample, _score_partition, sample_plans
-from agents.tapp.trainer import (
+from pipeplan.agents.tapp.features import cut_cost, group_tables, stage_size_inputs
+from pipeplan.agents.tapp.sampling import KEEP_SHARED, Sample, _score_partition, sample_plans
+from pipeplan.agents.tapp.trainer import (
     Task,
     advantages,
     reinforce_loss,
@@ -35,10 +35,10 @@ from agents.tapp.trainer import (
     shape_rewards,
     update_elite,
 )
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.formats.pipedream import load_pipedream
-from core.plan import Schedule
-from core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Schedule
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 from tests.core.strategies import clusters, divisors, profiles
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -52,9 +52,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.cluster import ClusterSpec, DeviceType, Link
-from core.plan import Plan, Schedule
-from core.profile import LayerProfile, ModelProfile
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.profile import LayerProfile, ModelProfile
 
 Op = tuple[str, int]  # ("F" | "B", microbatch index)
 

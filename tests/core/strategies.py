@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from core.calibration import Calibration, CallOverhead
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.calibration import Calibration, CallOverhead
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 
 TYPES = ("cpu", "t4", "v100")
 

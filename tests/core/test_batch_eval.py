@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.costmodel import simulate
-from core.errors import PlanError
-from core.plan import Plan, Schedule, Stage
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Schedule, Stage
 
 from .strategies import clusters, plans, profiles
 
@@ -43,7 +43,7 @@ def test_batch_eval_matches_simulate(case: tuple) -> None:
 
 
 def test_plan_batch_round_trips_plans(tmp_path: object) -> None:
-    from core.cluster import ClusterSpec, DeviceType, Node
+    from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
 
     c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 3}),))
     p = Plan(8, (Stage((0, 2), ("n0/a:2",), 4), Stage((2, 5), ("n0/a:0", "n0/a:1"), 8)))
@@ -52,7 +52,7 @@ def test_plan_batch_round_trips_plans(tmp_path: object) -> None:
 
 
 def test_population_must_share_the_stage_count() -> None:
-    from core.cluster import ClusterSpec, DeviceType, Node
+    from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
 
     c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 2}),))
     one = Plan(2, (Stage((0, 2), ("n0/a:0",), 2),))
@@ -62,8 +62,8 @@ def test_population_must_share_the_stage_count() -> None:
 
 
 def test_bad_population_arrays_are_refused() -> None:
-    from core.cluster import ClusterSpec, DeviceType, Node
-    from core.profile import LayerProfile, ModelProfile
+    from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+    from pipeplan.core.profile import LayerProfile, ModelProfile
 
     c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 2}),))
     prof = ModelProfile("m", (1,), tuple(LayerProfile(f"l{i}", "fc", 1, 1.0, 1) for i in range(3)))
@@ -80,9 +80,9 @@ def test_bad_population_arrays_are_refused() -> None:
 def test_chunks_and_both_gpipe_paths_agree_with_simulate(schedule: Schedule) -> None:
     """A population over several chunks, with remainders and unequal sizes: the evaluator
     vectorised over microbatches, the one walking them, and ``simulate`` agree."""
-    from core.batch_eval import CHUNK
-    from core.cluster import ClusterSpec, DeviceType, Node
-    from core.profile import LayerProfile, ModelProfile
+    from pipeplan.core.batch_eval import CHUNK
+    from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+    from pipeplan.core.profile import LayerProfile, ModelProfile
 
     rng = np.random.default_rng(5)
     n, S, B, P = 12, 3, 10, CHUNK * 2 + 37

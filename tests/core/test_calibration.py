@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.calibration import Calibration, CallOverhead
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.errors import FormatError
-from core.plan import Plan, Stage
-from core.profile import LayerTiming, ModelProfile
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.calibration import Calibration, CallOverhead
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import FormatError
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerTiming, ModelProfile
 
 from .test_costmodel import chain, cluster
 

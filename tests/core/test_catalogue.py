@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.errors import FormatError
-from core.limits import MAX_NODES
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.errors import FormatError
+from pipeplan.core.limits import MAX_NODES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,19 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.calibration import Calibration
-from core.cluster import ClusterSpec, DeviceType, Link, Network, Node
-from core.costmodel import simulate
-from core.plan import Plan, Schedule, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from core.schedules import (
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Link, Network, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.schedules import (
     gpipe_order,
     one_f_one_b_order,
     one_f_one_b_warmups,
     stage_orders,
     upstream_microbatch,
 )
-from core.tables import cut_bytes
+from pipeplan.core.tables import cut_bytes
 
 
 def chain(n: int, flops: float = 1e6, act: int = 100, params: int = 1000) -> ModelProfile:

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from core.batch_eval import BatchEvaluator, PlanBatch
-from core.cluster import ClusterSpec
-from core.costmodel import Estimate, simulate
-from core.plan import Plan, Schedule
-from core.profile import ModelProfile
-from service.cli import app
+from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.cli import app
 from tests.core.reference_costmodel import (
     RefEstimate,
     op_order,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from core.cluster import ClusterSpec, parse_device_id
-from core.errors import FormatError, PlanError
-from core.plan import Plan, Schedule, uniform_stages
-from core.profile import ModelProfile
+from pipeplan.core.cluster import ClusterSpec, parse_device_id
+from pipeplan.core.errors import FormatError, PlanError
+from pipeplan.core.plan import Plan, Schedule, uniform_stages
+from pipeplan.core.profile import ModelProfile
 
 from .strategies import clusters, profiles
 

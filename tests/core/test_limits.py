@@ -8,12 +8,17 @@ from typing import Any
 
 import pytest
 
-from agents.problem import Problem, ProblemError
-from core.cluster import ClusterSpec
-from core.errors import FormatError, PlanError
-from core.limits import MAX_DEVICES_PER_NODE, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES
-from core.plan import Plan
-from core.profile import ModelProfile
+from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import FormatError, PlanError
+from pipeplan.core.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_GLOBAL_BATCH,
+    MAX_LAYERS,
+    MAX_MICROBATCHES,
+)
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
 from tests.core.test_formats import CLUSTER, PROFILE
 
 TYPES = {"a": {"flops": 1e12, "memory_gb": 16}}

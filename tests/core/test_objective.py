@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from core.objective import Objective, score
+from pipeplan.core.objective import Objective, score
 
 
 def test_time_and_throughput_rank_by_batch_time() -> None:

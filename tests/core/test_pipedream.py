@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import FormatError
-from core.formats.pipedream import load_pipedream, parse_pipedream
-from core.formats.pipedream_ops import op_kind
-from core.profile import ModelProfile
+from pipeplan.core.errors import FormatError
+from pipeplan.core.formats.pipedream import load_pipedream, parse_pipedream
+from pipeplan.core.formats.pipedream_ops import op_kind
+from pipeplan.core.profile import ModelProfile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 BATCH = 256  # both fixtures were profiled at minibatch 256

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from core.cluster import ClusterSpec
+from pipeplan.core.cluster import ClusterSpec
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import rules
-from core.schedules import Schedule
+from pipeplan.core import rules
+from pipeplan.core.schedules import Schedule
 
 
 def test_update_streams_four_copies_of_the_parameters() -> None:

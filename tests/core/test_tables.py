@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from core.tables import INTER, INTRA, CostTables, cut_bytes, range_sums
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.core.tables import INTER, INTRA, CostTables, cut_bytes, range_sums
 
 
 def profile() -> ModelProfile:

@@ -18,9 +18,9 @@ import jsonschema
 import pytest
 import yaml
 
-from core.cluster import ClusterSpec
-from executor.live_cluster import device_resource, node_resources
-from service.tasks.deploy import (
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.executor.live_cluster import device_resource, node_resources
+from pipeplan.service.tasks.deploy import (
     COMPOSE_HEAD,
     PORTS,
     DeployRenderRequest,

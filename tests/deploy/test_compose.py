@@ -16,8 +16,14 @@ import jsonschema
 import pytest
 import yaml
 
-from service.api.settings import Settings
-from service.tasks.deploy import COMPOSE_HEAD, COMPOSE_RAY_TMP, PORTS, SERVICE_PORT, SPEC_DIR
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.tasks.deploy import (
+    COMPOSE_HEAD,
+    COMPOSE_RAY_TMP,
+    PORTS,
+    SERVICE_PORT,
+    SPEC_DIR,
+)
 from tests.deploy.common import COMPOSE, COMPOSE_SCHEMA, DEPLOY, compose_validator, need_tool, tool
 
 RAY_DEFAULT_PORTS = {6379, 8265, 10001, 52365, 8080}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tasks.deploy import USER_ID, VENV
+from pipeplan.service.tasks.deploy import USER_ID, VENV
 from tests.deploy.common import DEPLOY, ROOT, need_tool
 
 dockerfile_parse = pytest.importorskip(

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from service.api.settings import Settings
-from service.tasks.deploy import (
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.tasks.deploy import (
     CHECK_TOKEN,
     HEAD_SERVICE,
     PLACEHOLDER,

@@ -18,10 +18,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core._io import read_document
-from core.errors import PipeplanError
-from service.tasks.common import presets
-from service.tasks.deploy import (
+from pipeplan.core._io import read_document
+from pipeplan.core.errors import PipeplanError
+from pipeplan.service.tasks.common import presets
+from pipeplan.service.tasks.deploy import (
     RAY_VERSION,
     DeployError,
     DeployRenderRequest,

@@ -15,15 +15,15 @@ from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import envs
-from agents import Budget, InfeasibleError, Problem, make_planner
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.profile import LayerProfile, ModelProfile
-from envs.config import EnvConfigError, make_instance
-from envs.encoding import ABSENT, WIDTH, encode_profile, op_vector
-from envs.env import PlacementEnv
-from envs.mdp import (
+from pipeplan import envs
+from pipeplan.agents import Budget, InfeasibleError, Problem, make_planner
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.profile import LayerProfile, ModelProfile
+from pipeplan.envs.config import EnvConfigError, make_instance
+from pipeplan.envs.encoding import ABSENT, WIDTH, encode_profile, op_vector
+from pipeplan.envs.env import PlacementEnv
+from pipeplan.envs.mdp import (
     GLOBAL_FEATURES,
     action_kinds,
     action_mask,

@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from core.calibration import Calibration
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.errors import PlanError
-from core.plan import Plan, Stage
-from core.profile import ModelProfile
-from executor.calibrate import Observation, errors, fit
+from pipeplan.core.calibration import Calibration
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.calibrate import Observation, errors, fit
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 
 

@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from agents import Problem
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.plan import Plan, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from executor import runtime
-from executor.errors import ExecutorError
-from executor.measure import Measurement
-from executor.measured_reward import MeasuredReward, Outcome, concurrent_default, disjoint_groups
-from executor.model import ModelSource
+from pipeplan.agents import Problem
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.measure import Measurement
+from pipeplan.executor.measured_reward import (
+    MeasuredReward,
+    Outcome,
+    concurrent_default,
+    disjoint_groups,
+)
+from pipeplan.executor.model import ModelSource
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEP_S = 0.3

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.errors import PipeplanError, PlanError
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from executor.emulation import (
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.errors import PipeplanError, PlanError
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.executor.emulation import (
     IDLE_PAUSE_S,
     device_slowdowns,
     emulated_timings,

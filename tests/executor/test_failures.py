@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.cluster import ClusterSpec, Node
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.errors import StageFailedError
-from executor.local_cluster import LocalCluster
-from executor.model import ModelSource
-from executor.pipeline import Pipeline, RunConfig, run
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import StageFailedError
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import Pipeline, RunConfig, run
 
 pytestmark = pytest.mark.ray
 

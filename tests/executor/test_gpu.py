@@ -14,18 +14,18 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.plan import Plan, Stage
-from executor import accelerators
-from executor.accelerators import check_machine, check_nodes, local_device, torch_device
-from executor.data import digits_batches
-from executor.emulation import is_emulated, slowdown
-from executor.errors import ExecutorError
-from executor.live_cluster import LiveNode, device_resource, node_resource, nodes_from_ray
-from executor.local_cluster import LocalCluster
-from executor.model import ModelSource, OptimizerConfig, train_single_process
-from executor.pinning import MARKER_SHARE, actor_options
-from executor.stage import StageWorker, WorkerSpec
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import accelerators
+from pipeplan.executor.accelerators import check_machine, check_nodes, local_device, torch_device
+from pipeplan.executor.data import digits_batches
+from pipeplan.executor.emulation import is_emulated, slowdown
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import LiveNode, device_resource, node_resource, nodes_from_ray
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
+from pipeplan.executor.pinning import MARKER_SHARE, actor_options
+from pipeplan.executor.stage import StageWorker, WorkerSpec
 
 GPU_SPEC = ClusterSpec(
     "gpus",
@@ -173,7 +173,7 @@ def cuda_cluster() -> Iterator[LocalCluster]:
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_pipelined_training_on_cuda_equals_single_process(cuda_cluster: LocalCluster) -> None:
-    from executor.pipeline import Pipeline, RunConfig
+    from pipeplan.executor.pipeline import Pipeline, RunConfig
 
     plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), ("g1/gpu:0",), 8)))
     optimizer = OptimizerConfig(momentum=0.9)

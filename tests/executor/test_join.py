@@ -23,17 +23,17 @@ import ray
 import torch
 from typer.testing import CliRunner
 
-from core.cluster import ClusterSpec, Node
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.errors import ExecutorError, StageFailedError
-from executor.join import default_join_dir, joined_nodes, leave, parse_address, route_ip
-from executor.live_cluster import live_nodes
-from executor.local.persistent_cluster import start_persistent, stop_persistent
-from executor.measured_profile import measure_profile
-from executor.model import ModelSource
-from executor.pipeline import Pipeline, RunConfig, run
-from service.cli import app
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError, StageFailedError
+from pipeplan.executor.join import default_join_dir, joined_nodes, leave, parse_address, route_ip
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.local.persistent_cluster import start_persistent, stop_persistent
+from pipeplan.executor.measured_profile import measure_profile
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import Pipeline, RunConfig, run
+from pipeplan.service.cli import app
 
 pytestmark = pytest.mark.ray
 

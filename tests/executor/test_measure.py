@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.plan import Plan, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from executor.measure import (
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.executor.measure import (
     Comparison,
     Measurement,
     StageMeasurement,
@@ -18,7 +18,7 @@ from executor.measure import (
     relative_error,
     summarise,
 )
-from executor.stage import OpRecord
+from pipeplan.executor.stage import OpRecord
 
 
 def test_relative_error_is_over_the_measured_value() -> None:

@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.errors import PipeplanError
-from core.plan import Plan, Stage
-from core.profile import ModelProfile
-from executor.errors import ExecutorError
-from executor.live_cluster import live_nodes
-from executor.local_cluster import LocalCluster
-from executor.measured_profile import measure_on_type, measure_profile
-from executor.model import ModelSource
-from models.profiler import profile_model
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_profile import measure_on_type, measure_profile
+from pipeplan.executor.model import ModelSource
+from pipeplan.models.profiler import profile_model
 
 pytestmark = pytest.mark.ray
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from agents import Problem
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.formats.pipedream import load_pipedream
-from core.objective import COST_TIE_WEIGHT, Objective
-from core.plan import Plan, Stage
-from core.profile import ModelProfile
-from executor import runtime
-from executor.errors import ExecutorError
-from executor.measured_reward import MeasuredReward, measured_value
-from executor.model import ModelSource
+from pipeplan.agents import Problem
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.objective import COST_TIE_WEIGHT, Objective
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.measured_reward import MeasuredReward, measured_value
+from pipeplan.executor.model import ModelSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 import pytest
 import ray
 
-from agents import Problem
-from core.cluster import ClusterSpec, DeviceType, Node
-from core.costmodel import simulate
-from core.plan import Plan, Stage
-from core.profile import LayerProfile, LayerTiming, ModelProfile
-from executor import metrics, runtime
-from executor.errors import ExecutorError
-from executor.measure import Measurement, publish_errors
-from executor.measured_reward import MeasuredReward
-from executor.metrics import HistogramSpec, RayRecorder
-from executor.model import ModelSource
+from pipeplan.agents import Problem
+from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
+from pipeplan.executor import metrics, runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.measure import Measurement, publish_errors
+from pipeplan.executor.measured_reward import MeasuredReward
+from pipeplan.executor.metrics import HistogramSpec, RayRecorder
+from pipeplan.executor.model import ModelSource
 from tests.executor.test_measure import _measured
 
 Observation = tuple[str, float, dict[str, str]]

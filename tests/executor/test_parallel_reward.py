@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents import Budget, Problem, make_planner
-from agents.rewards import SimulatedReward
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
-from core.errors import PipeplanError
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.errors import ExecutorError
-from executor.parallel_reward import ParallelReward, evaluate_chunk
+from pipeplan.agents import Budget, Problem, make_planner
+from pipeplan.agents.rewards import SimulatedReward
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.parallel_reward import ParallelReward, evaluate_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 

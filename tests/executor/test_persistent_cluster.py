@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from core.cluster import ClusterSpec, Node
-from executor import runtime
-from executor.errors import ExecutorError
-from executor.live_cluster import discover
-from executor.local import persistent_cluster as persistent
-from executor.local.persistent_cluster import (
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.live_cluster import discover
+from pipeplan.executor.local import persistent_cluster as persistent
+from pipeplan.executor.local.persistent_cluster import (
     start_persistent,
     status_persistent,
     stop_persistent,
 )
-from executor.runtime import connect
+from pipeplan.executor.runtime import connect
 
 pytestmark = pytest.mark.ray
 

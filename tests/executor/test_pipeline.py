@@ -20,16 +20,16 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from ray import cloudpickle
 
-from core.cluster import ClusterSpec
-from core.errors import PlanError
-from core.plan import Plan, Schedule, Stage
-from executor import metrics, runtime
-from executor.data import digits_batches, synthetic_batches
-from executor.emulation import slowdown
-from executor.live_cluster import discover, live_nodes, node_resource
-from executor.local_cluster import LocalCluster
-from executor.model import Batch, ModelSource, OptimizerConfig, train_single_process
-from executor.pipeline import Pipeline, RunConfig
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.executor import metrics, runtime
+from pipeplan.executor.data import digits_batches, synthetic_batches
+from pipeplan.executor.emulation import slowdown
+from pipeplan.executor.live_cluster import discover, live_nodes, node_resource
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig, train_single_process
+from pipeplan.executor.pipeline import Pipeline, RunConfig
 from tests.executor import models
 
 pytestmark = pytest.mark.ray

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import runtime
-from executor.errors import ExecutorError
+from pipeplan.executor import runtime
+from pipeplan.executor.errors import ExecutorError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_importing_the_executor_has_no_side_effect() -> None:
 
 _START_LOCAL = """
 import json, ray  # Ray first: it reads its loopback switch now, unset
-from executor import runtime
+from pipeplan.executor import runtime
 started = runtime.ensure(num_cpus=1)
 again = runtime.ensure(num_cpus=1)
 nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]

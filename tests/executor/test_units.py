@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import PipeplanError, PlanError
-from core.plan import Plan, Stage
-from executor.emulation import emulation_sleep
-from executor.live_cluster import LiveNode, nodes_from_ray
-from executor.local.keep_awake import KeepAwake
-from executor.measured_profile import call_sizes
-from executor.microbatch import Layout, Piece, pieces, replica_shares
-from executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
-from executor.partition import ValueKind, count_layers, partition
-from executor.payloads import gather, gather_gradients
-from executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
-from executor.ring import RingState, ring_table, rounds
-from executor.stage import (
+from pipeplan.core.errors import PipeplanError, PlanError
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor.emulation import emulation_sleep
+from pipeplan.executor.live_cluster import LiveNode, nodes_from_ray
+from pipeplan.executor.local.keep_awake import KeepAwake
+from pipeplan.executor.measured_profile import call_sizes
+from pipeplan.executor.microbatch import Layout, Piece, pieces, replica_shares
+from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
+from pipeplan.executor.partition import ValueKind, count_layers, partition
+from pipeplan.executor.payloads import gather, gather_gradients
+from pipeplan.executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
+from pipeplan.executor.ring import RingState, ring_table, rounds
+from pipeplan.executor.stage import (
     HEAP_RESERVE,
     Clock,
     Failure,
@@ -34,7 +34,7 @@ from executor.stage import (
     WorkerSpec,
     heap_reserve,
 )
-from models import zoo
+from pipeplan.models import zoo
 from tests.executor.models import skipnet
 
 NODES = [

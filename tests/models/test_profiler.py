@@ -16,12 +16,12 @@ from torch.fx.passes.split_module import split_module
 from torchvision.models.inception import InceptionA
 from torchvision.models.resnet import BasicBlock
 
-from core.errors import PipeplanError
-from core.profile import ModelProfile
-from models import zoo
-from models.fx_layers import layer_nodes, layer_of_nodes, trace
-from models.layer_timing import calibrated, fit_fixed_per_sample, fit_layers
-from models.profiler import profile_model
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models import zoo
+from pipeplan.models.fx_layers import layer_nodes, layer_of_nodes, trace
+from pipeplan.models.layer_timing import calibrated, fit_fixed_per_sample, fit_layers
+from pipeplan.models.profiler import profile_model
 
 
 def analytic(model: nn.Module, x: torch.Tensor, name: str = "m") -> ModelProfile:
@@ -387,7 +387,7 @@ def test_fit_fixed_per_sample() -> None:
 
 
 def test_pause_sleeps_before_each_timed_whole_model_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    from models import layer_timing
+    from pipeplan.models import layer_timing
 
     model, x = zoo.build("digits_cnn")
     slept: list[float] = []

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import PipeplanError
-from core.profile import ModelProfile
-from models import zoo
-from models.profiler import profile_model
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.profile import ModelProfile
+from pipeplan.models import zoo
+from pipeplan.models.profiler import profile_model
 
 # Small but valid sizes keep the suite fast; GPT keeps GPT-1 widths with 2 blocks.
 SMALL: dict[str, tuple[int, dict[str, Any]]] = {

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from service.cli import main
+from pipeplan.service.cli import main
 
 
 def run_cli(

@@ -30,10 +30,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from core.plan import Plan
-from service.api.app import create_app
-from service.api.backend import ClusterState, NodeState
-from service.api.store import Store
+from pipeplan.core.plan import Plan
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.backend import ClusterState, NodeState
+from pipeplan.service.api.store import Store
 from tests.service.api.conftest import API_TOKEN, FakeBackend, make_settings
 from tests.service.api.test_dashboard import SEARCHED, Seeded, estimate, seed_jobs
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.runner import run_cli as cli
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
-from core.profile import ModelProfile
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
 from tests.core.test_formats import CLUSTER, PLAN, PROFILE
 from tests.service.runner import run_cli as run
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from core.cluster import ClusterSpec, Node
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.local_cluster import LocalCluster
-from executor.measured_reward import MeasuredReward, Outcome
-from executor.model import ModelSource
-from service.tasks.common import RequestError
-from service.tasks.live import JOB_ADDRESS_ENV
-from service.tasks.plan import PlanRequest, check_plan_fields, plan
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_reward import MeasuredReward, Outcome
+from pipeplan.executor.model import ModelSource
+from pipeplan.service.tasks.common import RequestError
+from pipeplan.service.tasks.live import JOB_ADDRESS_ENV
+from pipeplan.service.tasks.plan import PlanRequest, check_plan_fields, plan
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
 SMALL = ClusterSpec(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.plan import Plan
+from pipeplan.core.plan import Plan
 from tests.service.runner import run_cli
 
 

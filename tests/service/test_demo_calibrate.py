@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
-from executor.calibrate import probe_plans
-from executor.measure import Measurement, relative_error
-from executor.measured_reward import Outcome, plan_key
-from service.cli.demo import fidelity_line
-from service.render_runs import demo_table
-from service.tasks import demo as demo_task
-from service.tasks.demo import Demo, DemoRequest, DemoRow
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.executor.calibrate import probe_plans
+from pipeplan.executor.measure import Measurement, relative_error
+from pipeplan.executor.measured_reward import Outcome, plan_key
+from pipeplan.service.cli.demo import fidelity_line
+from pipeplan.service.render_runs import demo_table
+from pipeplan.service.tasks import demo as demo_task
+from pipeplan.service.tasks.demo import Demo, DemoRequest, DemoRow
 from tests.calibration_cases import TRUTH, cluster, profile
 from tests.service.api.test_calibration import measured
 

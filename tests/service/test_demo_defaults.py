@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import Budget, Objective, Problem, make_planner
-from agents.baselines.every_device import bsp_all, pipe_torch_all
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.profile import ModelProfile
-from executor.emulation import slowdown
-from service.cli.demo import demo_command
-from service.tasks.common import cluster_spec
-from service.tasks.demo import DemoRequest, best_single_device
+from pipeplan.agents import Budget, Objective, Problem, make_planner
+from pipeplan.agents.baselines.every_device import bsp_all, pipe_torch_all
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.emulation import slowdown
+from pipeplan.service.cli.demo import demo_command
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.demo import DemoRequest, best_single_device
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "tests" / "data" / "alexnet224_local_pipeline.profile.json"

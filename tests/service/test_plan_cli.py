@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import PLANNERS, Problem, ProblemError
-from agents.compare import default_planners
-from agents.registry import Planner
-from agents.search import Search
-from core.costmodel import simulate
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan
-from core.profile import ModelProfile
-from service.tasks.common import cluster_spec
+from pipeplan.agents import PLANNERS, Problem, ProblemError
+from pipeplan.agents.compare import default_planners
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.tasks.common import cluster_spec
 from tests.service.runner import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ def test_compare_lists_every_planner_and_the_reasons_of_failures(  # type: ignor
     monkeypatch, capsys, profile_path, tmp_path
 ) -> None:
     monkeypatch.setitem(PLANNERS, "failing", f"{__name__}:FailingPlanner")
-    monkeypatch.setitem(PLANNERS, "missing", "agents.baselines.no_such_module:Nope")
+    monkeypatch.setitem(PLANNERS, "missing", "pipeplan.agents.baselines.no_such_module:Nope")
     chart = tmp_path / "chart.png"
     code, out, err = run(
         monkeypatch,
@@ -182,7 +182,7 @@ def test_compare_lists_every_planner_and_the_reasons_of_failures(  # type: ignor
 
 def test_compare_json_ratios_to_best_and_to_exact(monkeypatch, capsys, profile_path) -> None:  # type: ignore[no-untyped-def]
     # stand-in exact planner: uniform under the name brute (the real one may refuse alexnet)
-    monkeypatch.setitem(PLANNERS, "brute", "agents.baselines.uniform:UniformPlanner")
+    monkeypatch.setitem(PLANNERS, "brute", "pipeplan.agents.baselines.uniform:UniformPlanner")
     code, out, err = run(
         monkeypatch,
         capsys,

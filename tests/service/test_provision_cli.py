@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import PipeplanError
-from core.formats.pipedream import load_pipedream
-from service.api.schemas import JobCreate
-from service.api.validation import validate_job
-from service.tasks.plan import PlanRequest, plan
-from service.tasks.provision import ProvisionRequest, pareto, targets
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.service.api.schemas import JobCreate
+from pipeplan.service.api.validation import validate_job
+from pipeplan.service.tasks.plan import PlanRequest, plan
+from pipeplan.service.tasks.provision import ProvisionRequest, pareto, targets
 from tests.service.runner import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_a_plan_job_with_a_catalogue_and_cost_returns_the_rental(profile_path: P
 
 
 def spec_cluster() -> dict[str, object]:
-    from core._io import read_document
+    from pipeplan.core._io import read_document
 
     doc: dict[str, object] = read_document(CATALOGUE)
     return doc

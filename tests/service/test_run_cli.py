@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from core.cluster import ClusterSpec, Node
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.local_cluster import LocalCluster
-from executor.measured_reward import MeasuredReward
-from executor.model import ModelSource
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_reward import MeasuredReward
+from pipeplan.executor.model import ModelSource
 from tests.service.runner import run_cli as cli
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")

@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from agents.problem import ProblemError
-from agents.rewards import Population
-from agents.search import Progress
-from core.batch_eval import PlanBatch
-from core.costmodel import simulate as cost_model
-from core.errors import FormatError
-from core.formats.pipedream import load_pipedream
-from core.plan import Plan
-from core.profile import ModelProfile
-from service.cli.console import validation_message
-from service.tasks.common import Document, RequestError, cluster_spec, presets
-from service.tasks.compare import CompareRequest, compare
-from service.tasks.plan import PlanRequest, plan
-from service.tasks.progress import Reporter
-from service.tasks.simulate import (
+from pipeplan.agents.problem import ProblemError
+from pipeplan.agents.rewards import Population
+from pipeplan.agents.search import Progress
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.costmodel import simulate as cost_model
+from pipeplan.core.errors import FormatError
+from pipeplan.core.formats.pipedream import load_pipedream
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.cli.console import validation_message
+from pipeplan.service.tasks.common import Document, RequestError, cluster_spec, presets
+from pipeplan.service.tasks.compare import CompareRequest, compare
+from pipeplan.service.tasks.plan import PlanRequest, plan
+from pipeplan.service.tasks.progress import Reporter
+from pipeplan.service.tasks.simulate import (
     Kind,
     SimulateRequest,
     UniformPlan,

@@ -16,7 +16,7 @@ Quality against ``brute`` and ``dp``, search time and evaluations: ``bench/plan_
 (results in ``bench/results/plan_quality.json``).
 """
 
-from agents.baselines.genetic.context import GeneticConfig
-from agents.baselines.genetic.islands import GeneticPlanner
+from pipeplan.agents.baselines.genetic.context import GeneticConfig
+from pipeplan.agents.baselines.genetic.islands import GeneticPlanner
 
 __all__ = ["GeneticConfig", "GeneticPlanner"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.baselines.genetic.context import Context
-from agents.baselines.genetic.genome import Genomes, IntArray
-from core import rules
+from pipeplan.agents.baselines.genetic.context import Context
+from pipeplan.agents.baselines.genetic.genome import Genomes, IntArray
+from pipeplan.core import rules
 
 
 def balanced_cuts(ctx: Context, assign: IntArray, mb: IntArray) -> tuple[IntArray, float]:

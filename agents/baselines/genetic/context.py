@@ -15,14 +15,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents.baselines.genetic.genome import FloatArray, Genomes, IntArray, decode, device_classes
-from agents.problem import Objective, Problem, ProblemError
-from agents.search import Search
-from core import rules
-from core.batch_eval import PlanBatch
-from core.plan import Schedule
-from core.schedules import microbatch_count, population_warmups
-from core.tables import CostTables
+from pipeplan.agents.baselines.genetic.genome import (
+    FloatArray,
+    Genomes,
+    IntArray,
+    decode,
+    device_classes,
+)
+from pipeplan.agents.problem import Objective, Problem, ProblemError
+from pipeplan.agents.search import Search
+from pipeplan.core import rules
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.plan import Schedule
+from pipeplan.core.schedules import microbatch_count, population_warmups
+from pipeplan.core.tables import CostTables
 
 
 @dataclass(frozen=True)

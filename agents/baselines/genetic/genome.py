@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.batch_eval import PlanBatch
-from core.cluster import ClusterSpec
+from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.cluster import ClusterSpec
 
 IntArray = np.ndarray
 FloatArray = np.ndarray

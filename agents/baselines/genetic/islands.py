@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.baselines.genetic.balance import rebalance
-from agents.baselines.genetic.context import Context, GeneticConfig
-from agents.baselines.genetic.genome import FloatArray, Genomes, IntArray
-from agents.baselines.genetic.operators import (
+from pipeplan.agents.baselines.genetic.balance import rebalance
+from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig
+from pipeplan.agents.baselines.genetic.genome import FloatArray, Genomes, IntArray
+from pipeplan.agents.baselines.genetic.operators import (
     crossover,
     duplicates,
     mutate,
@@ -37,10 +37,10 @@ from agents.baselines.genetic.operators import (
     repair,
     tournament,
 )
-from agents.baselines.genetic.seeds import random_genomes, seed_genomes
-from agents.problem import Problem, ProblemError
-from agents.registry import Planner
-from agents.search import Search
+from pipeplan.agents.baselines.genetic.seeds import random_genomes, seed_genomes
+from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.agents.registry import Planner
+from pipeplan.agents.search import Search
 
 
 @dataclass

@@ -13,9 +13,9 @@ import itertools
 
 import numpy as np
 
-from agents.baselines.genetic.balance import rebalance
-from agents.baselines.genetic.context import Context
-from agents.baselines.genetic.genome import FloatArray, Genomes, IntArray, canonical
+from pipeplan.agents.baselines.genetic.balance import rebalance
+from pipeplan.agents.baselines.genetic.context import Context
+from pipeplan.agents.baselines.genetic.genome import FloatArray, Genomes, IntArray, canonical
 
 
 def repair_cuts(cuts: IntArray, n_layers: int) -> IntArray:

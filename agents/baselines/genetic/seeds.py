@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 
-from agents.baselines.genetic.balance import balanced_cuts, rebalance
-from agents.baselines.genetic.context import Context
-from agents.baselines.genetic.genome import Genomes, IntArray, canonical
-from agents.baselines.genetic.operators import ranking, repair, repair_devices
-from agents.problem import Objective
+from pipeplan.agents.baselines.genetic.balance import balanced_cuts, rebalance
+from pipeplan.agents.baselines.genetic.context import Context
+from pipeplan.agents.baselines.genetic.genome import Genomes, IntArray, canonical
+from pipeplan.agents.baselines.genetic.operators import ranking, repair, repair_devices
+from pipeplan.agents.problem import Objective
 
 
 def _one_per_stage(ctx: Context, S: int, n: int) -> IntArray:

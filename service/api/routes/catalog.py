@@ -10,21 +10,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
-from agents.problem import ProblemError
-from agents.registry import PLANNERS, planner_class
-from core.cluster import ClusterSpec
-from models import zoo
-from service.api.auth import ApiAuth
-from service.api.calibration import preset_sha256, view
-from service.api.deps import StoreDep
-from service.api.schemas import (
+from pipeplan.agents.problem import ProblemError
+from pipeplan.agents.registry import PLANNERS, planner_class
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.models import zoo
+from pipeplan.service.api.auth import ApiAuth
+from pipeplan.service.api.calibration import preset_sha256, view
+from pipeplan.service.api.deps import StoreDep
+from pipeplan.service.api.schemas import (
     ClusterCalibration,
     ClusterInfo,
     ModelInfo,
     PlannerInfo,
     error_responses,
 )
-from service.tasks.common import PRESETS_DIR, presets
+from pipeplan.service.tasks.common import PRESETS_DIR, presets
 
 router = APIRouter(prefix="/v1", tags=["catalog"], responses=error_responses(401, 403))
 

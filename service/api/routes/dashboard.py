@@ -18,18 +18,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from service.api.auth import COOKIE, CSRF_HEADER, is_api_token
-from service.api.backend import ClusterSource
-from service.api.calibration import MIN_RUNS
-from service.api.deps import AppContext, ContextDep
-from service.api.routes.events import SEQ_MAX
-from service.api.routes.jobs import JobId
-from service.api.schemas import Event, EventType, JobKind, JobState
-from service.api.store import JobNotFound
-from service.web import TEMPLATES_DIR
-from service.web.cluster_view import cluster_view
-from service.web.format import FILTERS
-from service.web.job_plan import plan_panel
+from pipeplan.service.api.auth import COOKIE, CSRF_HEADER, is_api_token
+from pipeplan.service.api.backend import ClusterSource
+from pipeplan.service.api.calibration import MIN_RUNS
+from pipeplan.service.api.deps import AppContext, ContextDep
+from pipeplan.service.api.routes.events import SEQ_MAX
+from pipeplan.service.api.routes.jobs import JobId
+from pipeplan.service.api.schemas import Event, EventType, JobKind, JobState
+from pipeplan.service.api.store import JobNotFound
+from pipeplan.service.web import TEMPLATES_DIR
+from pipeplan.service.web.cluster_view import cluster_view
+from pipeplan.service.web.format import FILTERS
+from pipeplan.service.web.job_plan import plan_panel
 
 MAX_LOGIN_BODY = 4096
 """A login form is one token and a path; a longer body is refused unread."""

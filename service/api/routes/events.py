@@ -12,12 +12,12 @@ from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.api.auth import ApiAuth, JobAuth
-from service.api.calibration import parse_observations
-from service.api.deps import CalibratorDep, MetricsDep, SettingsDep, StoreDep
-from service.api.routes.jobs import JobId
-from service.api.schemas import Event, EventAck, EventPost, error_responses
-from service.api.store import Store
+from pipeplan.service.api.auth import ApiAuth, JobAuth
+from pipeplan.service.api.calibration import parse_observations
+from pipeplan.service.api.deps import CalibratorDep, MetricsDep, SettingsDep, StoreDep
+from pipeplan.service.api.routes.jobs import JobId
+from pipeplan.service.api.schemas import Event, EventAck, EventPost, error_responses
+from pipeplan.service.api.store import Store
 
 MAX_EVENTS = 10_000
 SEQ_MAX = 2**62

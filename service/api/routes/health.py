@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from service.api.auth import ApiAuth
-from service.api.deps import BackendDep, StoreDep
-from service.api.schemas import Health, error_responses
+from pipeplan.service.api.auth import ApiAuth
+from pipeplan.service.api.deps import BackendDep, StoreDep
+from pipeplan.service.api.schemas import Health, error_responses
 
 router = APIRouter(tags=["health"])
 

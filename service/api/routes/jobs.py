@@ -7,13 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import PlainTextResponse
 
-from service.api.auth import ApiAuth, JobAuth, hash_token, new_job_token
-from service.api.backend import JobsBackend, Submission
-from service.api.calibration import calibrated_job
-from service.api.deps import BackendDep, SettingsDep, StoreDep
-from service.api.schemas import Job, JobCreate, JobKind, JobPage, JobState, error_responses
-from service.api.store import Store
-from service.api.validation import validate_job
+from pipeplan.service.api.auth import ApiAuth, JobAuth, hash_token, new_job_token
+from pipeplan.service.api.backend import JobsBackend, Submission
+from pipeplan.service.api.calibration import calibrated_job
+from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
+from pipeplan.service.api.schemas import Job, JobCreate, JobKind, JobPage, JobState, error_responses
+from pipeplan.service.api.store import Store
+from pipeplan.service.api.validation import validate_job
 
 MAX_PAGE = 1000
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"

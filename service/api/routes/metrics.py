@@ -6,10 +6,10 @@ from functools import partial
 
 from fastapi import APIRouter, Response
 
-from service.api.auth import ApiAuth
-from service.api.deps import MetricsDep, StoreDep
-from service.api.metrics import CONTENT_TYPE, JobProgressCollector, progress_window
-from service.api.schemas import error_responses
+from pipeplan.service.api.auth import ApiAuth
+from pipeplan.service.api.deps import MetricsDep, StoreDep
+from pipeplan.service.api.metrics import CONTENT_TYPE, JobProgressCollector, progress_window
+from pipeplan.service.api.schemas import error_responses
 
 router = APIRouter(tags=["metrics"], responses=error_responses(401, 403))
 

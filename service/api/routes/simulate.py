@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.api.auth import ApiAuth
-from service.api.schemas import error_responses
-from service.api.validation import validate_simulate
-from service.tasks.simulate import SimulateRequest, simulate
+from pipeplan.service.api.auth import ApiAuth
+from pipeplan.service.api.schemas import error_responses
+from pipeplan.service.api.validation import validate_simulate
+from pipeplan.service.tasks.simulate import SimulateRequest, simulate
 
 router = APIRouter(
     prefix="/v1", tags=["simulate"], responses=error_responses(400, 401, 403, 413, 422)

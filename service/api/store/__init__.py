@@ -7,15 +7,15 @@ layers, one module each: :mod:`.database` (the engine and shared helpers),
 tables, the jobs' life) and :mod:`.events` (storing events and applying them to their job).
 """
 
-from service.api.store.calibrations import (
+from pipeplan.service.api.store.calibrations import (
     CalibrationRecord,
     CalibrationStore,
     ObservationRow,
     StoredObservation,
 )
-from service.api.store.database import Database, finite, make_engine, now
-from service.api.store.events import ENDS, Store, check_batch
-from service.api.store.jobs import (
+from pipeplan.service.api.store.database import Database, finite, make_engine, now
+from pipeplan.service.api.store.events import ENDS, Store, check_batch
+from pipeplan.service.api.store.jobs import (
     OPEN_STATES,
     BadCursor,
     JobFinished,

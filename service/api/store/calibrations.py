@@ -29,7 +29,7 @@ from sqlalchemy import (
     update,
 )
 
-from service.api.store.database import Database, finite, insert_ignore, now, utc
+from pipeplan.service.api.store.database import Database, finite, insert_ignore, now, utc
 
 
 def calibration_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table, Table]:

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from service.api.schemas import ERROR_KEY, TERMINAL, Event, EventIn, EventType, JobState
-from service.api.store.calibrations import ObservationRow
-from service.api.store.database import finite, now, utc
-from service.api.store.jobs import JobFinished, JobNotFound, JobStore
+from pipeplan.service.api.schemas import ERROR_KEY, TERMINAL, Event, EventIn, EventType, JobState
+from pipeplan.service.api.store.calibrations import ObservationRow
+from pipeplan.service.api.store.database import finite, now, utc
+from pipeplan.service.api.store.jobs import JobFinished, JobNotFound, JobStore
 
 ENDS = frozenset({EventType.RESULT, EventType.ERROR})
 """The events that end a job."""

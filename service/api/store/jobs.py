@@ -31,9 +31,9 @@ from sqlalchemy import (
     update,
 )
 
-from service.api.schemas import TERMINAL, Job, JobKind, JobState
-from service.api.store.calibrations import CalibrationStore
-from service.api.store.database import finite, now, utc
+from pipeplan.service.api.schemas import TERMINAL, Job, JobKind, JobState
+from pipeplan.service.api.store.calibrations import CalibrationStore
+from pipeplan.service.api.store.database import finite, now, utc
 
 OPEN_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 

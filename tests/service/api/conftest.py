@@ -16,11 +16,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from service.api.backend import BackendState, BackendStatus, ClusterState, Submission
-from service.api.calibration_fit import FitWorker
-from service.api.settings import Settings
-from service.api.store import Store
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.backend import BackendState, BackendStatus, ClusterState, Submission
+from pipeplan.service.api.calibration_fit import FitWorker
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.api.store import Store
 
 API_TOKEN = "test-api-token"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}

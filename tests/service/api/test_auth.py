@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.settings import Settings, SettingsError, check_bind, resolve_token
+from pipeplan.service.api.settings import Settings, SettingsError, check_bind, resolve_token
 from tests.service.api.conftest import FakeBackend
 
 SPEC = {"cluster": "local-hetero", "model": "alexnet", "planner": "dp"}

@@ -19,19 +19,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text as sql
 from sqlalchemy import update
 
-from core.cluster import ClusterSpec
-from core.costmodel import simulate
-from core.plan import Plan
-from executor.measure import Measurement, StageMeasurement
-from service.api.calibration import MIN_RUNS, Calibrator, fit_payload, parse_observations
-from service.api.calibration_fit import FitWorker
-from service.api.schemas import ClusterCalibration, EventIn, EventType, Job, JobKind
-from service.api.store import Store
-from service.cli.job_view import predictions_line
-from service.tasks.events import EventReporter
-from service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
-from service.tasks.run import measured_run
-from service.web.cluster_view import calibration_panel
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.executor.measure import Measurement, StageMeasurement
+from pipeplan.service.api.calibration import MIN_RUNS, Calibrator, fit_payload, parse_observations
+from pipeplan.service.api.calibration_fit import FitWorker
+from pipeplan.service.api.schemas import ClusterCalibration, EventIn, EventType, Job, JobKind
+from pipeplan.service.api.store import Store
+from pipeplan.service.cli.job_view import predictions_line
+from pipeplan.service.tasks.events import EventReporter
+from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc, spec_sha256
+from pipeplan.service.tasks.run import measured_run
+from pipeplan.service.web.cluster_view import calibration_panel
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.api.conftest import FakeBackend
 

@@ -23,12 +23,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from rich.console import Console
 
-from service import client as client_module
-from service.api.schemas import Event, EventType, JobState
-from service.cli import jobs as jobs_cli
-from service.cli.job_view import comparison_table, render_result
-from service.cli.plan import _render_plan
-from service.client import (
+from pipeplan.service import client as client_module
+from pipeplan.service.api.schemas import Event, EventType, JobState
+from pipeplan.service.cli import jobs as jobs_cli
+from pipeplan.service.cli.job_view import comparison_table, render_result
+from pipeplan.service.cli.plan import _render_plan
+from pipeplan.service.client import (
     Client,
     ServiceError,
     ServiceUnreachable,
@@ -37,9 +37,9 @@ from service.client import (
     parse_sse,
     token_from_env,
 )
-from service.render import comparison_table as local_comparison_table
-from service.tasks.compare import CompareRequest, compare
-from service.tasks.plan import PlanRequest, plan
+from pipeplan.service.render import comparison_table as local_comparison_table
+from pipeplan.service.tasks.compare import CompareRequest, compare
+from pipeplan.service.tasks.plan import PlanRequest, plan
 from tests.core.test_formats import CLUSTER, PROFILE
 from tests.service.api.conftest import API_TOKEN, FakeBackend
 from tests.service.runner import run_cli

@@ -21,23 +21,29 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from core.costmodel import Estimate, simulate
-from core.plan import Plan
-from core.profile import ModelProfile
-from service.api.app import create_app
-from service.api.auth import COOKIE, CSRF_HEADER
-from service.api.backend import BackendState, BackendStatus, ClusterState, NodeState, Submission
-from service.api.ray_jobs import RayJobsBackend, nodes_from_dashboard
-from service.api.routes.dashboard import local_path
-from service.api.schemas import JobKind
-from service.api.settings import Settings
-from service.api.store import Store
-from service.tasks.common import cluster_spec, zoo_profile
-from service.tasks.progress import QUIET
-from service.web import plan_view
-from service.web.plan_view import gantt_svg, plan_grid_svg
-from service.web.run_view import comparison_of, stage_bars_svg
-from service.web.svg import nice_ticks
+from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.auth import COOKIE, CSRF_HEADER
+from pipeplan.service.api.backend import (
+    BackendState,
+    BackendStatus,
+    ClusterState,
+    NodeState,
+    Submission,
+)
+from pipeplan.service.api.ray_jobs import RayJobsBackend, nodes_from_dashboard
+from pipeplan.service.api.routes.dashboard import local_path
+from pipeplan.service.api.schemas import JobKind
+from pipeplan.service.api.settings import Settings
+from pipeplan.service.api.store import Store
+from pipeplan.service.tasks.common import cluster_spec, zoo_profile
+from pipeplan.service.tasks.progress import QUIET
+from pipeplan.service.web import plan_view
+from pipeplan.service.web.plan_view import gantt_svg, plan_grid_svg
+from pipeplan.service.web.run_view import comparison_of, stage_bars_svg
+from pipeplan.service.web.svg import nice_ticks
 from tests.core.test_formats import PROFILE
 from tests.service.api.conftest import API_TOKEN, AUTH, FakeBackend
 

@@ -10,18 +10,18 @@ import threading
 import httpx
 import pytest
 
-from agents.problem import Objective
-from core.plan import Plan, Schedule
-from service.cli.job import run_job
-from service.tasks.common import cluster_spec
-from service.tasks.events import (
+from pipeplan.agents.problem import Objective
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.service.cli.job import run_job
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.events import (
     Delivery,
     EventChannel,
     EventDeliveryError,
     EventReporter,
     PlanContext,
 )
-from service.tasks.plan import PlanRequest, plan
+from pipeplan.service.tasks.plan import PlanRequest, plan
 from tests.core.test_formats import CLUSTER, PROFILE
 
 JOB = "j1"

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from service.api.metrics import CONTENT_TYPE, RECENT_JOBS, RUNNING_JOBS, progress_window
-from service.api.schemas import EventIn, EventType, JobKind, JobState
-from service.api.store import Store
+from pipeplan.service.api.metrics import CONTENT_TYPE, RECENT_JOBS, RUNNING_JOBS, progress_window
+from pipeplan.service.api.schemas import EventIn, EventType, JobKind, JobState
+from pipeplan.service.api.store import Store
 
 SPEC = {"cluster": "local-hetero", "model": "alexnet", "planner": "dp"}
 

@@ -20,18 +20,18 @@ from typing import Any
 import httpx
 import pytest
 
-from core.cluster import ClusterSpec, Node
-from executor.local.persistent_cluster import (
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.executor.local.persistent_cluster import (
     PersistentCluster,
     is_running,
     read_state,
     stop_persistent,
 )
-from executor.ray_jobs import RayJobs
-from service.api.backend import BackendState, Submission
-from service.api.ray_jobs import JOB_TOKEN_ENV, RayJobsBackend
-from service.tasks.common import cluster_spec
-from service.tasks.plan import PlanRequest, plan
+from pipeplan.executor.ray_jobs import RayJobs
+from pipeplan.service.api.backend import BackendState, Submission
+from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV, RayJobsBackend
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.plan import PlanRequest, plan
 from tests.core.test_formats import PROFILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]

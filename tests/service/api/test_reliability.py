@@ -34,22 +34,22 @@ import ray  # noqa: F401  (importing Ray puts its bundled psutil on the path)
 # isort: split
 import psutil
 
-from core.cluster import ClusterSpec, Node
-from core.errors import PlanError
-from core.plan import Plan, Stage
-from executor import runtime
-from executor.live_cluster import live_nodes
-from executor.local.persistent_cluster import (
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import runtime
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.local.persistent_cluster import (
     PersistentCluster,
     is_running,
     read_state,
     stop_persistent,
 )
-from executor.model import ModelSource
-from executor.pipeline import Pipeline
-from executor.ray_jobs import RayJobs
-from service.tasks.common import cluster_spec, zoo_profile
-from service.tasks.progress import QUIET
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import Pipeline
+from pipeplan.executor.ray_jobs import RayJobs
+from pipeplan.service.tasks.common import cluster_spec, zoo_profile
+from pipeplan.service.tasks.progress import QUIET
 from tests.core.test_formats import PROFILE
 from tests.service.api.test_ray_jobs import (
     TOKEN,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app, reconcile
-from service.api.backend import BackendState, BackendStatus
-from service.api.schemas import JobKind
-from service.api.store import Store
+from pipeplan.service.api.app import create_app, reconcile
+from pipeplan.service.api.backend import BackendState, BackendStatus
+from pipeplan.service.api.schemas import JobKind
+from pipeplan.service.api.store import Store
 from tests.core.test_formats import CLUSTER, PROFILE
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 

@@ -12,8 +12,8 @@ import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 
-from service.api.app import create_app
-from service.api.store import Store
+from pipeplan.service.api.app import create_app
+from pipeplan.service.api.store import Store
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 
 CHECKS = [

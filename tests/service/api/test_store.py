@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.api.schemas import EventIn, EventType, JobKind, JobState
-from service.api.store import BadCursor, JobFinished, JobNotFound, Store
+from pipeplan.service.api.schemas import EventIn, EventType, JobKind, JobState
+from pipeplan.service.api.store import BadCursor, JobFinished, JobNotFound, Store
 
 
 def _job(db: Store, kind: JobKind = JobKind.PLAN) -> str:
