@@ -76,16 +76,18 @@ from typing import Any
 
 from pipeplan.agents import Budget, Objective, Problem, make_planner
 from pipeplan.agents.baselines import every_device
-from pipeplan.core.calibration import Calibration
+from pipeplan.core import held_out as split
 from pipeplan.core.cluster import ClusterSpec, parse_device_id
 from pipeplan.core.costmodel import Estimate, simulate
+from pipeplan.core.held_out import relative_error
+from pipeplan.core.observations import Observation, observation_of_run
 from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation, fit, observation_of_run
+from pipeplan.executor.calibrate import fit_folds
 from pipeplan.executor.emulation import EMULATED_NOTE, IDLE_PAUSE_S
 from pipeplan.executor.emulation import slowdown as type_slowdown
 from pipeplan.executor.local_cluster import LocalCluster
-from pipeplan.executor.measure import Measurement, relative_error
+from pipeplan.executor.measure import Measurement
 from pipeplan.executor.measured_profile import call_sizes, measure_profile
 from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pipeline import RunConfig, run
@@ -475,8 +477,7 @@ def errors_of(results: list[Result], kind: str | None = None) -> list[float]:
 
 
 def median_error(results: list[Result], kind: str | None = None) -> float:
-    errs = errors_of(results, kind)
-    return statistics.median(errs) if errs else math.nan
+    return split.median_abs(errors_of(results, kind))
 
 
 HELD_OUT = ("held-out model", "held-out plan")
@@ -509,27 +510,22 @@ def held_out(
     """Each row's predicted batch time under each :data:`HELD_OUT` calibration, and the
     leave-one-model-out fits' terms by model (``per_model``: :func:`executor.calibrate.fit`'s;
     a held-out model has no runs in its fit, so no factor of its own either way)."""
+    by_model = split.leave_group_out([r.model for r in rows])
+    by_plan = split.leave_one_out(len(rows))
+    folds = [*by_model.values(), *by_plan]
+    kinds = [HELD_OUT[0]] * len(by_model) + [HELD_OUT[1]] * len(by_plan)
+    records: list[dict[str, Any]] = [{"held_out_model": m} for m in by_model]
+    records += [{"held_out_plan": j} for j in range(len(rows))]
+    fitted = fit_folds(spec, [r.runs for r in rows], folds, per_model, records)
     predicted: list[dict[str, float]] = [{} for _ in rows]
-    fits: dict[str, Any] = {}
-
-    def predict(kind: str, left_out: set[int], record: dict[str, Any]) -> Calibration | None:
-        """Fit to every run but those of ``left_out``; predict those rows under ``kind``."""
-        seen = [o for i, r in enumerate(rows) if i not in left_out for o in r.runs]
-        if not seen:
-            return None
-        cal = fit(spec, seen, record, per_model).calibration
+    for fold, kind, cal in zip(folds, kinds, fitted, strict=True):
+        if cal is None:  # nothing left to fit: a lone model
+            continue
         calibrated = spec.calibrated(cal)
-        for i in left_out:
+        for i in fold.test:
             predicted[i][kind] = simulate(rows[i].plan, rows[i].profile, calibrated).batch_time_s
-        return cal
-
-    for model in sorted({r.model for r in rows}):
-        same = {i for i, r in enumerate(rows) if r.model == model}
-        cal = predict(HELD_OUT[0], same, {"held_out_model": model})
-        if cal is not None:
-            fits[model] = cal.to_dict()
-    for j in range(len(rows)):
-        predict(HELD_OUT[1], {j}, {"held_out_plan": j})
+    per_model_fits = zip(by_model, fitted[: len(by_model)], strict=True)
+    fits = {m: cal.to_dict() for m, cal in per_model_fits if cal is not None}
     return predicted, fits
 
 

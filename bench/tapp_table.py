@@ -90,12 +90,14 @@ from pipeplan.agents.baselines import every_device
 from pipeplan.agents.problem import ProblemError
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
+from pipeplan.core.held_out import relative_error
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation, fit
+from pipeplan.executor.calibrate import fit
 from pipeplan.executor.emulation import EMULATED_NOTE
 from pipeplan.executor.local_cluster import LocalCluster
-from pipeplan.executor.measure import Measurement, relative_error
+from pipeplan.executor.measure import Measurement
 from pipeplan.executor.measured_profile import measure_profile
 from pipeplan.executor.model import ModelSource, OptimizerConfig
 from pipeplan.executor.pipeline import RunConfig, run

@@ -1,8 +1,8 @@
 """Fit a cluster's calibration (:mod:`core.calibration`) to measured runs, by least squares.
 
-An :class:`Observation` is one measured plan with the profile it was predicted from: the
-measured batch time and, per stage, the busiest replica's forward and backward per call.
-:func:`fit` finds the terms that make the cost model agree with them:
+An :class:`~core.observations.Observation` is one measured plan with the profile it was
+predicted from: the measured batch time and, per stage, the busiest replica's forward and
+backward per call. :func:`fit` finds the terms that make the cost model agree with them:
 
 - per device type: a compute scale and a call overhead for forwards and for backwards, and
   the memory bandwidth of its optimizer update (rule 8u);
@@ -28,13 +28,14 @@ pin what only a whole step shows (sends, the driver's overhead). A type or a lin
 observation uses keeps its spec values.
 
 :func:`errors` gives each observation's batch-time error under a cluster, to compare a fit
-with the uncalibrated spec on plans the fit did not see.
+with the uncalibrated spec on plans the fit did not see; :func:`fit_folds` fits once per
+held-out split (:mod:`core.held_out`) and :func:`held_out_errors` judges each fit on the
+observations it left out. Only :mod:`core`, numpy and scipy are imported: no torch, no Ray.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +48,10 @@ from pipeplan.core.calibration import LINK_CLASSES, MAX_SCALE, MIN_SCALE, Calibr
 from pipeplan.core.cluster import ClusterSpec, device_id
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.errors import PlanError
+from pipeplan.core.held_out import Fold, median_abs, relative_error
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.measure import Measurement, relative_error
 
 STAGE_WEIGHT = 0.5
 """Weight of a stage's per-call residuals beside a batch time's (1)."""
@@ -77,96 +79,6 @@ machine. Unbounded, one of ``bench.fidelity``'s held-out fits sent the slow type
 to 14 TB/s: where a type's updates are a small share of the batch time they pin it
 weakly, and the batch times pulled it."""
 MS, MB = 1e-3, 1e6
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One measured plan: what the fit reads of it."""
-
-    plan: Plan
-    profile: ModelProfile
-    batch_time_s: float
-    forward_s: tuple[float, ...]
-    """Per stage, the busiest replica's mean forward per call."""
-    backward_s: tuple[float, ...]
-    allreduce_s: tuple[float, ...] = ()
-    """Per stage, the replicas' measured ring all-reduce per step (0 without replicas); empty
-    when the run did not record it (runs measured before it was)."""
-    update_s: tuple[float, ...] = ()
-    """Per stage, the busiest replica's measured optimizer update per step; empty when the
-    run did not record it."""
-
-    @classmethod
-    def of(cls, measurement: Measurement, profile: ModelProfile) -> Observation:
-        plan = measurement.plan
-        m = [plan.microbatches(s) for s in range(plan.num_stages)]
-        return cls(
-            plan=plan,
-            profile=profile,
-            batch_time_s=measurement.batch_time_s,
-            forward_s=tuple(st.forward_s / k for st, k in zip(measurement.stages, m, strict=True)),
-            backward_s=tuple(
-                st.backward_s / k for st, k in zip(measurement.stages, m, strict=True)
-            ),
-            allreduce_s=tuple(st.allreduce_s for st in measurement.stages),
-            update_s=tuple(st.update_s for st in measurement.stages),
-        )
-
-
-def observation_of_run(doc: Any, profile: ModelProfile, where: str = "run") -> Observation:
-    """An :class:`Observation` from a measured run's document (``pipeplan run --json``: its
-    ``plan`` and ``measured``, a :class:`~executor.measure.Measurement` as a dict); errors
-    name the field and the value."""
-    if not isinstance(doc, dict):
-        raise PlanError(f"{where}: expected a run document (an object), got {type(doc).__name__}")
-    if "plan" not in doc or "measured" not in doc:
-        raise PlanError(
-            f"{where}: needs 'plan' and 'measured' (the output of `pipeplan run --json`)"
-        )
-    plan = Plan.from_dict(doc["plan"])
-    measured = doc["measured"]
-    stages = measured.get("stages") if isinstance(measured, dict) else None
-    if not isinstance(stages, list) or len(stages) != plan.num_stages:
-        raise PlanError(
-            f"{where}.measured.stages: expected {plan.num_stages} stages (one per stage of the "
-            f"plan), got {stages!r:.80}"
-        )
-    batch_time = measured.get("batch_time_s")
-    if isinstance(batch_time, bool) or not isinstance(batch_time, int | float) or batch_time <= 0:
-        raise PlanError(f"{where}.measured.batch_time_s: must be a number > 0, got {batch_time!r}")
-    per_call: list[tuple[float, float]] = []
-    rings: list[float] = []
-    updates: list[float] = []
-    for s, st in enumerate(stages):
-        m = plan.microbatches(s)
-        try:
-            per_call.append((float(st["forward_s"]) / m, float(st["backward_s"]) / m))
-        except (KeyError, TypeError, ValueError):
-            raise PlanError(
-                f"{where}.measured.stages[{s}]: needs numbers forward_s and backward_s, "
-                f"got {st!r:.80}"
-            ) from None
-        # absent from runs measured before they were recorded: 0, not fitted
-        rings.append(_seconds(st, "allreduce_s", f"{where}.measured.stages[{s}]"))
-        updates.append(_seconds(st, "update_s", f"{where}.measured.stages[{s}]"))
-    plan.validate(profile, None)
-    return Observation(
-        plan,
-        profile,
-        float(batch_time),
-        tuple(f for f, _ in per_call),
-        tuple(b for _, b in per_call),
-        tuple(rings),
-        tuple(updates),
-    )
-
-
-def _seconds(doc: dict[str, Any], key: str, where: str) -> float:
-    """A measured duration, 0 where absent; errors name the field and the value."""
-    value = doc.get(key, 0.0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise PlanError(f"{where}.{key}: must be a number >= 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -389,9 +301,40 @@ def fit(
     return Fit(terms.calibration(result.x, summary), before, after, int(result.nfev))
 
 
-def median_abs(values: Sequence[float]) -> float:
-    """Median of ``|values|`` (nan when empty)."""
-    return statistics.median(abs(v) for v in values) if values else math.nan
+def fit_folds(
+    cluster: ClusterSpec,
+    rows: Sequence[Sequence[Observation]],
+    folds: Sequence[Fold],
+    per_model: bool = True,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> list[Calibration | None]:
+    """Per fold (:mod:`core.held_out`), the calibration fitted to the runs of its ``train``
+    rows (a row: the runs of one plan), None where they have none; ``records[i]`` goes into
+    fold ``i``'s ``fit`` block, ``per_model`` as in :func:`fit`."""
+    out: list[Calibration | None] = []
+    for i, fold in enumerate(folds):
+        seen = [o for j in fold.train for o in rows[j]]
+        record = records[i] if records is not None else None
+        out.append(fit(cluster, seen, record, per_model).calibration if seen else None)
+    return out
+
+
+def held_out_errors(
+    cluster: ClusterSpec, observations: Sequence[Observation], folds: Sequence[Fold]
+) -> tuple[list[float], list[float]]:
+    """Each held-out observation's batch-time error before (``cluster`` as given) and after
+    (the calibration fitted without it), in the folds' order; a fold with nothing to fit
+    judges nothing."""
+    before: list[float] = []
+    after: list[float] = []
+    fits = fit_folds(cluster, [(o,) for o in observations], folds)
+    for fold, calibration in zip(folds, fits, strict=True):
+        if calibration is None:
+            continue
+        test = [observations[i] for i in fold.test]
+        before += errors(cluster, test)
+        after += errors(cluster.calibrated(calibration), test)
+    return before, after
 
 
 def probe_plans(cluster: ClusterSpec, profile: ModelProfile, batch: int) -> list[Plan]:

@@ -23,7 +23,6 @@ measure, and new jobs on that cluster predict with it (README, "Calibration from
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 from pipeplan.core.calibration import Calibration
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PipeplanError
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.service.api.calibration_fit import MIN_RUNS as MIN_RUNS
@@ -80,25 +80,6 @@ Key = tuple[str, str]
 
 
 # --- observations in events -------------------------------------------------------------------
-
-
-def _number(value: Any, where: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise RequestError(f"{where}: expected a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise RequestError(f"{where}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
-def _times(doc: Mapping[str, Any], key: str, where: str, stages: int) -> tuple[float, ...]:
-    value = doc.get(key)
-    if not isinstance(value, list):
-        raise RequestError(f"{where}.{key}: expected a list of seconds, got {value!r}")
-    if len(value) != stages:
-        raise RequestError(
-            f"{where}.{key}: {len(value)} values for a plan of {stages} stages, got {value!r}"
-        )
-    return tuple(_number(v, f"{where}.{key}[{i}]") for i, v in enumerate(value))
 
 
 def _core(where: str, e: PipeplanError) -> RequestError:
@@ -151,6 +132,10 @@ def _one(
     emulated = doc.get("emulated", False)
     if not isinstance(emulated, bool):
         raise RequestError(f"{at}.emulated: expected true or false, got {emulated!r}")
+    try:
+        o = Observation.from_doc(doc, plan, profiles[sha], at)
+    except PipeplanError as e:
+        raise RequestError(str(e)) from None
     plan_doc = plan.to_dict()
     return ObservationRow(
         cluster_name=spec.name,
@@ -160,12 +145,12 @@ def _one(
         profile=None if profile_doc is None else dict(profile_doc),
         plan_sha256=document_sha256(plan_doc),
         plan=plan_doc,
-        batch_time_s=_number(doc.get("batch_time_s"), f"{at}.batch_time_s", positive=True),
-        forward_s=_times(doc, "forward_s", at, plan.num_stages),
-        backward_s=_times(doc, "backward_s", at, plan.num_stages),
+        batch_time_s=o.batch_time_s,
+        forward_s=o.forward_s,
+        backward_s=o.backward_s,
         emulated=emulated,
-        allreduce_s=_times(doc, "allreduce_s", at, plan.num_stages) if "allreduce_s" in doc else (),
-        update_s=_times(doc, "update_s", at, plan.num_stages) if "update_s" in doc else (),
+        allreduce_s=o.allreduce_s,
+        update_s=o.update_s,
     )
 
 

@@ -5,11 +5,13 @@ GIL against request handling, so :class:`FitWorker` runs it in one child process
 on the first fit, kept for the next, shut down with the app). What crosses the boundary is
 plain data: a :class:`FitPayload` (the uncalibrated spec, each profile once, the runs)
 goes in, a :class:`FitOutcome` (the fit record, or why the runs could not be fitted) comes
-back. Only :mod:`core` and :mod:`executor` are needed on the worker's side.
+back. Only :mod:`core` and :mod:`executor.calibrate` (no torch, no Ray) are needed on the
+worker's side.
 
-The fit is judged **held out**: with :data:`HOLD_OUT_FROM` observations or more, the fit on
-all but the newest quarter is judged on that quarter (the plans the cluster will be asked
-about next are more like the newest); with fewer, leave-one-out. The calibration kept is
+The fit is judged **held out** (:func:`core.held_out.by_count`): with
+:data:`~core.held_out.HOLD_OUT_FROM` observations or more, the fit on all but the newest
+quarter is judged on that quarter (the plans the cluster will be asked about next are more
+like the newest); with fewer, leave-one-out. The calibration kept is
 then fitted on every observation, and new jobs use it once it has :data:`MIN_RUNS` runs and
 its held-out error is no worse than the spec's (:mod:`service.api.calibration`).
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -28,16 +29,16 @@ from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
+from pipeplan.core import held_out as split
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PipeplanError
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation, errors, fit
+from pipeplan.executor.calibrate import fit, held_out_errors
 
 MIN_RUNS = 3
 """Observations a calibration needs before new jobs use it."""
-HOLD_OUT_FROM = 4
-"""From this many observations the newest quarter is held out; below, leave-one-out."""
 
 
 class RunDoc(TypedDict):
@@ -89,40 +90,19 @@ def _end_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
-def _median_abs(values: Sequence[float]) -> float | None:
-    return statistics.median(abs(v) for v in values) if values else None
-
-
-def _max_abs(values: Sequence[float]) -> float | None:
-    return max(abs(v) for v in values) if values else None
-
-
 def held_out(
     spec: ClusterSpec, observations: Sequence[Observation]
 ) -> tuple[str, list[float], list[float]]:
-    """How the fit is judged, and each held-out observation's batch-time error before (the
-    spec as given) and after (the calibration fitted without it): the newest quarter with
-    :data:`HOLD_OUT_FROM` or more, else leave-one-out (none with one observation)."""
-    n = len(observations)
-    if n >= HOLD_OUT_FROM:
-        k = math.ceil(n / 4)
-        train, test = observations[:-k], observations[-k:]
-        partial = fit(spec, train).calibration
-        return (
-            "newest quarter",
-            list(errors(spec, test)),
-            list(errors(spec.calibrated(partial), test)),
-        )
-    if n < 2:
-        return "none", [], []
-    before: list[float] = []
-    after: list[float] = []
-    for i, o in enumerate(observations):
-        rest = [x for j, x in enumerate(observations) if j != i]
-        partial = fit(spec, rest).calibration
-        before += errors(spec, [o])
-        after += errors(spec.calibrated(partial), [o])
-    return "leave-one-out", before, after
+    """How the fit is judged (:func:`core.held_out.by_count`), and each held-out
+    observation's batch-time error before (the spec as given) and after (the calibration
+    fitted without it)."""
+    method, folds = split.by_count(len(observations))
+    return (method, *held_out_errors(spec, observations, folds))
+
+
+def _or_none(x: float) -> float | None:
+    """``x``, or None for NaN (JSON has no NaN)."""
+    return None if math.isnan(x) else x
 
 
 def _applied(runs: int, before: float | None, after: float | None) -> tuple[bool, str]:
@@ -137,16 +117,10 @@ def observations_of(payload: FitPayload) -> list[Observation]:
     """The payload's runs as the fit reads them, each profile parsed once."""
     profiles = {sha: ModelProfile.from_dict(doc) for sha, doc in payload["profiles"].items()}
     return [
-        Observation(
-            Plan.from_dict(r["plan"]),
-            profiles[r["profile_sha256"]],
-            r["batch_time_s"],
-            tuple(r["forward_s"]),
-            tuple(r["backward_s"]),
-            tuple(r.get("allreduce_s", ())),
-            tuple(r.get("update_s", ())),
+        Observation.from_doc(
+            r, Plan.from_dict(r["plan"]), profiles[r["profile_sha256"]], f"runs[{i}]"
         )
-        for r in payload["runs"]
+        for i, r in enumerate(payload["runs"])
     ]
 
 
@@ -164,11 +138,7 @@ def fit_record(payload: FitPayload) -> dict[str, Any]:
         "emulated_runs": sum(r["emulated"] for r in runs),
         "jobs": len({r["job_id"] for r in runs}),
         "held_out_method": method,
-        "held_out_plans": len(before),
-        "held_out_median_abs_error_before": _median_abs(before),
-        "held_out_median_abs_error_after": _median_abs(after),
-        "held_out_max_abs_error_before": _max_abs(before),
-        "held_out_max_abs_error_after": _max_abs(after),
+        **{k: _or_none(v) for k, v in split.summary(before, after).items()},
     }
     t0 = time.perf_counter()
     final = fit(spec, observations, summary)

@@ -6,8 +6,8 @@ how much it helps on plans the fit did not see.
 2. Run the probe plans (:func:`executor.calibrate.probe_plans`: every type alone, pipelines
    across nodes, replicas within a node, every device) for real.
 3. Fit the calibration (:func:`executor.calibrate.fit`) on the even-numbered probes; the
-   odd-numbered ones are held out: their errors before (the spec as given) and after (with
-   the calibration) are the report's verdict.
+   odd-numbered ones are held out (:func:`core.held_out.alternate`): their errors before
+   (the spec as given) and after (with the calibration) are the report's verdict.
 4. Refit on every probe, so the calibration written uses all that was measured, and return
    the cluster spec with its ``calibration:`` block (the ``fit`` record holds the held-out
    errors and when it was made).
@@ -22,19 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeplan.core import held_out as split
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PipeplanError
+from pipeplan.core.observations import Observation, observation_of_run
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import (
-    Fit,
-    Observation,
-    errors,
-    fit,
-    median_abs,
-    observation_of_run,
-    probe_plans,
-)
+from pipeplan.executor.calibrate import Fit, errors, fit, probe_plans
 from pipeplan.executor.emulation import EMULATED_NOTE
 from pipeplan.executor.measure import Measurement
 from pipeplan.executor.model import ModelSource
@@ -135,8 +129,9 @@ def calibrate(request: CalibrateRequest, reporter: Reporter = QUIET) -> Calibrat
         profile = measure_on_cluster(source, live, reporter, types, request.batch)
         plans = probe_plans(live, profile, request.batch)
         runs = measure_probes(plans, source, live, config, reporter)
+    held = set(split.alternate(len(runs)).test)
     probes = [
-        ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i % 2 == 1)
+        ProbeRun(plan, m.batch_time_s, m.batch_time_std_s, held_out=i in held)
         for i, (plan, m) in enumerate(zip(plans, runs, strict=True))
     ]
     observations = [Observation.of(m, profile) for m in runs]
@@ -175,8 +170,9 @@ def _from_runs(request: CalibrateRequest, t0: float) -> CalibrationReport:
             o.plan.validate(profile, spec)
         except PipeplanError as e:
             raise RequestError(f"runs[{i}].plan: {e}") from None
+    held = set(split.alternate(len(observations)).test)
     probes = [
-        ProbeRun(o.plan, o.batch_time_s, float(_std(doc)), held_out=i % 2 == 1)
+        ProbeRun(o.plan, o.batch_time_s, float(_std(doc)), held_out=i in held)
         for i, (o, doc) in enumerate(zip(observations, request.runs, strict=True))
     ]
     emulated = any(bool(doc.get("emulated")) for doc in request.runs)
@@ -225,16 +221,11 @@ def _report(
 def held_out_summary(
     probes: Sequence[ProbeRun], before: Sequence[float], after: Sequence[float]
 ) -> dict[str, float]:
-    """The held-out probes' errors before and after calibration: count, median and worst."""
+    """The held-out probes' errors before and after calibration: count, median and worst
+    (:func:`core.held_out.summary`)."""
     b = [e for e, p in zip(before, probes, strict=True) if p.held_out]
     a = [e for e, p in zip(after, probes, strict=True) if p.held_out]
-    return {
-        "held_out_plans": float(len(b)),
-        "held_out_median_abs_error_before": median_abs(b),
-        "held_out_median_abs_error_after": median_abs(a),
-        "held_out_max_abs_error_before": max((abs(e) for e in b), default=float("nan")),
-        "held_out_max_abs_error_after": max((abs(e) for e in a), default=float("nan")),
-    }
+    return split.summary(b, a)
 
 
 def _describe(plan: Plan) -> str:

@@ -46,9 +46,10 @@ from pipeplan.agents.problem import Budget, InfeasibleError, Objective, PlanResu
 from pipeplan.agents.registry import make_planner
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan, Stage
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation, fit, probe_plans
+from pipeplan.executor.calibrate import fit, probe_plans
 from pipeplan.executor.measure import relative_error
 from pipeplan.executor.measured_reward import MeasuredReward, Outcome, plan_key
 from pipeplan.executor.model import ModelSource

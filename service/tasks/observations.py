@@ -3,7 +3,8 @@ event carries (``../shared/API.md``; README, "Calibration from use").
 
 A ``run`` job and a measured search measure plans on a cluster; each measured plan's
 ``evaluation`` event carries, beside its plan and measured batch time, what
-:class:`executor.calibrate.Observation` needs to refit the cluster's calibration:
+:class:`core.observations.Observation` needs to refit the cluster's calibration (its
+document, :meth:`~core.observations.Observation.to_doc`, beside the cluster and profile):
 
 - ``cluster``: the spec the plan ran on, **uncalibrated** (the service files observations
   under its name and the hash of this document, so a changed spec starts over);
@@ -26,8 +27,8 @@ import json
 from typing import Any
 
 from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.observations import Observation
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation
 from pipeplan.executor.measure import Measurement
 
 OBSERVATION_KEY = "observation"
@@ -50,16 +51,11 @@ def observation_doc(
     measurement: Measurement, profile: ModelProfile, cluster: ClusterSpec
 ) -> dict[str, Any]:
     """The ``observation`` of one measured plan (module docstring)."""
-    o = Observation.of(measurement, profile)
     profile_doc = profile.to_dict()
     return {
         "cluster": cluster.calibrated(None).to_dict(),
         "profile": profile_doc,
         "profile_sha256": document_sha256(profile_doc),
-        "batch_time_s": o.batch_time_s,
-        "forward_s": list(o.forward_s),
-        "backward_s": list(o.backward_s),
-        "allreduce_s": list(o.allreduce_s),
-        "update_s": list(o.update_s),
+        **Observation.of(measurement, profile).to_doc(),
         "emulated": measurement.emulated,
     }

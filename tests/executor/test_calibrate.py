@@ -11,9 +11,10 @@ from pipeplan.core.calibration import Calibration
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.errors import PlanError
+from pipeplan.core.observations import Observation
 from pipeplan.core.plan import Plan, Stage
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import Observation, errors, fit
+from pipeplan.executor.calibrate import errors, fit
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 
 

@@ -173,7 +173,10 @@ def test_a_changed_spec_starts_over_and_a_plan_counts_once_per_job(
         (lambda o: o.pop("profile"), "data.observation.profile_sha256"),
         (lambda o: o.update(cluster={"name": "c"}), "data.observation.cluster"),
         (lambda o: o.update(emulated="yes"), "data.observation.emulated"),
-        (lambda o: o.update(allreduce_s=[-1.0]), "data.observation.allreduce_s[0]: must be >= 0"),
+        (
+            lambda o: o.update(allreduce_s=[-1.0]),
+            "data.observation.allreduce_s[0]: must be a number >= 0",
+        ),
         (lambda o: o.update(allreduce_s=[0.1, 0.2]), "data.observation.allreduce_s: 2 values"),
         (lambda o: o.update(update_s=["soon"]), "data.observation.update_s[0]"),
         (lambda o: o.update(update_s=[]), "data.observation.update_s: 0 values"),
