@@ -20,7 +20,7 @@ are processes of one machine.
 
 A ring all-reduce sends differently: every replica sends a chunk to the next one at the same
 time, ``2 (r-1)`` rounds in a row, and adds what it receives into its own chunk
-(:mod:`executor.ring`). The ring part runs that with ``r`` probe actors (all the cluster's
+(as gloo's and NCCL's rings do). The ring part runs that with ``r`` probe actors (all the cluster's
 devices, as BSP; and the devices of its largest node) and times the rounds from the driver:
 per round, against the spec's ``latency + chunk / bandwidth`` for the link class the cost model
 gives those devices. On one machine the replicas' concurrent sends share its cores and its
@@ -54,7 +54,6 @@ from pipeplan.core.cluster import ClusterSpec, Link
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.pinning import actor_options
-from pipeplan.executor.ring import rounds
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"
@@ -82,7 +81,7 @@ class Probe:
 @ray.remote
 class RingProbe:
     """One replica of a measured ring all-reduce: adds each chunk it receives into its own and
-    passes its own on, as :class:`executor.ring.RingState` does."""
+    passes its own on, as a ring all-reduce does."""
 
     def start(self, n_bytes: int) -> np.ndarray:
         self.chunk = np.ones(n_bytes // 4, dtype=np.float32)
@@ -148,6 +147,11 @@ def measure_pair(src: str, dst: str, repeats: int) -> dict[int, list[float]]:
         ray.kill(sender)
         ray.kill(receiver)
     return out
+
+
+def rounds(replicas: int) -> int:
+    """Messages each replica sends in a ring all-reduce: ``2 (r-1)`` (rule 8)."""
+    return 2 * (replicas - 1)
 
 
 def measure_ring(devices: list[str], repeats: int) -> dict[int, list[float]]:

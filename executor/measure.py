@@ -3,10 +3,10 @@
 Every operation's record carries its start (its inputs had arrived and the worker was free)
 and end. An operation's **transfer** time is the gap between the moment it could have
 started had its inputs been delivered instantly (its worker's previous operation ended and
-every operation it reads from ended) and the moment it did start: serialisation, the object
-store and Ray's dispatch. It is charged to the receiving stage. ``comm_fraction`` is total
-transfer / (that + total forward and backward compute), the cost model's definition (rule
-10); updates and the replicas' gradient exchange are not counted.
+every operation it reads from ended) and the moment it did start: packing the message,
+the process group's send and receive, unpacking. It is charged to the receiving stage.
+``comm_fraction`` is total transfer / (that + total forward and backward compute), the cost
+model's definition (rule 10); updates and the replicas' gradient exchange are not counted.
 
 :class:`Comparison` holds a measured run beside the cost model's prediction for the same plan
 ("predicted vs measured"), with :func:`relative_error` as the one definition of the error;
@@ -67,7 +67,7 @@ class StageMeasurement:
     compute_s: float
     """Forward plus backward (as the cost model's ``compute_s``)."""
     transfer_s: float
-    """Waiting for inputs that had been produced: serialisation, object store, dispatch."""
+    """Waiting for inputs that had been produced: packing, sending, receiving."""
     wait_s: float
     """Batch time not spent computing (forward, backward, update): transfer and bubbles."""
     emulated_s: float
@@ -75,8 +75,8 @@ class StageMeasurement:
     cpu_s: float = 0.0
     """CPU time of the real forward + backward (without the sleep and core waits)."""
     allreduce_s: float = 0.0
-    """The replicas' ring all-reduce (0 without replicas): from the moment the last replica
-    began it to the end of its last round, so not the wait for a slower replica's backward."""
+    """The replicas' all-reduce (0 without replicas): from the moment the last replica began
+    it to the moment the last one ended, so not the wait for a slower replica's backward."""
 
 
 @dataclass(frozen=True)
@@ -218,8 +218,8 @@ def _replica(res: StepResult, s: int, k: int, moved: dict[RecordKey, float]) -> 
 
 
 def _allreduce(res: StepResult, s: int) -> float:
-    """Stage ``s``'s ring all-reduce in one step (``G`` records: each replica's ring_start,
-    then its rounds): the last round's end less the latest replica's start."""
+    """Stage ``s``'s all-reduce in one step (a ``G`` record per replica): the last end less
+    the latest start."""
     ring = [r for r in res.records if r.stage == s and r.kind == "G"]
     if not ring:
         return 0.0

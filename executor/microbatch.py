@@ -21,6 +21,10 @@ from pipeplan.core.schedules import microbatch_count, microbatch_samples
 
 Span = tuple[int, int]
 """Samples ``[lo, hi)`` of the global batch."""
+Endpoint = tuple[int, int, int]
+"""An operation: ``(stage, microbatch, replica)``."""
+OpIndex = tuple[int, int]
+"""An operation of a known stage: ``(microbatch, replica)``."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,23 @@ class Piece:
     lo: int
     hi: int
     owner: bool
+
+
+@dataclass(frozen=True)
+class Link:
+    """One message of an operation, to or from ``peer`` (an operation of the neighbour
+    stage): rows ``[lo, hi)`` in the numbering of the side that holds them whole (the
+    sender's outputs for activations, the gradient sender's inputs for gradients), and
+    whether the receiving operation owns the peer's shared values' gradient."""
+
+    peer: Endpoint
+    lo: int
+    hi: int
+    owner: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
 
 
 def replica_shares(microbatch: int, replicas: int) -> list[Span]:
@@ -116,3 +137,49 @@ class Layout:
     def backward_pieces(self, s: int, j: int, k: int) -> list[Piece]:
         """Pieces of stage ``s + 1``'s backward payloads (input gradients) for ``(j, k)``."""
         return pieces(self.spans[s][j][k], s + 1, self.spans[s + 1])
+
+    def forward_links(self, s: int) -> dict[OpIndex, list[Link]]:
+        """Per operation of stage ``s > 0``: the activation messages it receives, one per
+        piece of stage ``s - 1``, in row order (the sender slices the rows)."""
+        return {
+            (j, k): [
+                Link((p.stage, p.microbatch, p.replica), p.lo, p.hi, p.owner)
+                for p in self.forward_pieces(s, j, k)
+            ]
+            for j in range(self.microbatches(s))
+            for k in range(self.replicas(s))
+        }
+
+    def backward_links(self, s: int) -> dict[OpIndex, list[Link]]:
+        """Per operation of stage ``s < S - 1``: the gradient messages it receives, one per
+        piece of stage ``s + 1``, in row order; ``owner`` as :class:`Piece`'s."""
+        return {
+            (j, k): [
+                Link((p.stage, p.microbatch, p.replica), p.lo, p.hi, p.owner)
+                for p in self.backward_pieces(s, j, k)
+            ]
+            for j in range(self.microbatches(s))
+            for k in range(self.replicas(s))
+        }
+
+    def forward_sends(self, s: int) -> dict[OpIndex, list[Link]]:
+        """Per operation of stage ``s < S - 1``: the activation messages it sends, to the
+        operations of stage ``s + 1`` that hold its samples, rows in its own numbering."""
+        return self._inverse(s, s + 1, self.forward_links(s + 1))
+
+    def backward_sends(self, s: int) -> dict[OpIndex, list[Link]]:
+        """Per operation of stage ``s > 0``: the gradient messages it sends to the operations
+        of stage ``s - 1`` that hold its samples, rows in its own numbering."""
+        return self._inverse(s, s - 1, self.backward_links(s - 1))
+
+    def _inverse(
+        self, s: int, other: int, received: dict[OpIndex, list[Link]]
+    ) -> dict[OpIndex, list[Link]]:
+        sends: dict[OpIndex, list[Link]] = {
+            (j, k): [] for j in range(self.microbatches(s)) for k in range(self.replicas(s))
+        }
+        for (j, k), links in received.items():
+            for link in links:
+                _, mine, rep = link.peer
+                sends[(mine, rep)].append(Link((other, j, k), link.lo, link.hi, link.owner))
+        return sends

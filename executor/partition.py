@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -58,6 +58,27 @@ class StageGraph:
 
 
 @dataclass(frozen=True)
+class ValueMeta:
+    """What a receiving stage must know of a boundary value before it arrives: a tensor's
+    dtype and shape (per sample for a batched value: without the batch dimension), or a
+    constant's value, which never travels (every stage finds it in its own cut)."""
+
+    kind: ValueKind
+    dtype: torch.dtype | None = None
+    shape: tuple[int, ...] = ()
+    constant: Any = None
+
+    def rows_shape(self, rows: int) -> tuple[int, ...]:
+        """The tensor's shape for ``rows`` samples (a shared value's own shape)."""
+        return (rows, *self.shape) if self.kind == "batched" else self.shape
+
+    @property
+    def differentiable(self) -> bool:
+        """A floating tensor: its gradient flows back across the boundary."""
+        return self.dtype is not None and self.dtype.is_floating_point
+
+
+@dataclass(frozen=True)
 class Partition:
     """A model cut into stages."""
 
@@ -65,6 +86,8 @@ class Partition:
     kinds: Mapping[str, ValueKind]
     """Kind of every value that crosses a boundary (model inputs and output included)."""
     num_layers: int
+    meta: Mapping[str, ValueMeta] = field(default_factory=dict)
+    """Dtype and shape (or value) of every value that crosses a boundary."""
 
     @property
     def model_inputs(self) -> tuple[str, ...]:
@@ -123,8 +146,9 @@ def _partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -
         stages.append(StageGraph(s, module, inputs, args, results, outputs, attrs, params))
     _check_attrs(stages, model)
     names = {n for st in stages for n in (*st.inputs, *st.outputs)}
-    kinds = _kinds(gm, example, names)
-    return Partition(tuple(stages), kinds, n_layers)
+    meta = _meta(gm, example, names)
+    kinds = {n: m.kind for n, m in meta.items()}
+    return Partition(tuple(stages), kinds, n_layers, meta)
 
 
 def _check_bounds(bounds: Sequence[int], n_layers: int, model: str) -> None:
@@ -233,6 +257,7 @@ def fetch_attr(model: nn.Module, target: str) -> Any:
 @dataclass(frozen=True)
 class _Shape:
     shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
 class _Capture(fx.Interpreter):
@@ -247,12 +272,14 @@ class _Capture(fx.Interpreter):
         result = super().run_node(n)
         if n.name in self.names:
             self.seen[n.name] = (
-                _Shape(tuple(result.shape)) if isinstance(result, torch.Tensor) else result
+                _Shape(tuple(result.shape), result.dtype)
+                if isinstance(result, torch.Tensor)
+                else result
             )
         return result
 
 
-def _kinds(gm: fx.GraphModule, example: torch.Tensor, names: set[str]) -> dict[str, ValueKind]:
+def _meta(gm: fx.GraphModule, example: torch.Tensor, names: set[str]) -> dict[str, ValueMeta]:
     runs = {}
     flags = {m: m.training for m in gm.modules()}
     try:
@@ -265,22 +292,22 @@ def _kinds(gm: fx.GraphModule, example: torch.Tensor, names: set[str]) -> dict[s
     finally:
         for m, training in flags.items():
             m.train(training)
-    kinds: dict[str, ValueKind] = {}
+    meta: dict[str, ValueMeta] = {}
     for name in names:
         two, three = runs[2][name], runs[3][name]
         if isinstance(two, _Shape) and isinstance(three, _Shape):
             shape2, shape3 = two.shape, three.shape
             if shape2[:1] == (2,) and shape3[:1] == (3,) and shape2[1:] == shape3[1:]:
-                kinds[name] = "batched"
+                meta[name] = ValueMeta("batched", two.dtype, shape2[1:])
                 continue
             if shape2 == shape3:
-                kinds[name] = "shared"
+                meta[name] = ValueMeta("shared", two.dtype, shape2)
                 continue
         elif not isinstance(two, torch.Tensor | tuple | list | dict) and two == three:
-            kinds[name] = "constant"
+            meta[name] = ValueMeta("constant", constant=two)
             continue
         raise PlanError(
             f"value {name!r} crosses a stage boundary but is neither a batch-major tensor nor "
             f"independent of the batch (batch 2: {two!r}, batch 3: {three!r}); cut elsewhere"
         )
-    return kinds
+    return meta

@@ -1,9 +1,11 @@
-"""Payloads between stage workers: rows of the samples an operation needs, as numpy arrays.
+"""An operation's inputs from its neighbours' messages: rows concatenated, gradients summed.
 
-Activations and gradients travel as ``{value name: numpy array}`` (Ray moves
-numpy arrays faster than torch tensors); each call gets the payloads of the neighbour
-operations that hold its samples and a :class:`~executor.microbatch.Piece` per payload
-saying which rows to take.
+Each forward of stage ``s > 0`` receives one message per operation of stage ``s - 1`` that
+holds some of its samples, each backward of stage ``s < S - 1`` one per operation of stage
+``s + 1`` (:class:`executor.microbatch.Link`, in row order). A message holds the rows of every
+value it carries (:func:`executor.transport.unpack`); these functions put the pieces
+together into the values the stage's module reads and the gradients its autograd backward
+starts from.
 """
 
 from __future__ import annotations
@@ -14,19 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeplan.executor.microbatch import Piece
-from pipeplan.executor.partition import ValueKind
+from pipeplan.executor.microbatch import Link
+from pipeplan.executor.partition import ValueMeta
 
 Payload = dict[str, Any]
-"""``{value name: numpy array}`` (or a constant) sent from one operation to another."""
+"""``{name: value}`` handed to or by a worker: a batch's inputs, a step's loss terms."""
 
-
-def to_numpy(value: Any) -> Any:
-    """A tensor as a numpy array (copied to the CPU first when it lives on a GPU: payloads
-    travel through Ray's object store as CPU arrays); any other value as it is."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value.detach().cpu().numpy()
+Part = Sequence[torch.Tensor | None]
+"""One message's tensors, in the order of the names it carries."""
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
@@ -34,56 +31,60 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def gather(
-    names: Sequence[str],
-    pieces: Sequence[Piece],
-    payloads: Sequence[Payload],
-    kinds: Mapping[str, ValueKind],
+def concat_inputs(
+    inputs: Sequence[str],
+    carried: Sequence[str],
+    parts: Sequence[Part],
+    meta: Mapping[str, ValueMeta],
 ) -> dict[str, Any]:
-    """The values ``names`` for the samples of ``pieces``: batched rows concatenated in order;
-    shared and constant values from the first piece."""
+    """The values ``inputs`` of one operation: batched ones the pieces' rows in order,
+    shared ones from the first piece, constants from the cut (they never travel).
+    ``carried``: the names each message holds, in order."""
+    index = {n: i for i, n in enumerate(carried)}
     out: dict[str, Any] = {}
-    for name in names:
-        if kinds[name] == "batched":
-            rows = [p[name][pc.lo : pc.hi] for pc, p in zip(pieces, payloads, strict=True)]
-            out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
-        elif kinds[name] == "shared":
-            out[name] = torch.from_numpy(np.array(payloads[0][name]))
+    for name in inputs:
+        m = meta[name]
+        if m.kind == "constant":
+            out[name] = m.constant
+            continue
+        tensors = [part[index[name]] for part in parts]
+        if m.kind == "batched":
+            out[name] = torch.cat([t for t in tensors if t is not None], dim=0)
         else:
-            out[name] = payloads[0][name]
+            out[name] = tensors[0]
     return out
 
 
-def gather_gradients(
+def concat_gradients(
     names: Sequence[str],
-    pieces: Sequence[Piece],
-    payloads: Sequence[Payload | None],
-    kinds: Mapping[str, ValueKind],
+    links: Sequence[Link],
+    parts: Sequence[Part],
+    meta: Mapping[str, ValueMeta],
 ) -> dict[str, torch.Tensor]:
-    """Gradients of ``names`` for this operation's samples from the next stage's pieces.
+    """Gradients of ``names`` for one operation's samples from the next stage's messages.
 
     Batched: rows concatenated (a piece without a gradient counts as zeros). Shared: the sum
-    of the pieces this operation owns. Names with no gradient at all are left out.
+    of the pieces this operation owns (``Link.owner``: each downstream piece's is counted
+    once over the stage). Names with no gradient at all are left out, as autograd leaves a
+    value no loss depends on without one.
     """
     out: dict[str, torch.Tensor] = {}
-    for name in names:
-        got = [
-            (pc, None if p is None else p.get(name)) for pc, p in zip(pieces, payloads, strict=True)
-        ]
+    for i, name in enumerate(names):
+        got = [(link, part[i]) for link, part in zip(links, parts, strict=True)]
         present = [g for _, g in got if g is not None]
-        if not present or kinds[name] == "constant":
+        if not present:
             continue
-        if kinds[name] == "shared":
-            owned = [g for pc, g in got if pc.owner and g is not None]
+        if meta[name].kind == "shared":
+            owned = [g for link, g in got if link.owner and g is not None]
             if owned:
-                out[name] = torch.from_numpy(np.sum(owned, axis=0))
+                out[name] = torch.stack(owned).sum(dim=0)
             continue
         like = present[0]
         rows = [
-            np.zeros((pc.hi - pc.lo, *like.shape[1:]), like.dtype)
+            torch.zeros((link.rows, *like.shape[1:]), dtype=like.dtype, device=like.device)
             if g is None
-            else g[pc.lo : pc.hi]
-            for pc, g in got
+            else g
+            for link, g in got
         ]
-        out[name] = torch.from_numpy(np.concatenate(rows, axis=0))
+        out[name] = torch.cat(rows, dim=0)
     return out

@@ -9,18 +9,18 @@ devices; a device of a CUDA type on a node where Ray counts too few GPUs,
 stage replica is pinned to its device's node and type (and one GPU for a CUDA type: the
 stage computes there, :mod:`executor.stage`), and its placement is checked.
 
-:meth:`Pipeline.step` trains one global batch: :func:`executor.submit.submit_step` submits
-every operation (each replica's in its schedule's order, which the actor keeps, reading its
-neighbours' payloads by object ref), then :func:`executor.waiting.wait_all` waits for all of
-them with a deadline; a worker's exception or a dead actor or node ends the step with one
-:class:`~executor.errors.StageFailedError` naming the stage, device and node.
+:meth:`Pipeline.start` then forms the run's ``torch.distributed`` process group
+(:mod:`executor.transport`): stage 0's first replica opens the TCP store on its node, and
+every replica joins with its rank, in plan order (gloo; ``cpu:gloo,cuda:nccl`` when a stage
+is on CUDA). The group has the run's timeout, so a receive whose sender died ends.
 
-Replicas: a stage's microbatch is split across its replicas (contiguous shares); after the
-last backward the replicas run a ring all-reduce of their gradients (:mod:`executor.ring`,
-the algorithm the cost model charges in rule 8): in ``2 (r-1)`` rounds each replica passes
-one chunk of its flat gradient to the next one as an object ref, reduce-scatter then
-all-gather, so every replica ends with the same bit-identical sum before its optimizer step
-and the replicas keep identical weights.
+:meth:`Pipeline.step` trains one global batch: one call per stage replica
+(:func:`executor.submit.submit_step`); the replicas send activations and gradients to each
+other peer to peer and all-reduce a replicated stage's gradients over the stage's subgroup
+(:mod:`executor.stage`). :func:`executor.waiting.wait_all` waits for every replica with a
+deadline; a worker's exception or a dead actor or node ends the step with one
+:class:`~executor.errors.StageFailedError` naming the stage, device and node, and kills the
+run's actors (their neighbours would otherwise wait on the process group until its timeout).
 
 Every step's batch time, samples per second and transfer times go to Ray's metrics
 (:mod:`executor.metrics`); they change nothing the step returns.
@@ -50,15 +50,16 @@ from pipeplan.executor import metrics, runtime
 from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes
 from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import device_slowdowns
-from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.errors import ExecutorError, StageFailedError
 from pipeplan.executor.live_cluster import LiveNode, live_nodes
 from pipeplan.executor.measure import Measurement, Placement, StepResult, summarise, transfers
 from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
 from pipeplan.executor.partition import partition
 from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
-from pipeplan.executor.stage import StageWorker, WorkerSpec
+from pipeplan.executor.stage import StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
+from pipeplan.executor.transport import GroupSpec, backend_for
 from pipeplan.executor.waiting import wait_all
 
 _Actor = ray.remote(StageWorker)
@@ -122,6 +123,8 @@ class Pipeline:
         self.workers: list[list[WorkerHandle]] = []
         self._step = 0
         self.input_name = ""
+        self.failure: StageFailedError | None = None
+        """The error that ended the run (its actors are gone): every later call raises it."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -150,9 +153,31 @@ class Pipeline:
                 self.workers.append([self._launch(spec, nodes) for spec in row])
             refs = {w.actor.ready.remote(): w for w in self.all_workers()}
             self._await_ready(refs, {n.name: n.node_id for n in nodes})
+            self._form_group()
         except BaseException:
             self.close()
             raise
+
+    def _form_group(self) -> None:
+        """Every replica joins the run's process group (module docstring)."""
+        workers = self.all_workers()
+        timeout = self.config.timeout_s
+        deadline = time.monotonic() + self.config.start_timeout_s
+        first = workers[0]
+        ref = first.actor.open_store.remote(len(workers), timeout)
+        address, port = wait_all({ref: first}, workers, deadline, "process group")[ref]
+        ranks, rank = [], 0
+        for row in self.workers:
+            ranks.append(tuple(range(rank, rank + len(row))))
+            rank += len(row)
+        backend = backend_for([w.spec.accelerator for w in workers])
+        joins = {
+            w.actor.join_group.remote(
+                GroupSpec(address, port, r, tuple(ranks), backend, timeout)
+            ): w
+            for r, w in enumerate(workers)
+        }
+        wait_all(joins, workers, deadline, "process group")
 
     def reconfigure(
         self, plan: Plan, config: RunConfig | None = None, model: ModelSource | None = None
@@ -194,6 +219,8 @@ class Pipeline:
         return [w for row in self.workers for w in row]
 
     def _require_started(self) -> None:
+        if self.failure is not None:  # the run ended on it: say so again
+            raise self.failure
         if not self.workers:
             raise ExecutorError("pipeline: not started (use it as a context manager)")
 
@@ -213,6 +240,11 @@ class Pipeline:
 
     def _specs(self, slowdowns: dict[str, float]) -> list[list[WorkerSpec]]:
         bounds = (0, *(s.end for s in self.plan.stages))
+        shape = tuple((s.microbatch, s.replicas) for s in self.plan.stages)
+        kinds = tuple(
+            tuple(accelerator_of(self.cluster, parse_device_id(d)[1]) for d in s.devices)
+            for s in self.plan.stages
+        )
         return [
             [
                 WorkerSpec(
@@ -229,6 +261,10 @@ class Pipeline:
                     accelerator=accelerator_of(self.cluster, parse_device_id(device)[1]),
                     microbatches=microbatch_count(self.plan.global_batch, stage.microbatch),
                     replicas=len(stage.devices),
+                    shape=shape,
+                    schedule=self.plan.schedule,
+                    accelerators=kinds,
+                    timeout_s=self.config.timeout_s,
                 )
                 for k, device in enumerate(stage.devices)
             ]
@@ -293,12 +329,22 @@ class Pipeline:
         start, t0 = time.time(), time.perf_counter()
         x_ref = ray.put({self.input_name: x.detach().numpy()})
         y_ref = ray.put(y.detach().numpy())
-        sub = submit_step(self.plan, self.layout, self.workers, t, x_ref, y_ref)
+        refs = submit_step(self.workers, t, x_ref, y_ref)
         deadline = time.monotonic() + self.config.timeout_s
-        records = wait_all(sub.records, self.all_workers(), deadline, f"step {t}")
-        losses = {ref: None for ref in sub.losses}
-        terms = list(wait_all(losses, self.all_workers(), deadline, f"step {t}").values())
+        try:
+            outputs: list[StepOutput] = list(
+                wait_all(refs, self.all_workers(), deadline, f"step {t}").values()
+            )
+        except StageFailedError as e:
+            self.failure = e
+            self.close()  # the others may wait on the process group until its timeout
+            raise
+        except BaseException:
+            self.close()
+            raise
         batch_time = time.perf_counter() - t0
+        terms = [o.loss for o in outputs if o.loss is not None]
+        records = [r for o in outputs for r in o.records]
         predictions = sum(m["predictions"] for m in terms)
         result = StepResult(
             step=t,
@@ -306,7 +352,7 @@ class Pipeline:
             batch_time_s=batch_time,
             loss=sum(m["loss_sum"] for m in terms) / predictions,
             accuracy=sum(m["correct"] for m in terms) / predictions,
-            records=tuple(records.values()),
+            records=tuple(records),
         )
         self._publish(result)
         return result

@@ -1,50 +1,53 @@
 """``StageWorker``: one replica of one pipeline stage, run as a Ray actor.
 
 The worker builds the model itself (zoo name and seed, so every worker has the same
-weights), cuts it with :func:`executor.partition.partition` and keeps its own stage. The
-driver calls, per microbatch, :meth:`StageWorker.forward` and :meth:`StageWorker.backward`;
-per batch, :meth:`StageWorker.ring_start` and :meth:`StageWorker.ring_step` (replicated
-stages only: a ring all-reduce of the gradients, :mod:`executor.ring`) and
-:meth:`StageWorker.update`.
+weights), cuts it with :func:`executor.partition.partition` and keeps its own stage. Before
+the first step every worker of a run joins the run's ``torch.distributed`` process group
+(:mod:`executor.transport`): rank 0 opens the store (:meth:`StageWorker.open_store`), then
+all join at once (:meth:`StageWorker.join_group`).
 
-**Ordering.** Every method returns an :class:`OpRecord` (what it did, when) beside its
-payload (``num_returns=2``). The driver submits a worker's operations in the schedule's
-order, and a single-threaded Ray actor runs the tasks of one submitter in submission order,
-even when an earlier task still waits for an argument (Ray's documented actor task order;
-the actors have no task retries, which would void it; a test checks it). So no argument
-chains a worker's operations: each is sent to the actor as soon as its own inputs exist, and
-the actor starts it the moment the previous one ends, with no round trip through the driver
-in between. The payload refs passed in (activations from the previous stage, gradients from
-the next one) make every cross-stage dependency explicit.
+**One call per step.** The driver calls :meth:`StageWorker.run_step` once per step on every
+worker; the worker runs its stage's operation order (``core.schedules.stage_orders``: GPipe
+or 1F1B) by itself. A forward receives its samples' activations from the previous stage's
+operations that hold them, peer to peer (``irecv``), computes, and sends each next-stage
+operation the rows it needs (``isend``); a backward receives the gradients from the next
+stage the same way and sends its inputs' gradients back. Unequal microbatches and replica
+counts change only which rows go to whom (:class:`executor.microbatch.Layout`). After the
+last backward a replicated stage sums its replicas' gradients with ``all_reduce`` over the
+stage's subgroup, then every worker steps its optimizer. The driver passes the batch to the
+first stage (inputs) and the last (labels) through Ray's object store and never touches an
+activation or a gradient.
 
-**Payloads.** Activations and gradients travel as ``{value name: numpy array}``
-(:mod:`executor.payloads`).
+**Records.** Every operation returns an :class:`OpRecord` (what it did, when): a forward's
+or backward's ``start`` is the moment its inputs had arrived, its ``end`` the moment its
+results were handed to the process group, so the gap between a sender's end and its
+receiver's start is the transfer (:func:`executor.measure.transfers`). The all-reduce is one
+``G`` record, the optimizer step a ``U``.
 
-**Failures.** A method never raises: it returns a :class:`Failure` (with the traceback) as
-both record and payload. A method that receives a ``Failure`` passes it on untouched, and a
-worker that has failed or seen a failure returns that ``Failure`` from every later operation
-(until :meth:`StageWorker.reset`), so the driver sees the original error once and no worker
-steps on a broken batch.
+**Failures.** :meth:`StageWorker.run_step` never raises: it hands back a :class:`Failure`
+with the traceback. Its neighbours then wait on a receive that never comes, until the
+process group's timeout; the driver does not wait for them: it raises at the first failure
+and kills every actor of the run.
 
 **Metrics.** Each forward, backward and update is recorded in Ray's metrics as it ends
 (:func:`executor.metrics.stage_compute`, tagged with the stage and its device type).
 
 **Devices.** A stage of a CUDA type (:mod:`executor.accelerators`) computes on the GPU Ray
 gave its actor: the worker checks it can use CUDA when it starts, moves its slice of the
-model there, and moves each operation's inputs there and its results back. Payloads stay CPU
-arrays in Ray's object store, so transfers between stages go through the store whatever the
-devices. A compute is timed after ``torch.cuda.synchronize`` on both sides, so that its
-record holds the kernels' time, not the time to queue them.
+model there, and its messages to another CUDA stage go from GPU memory over NCCL; with a CPU
+neighbour they go through host memory over gloo (:func:`executor.transport.wire_device`). A
+compute is timed after ``torch.cuda.synchronize`` on both sides, so that its record holds
+the kernels' time, not the time to queue them.
 
 **Emulation.** A device type ``k`` times slower than the fastest (``slowdown = k``) makes
 each real forward and backward last ``k`` times the CPU time it took: the worker sleeps
 after it (:func:`executor.emulation.emulation_sleep`). Only the device compute is slowed:
 the stage's module (and the loss on the last stage) forward, and the autograd backward.
-Turning payloads into tensors and back, and the leaves' clones, are the executor's host
-work, which a slower accelerator would not slow down and the profile does not time; they
-count at their real length. The optimizer update is not slowed: it is memory-bound, and the
-cost model costs it by memory bandwidth (rule 8), which ``local-hetero`` gives every type
-alike. Nor is the gradient accumulation, for the same reason (rule 2's accumulation term,
+Packing and unpacking messages, and the leaves' clones, are the executor's host work, which
+a slower accelerator would not slow down and the profile does not time; they count at their
+real length. The optimizer update is not slowed: it is memory-bound, and the cost model
+costs it by memory bandwidth (rule 8), which ``local-hetero`` gives every type alike. Nor is
+the gradient accumulation, for the same reason (rule 2's accumulation term,
 :mod:`core.costmodel`): a backward runs into fresh gradients, timed and slowed as the
 profile times it, and then the worker adds the step's earlier gradients to them
 (``earlier += new``, the sum autograd would have formed) at the real speed.
@@ -52,11 +55,11 @@ profile times it, and then the worker adds the step's earlier gradients to them
 
 from __future__ import annotations
 
-import functools
 import os
+import socket
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,11 +68,13 @@ import ray
 import torch
 
 from pipeplan.core.cluster import parse_device_id
-from pipeplan.executor import metrics
+from pipeplan.core.plan import Schedule
+from pipeplan.core.schedules import Op, stage_orders
+from pipeplan.executor import metrics, transport
 from pipeplan.executor.accelerators import local_device, synchronize
 from pipeplan.executor.emulation import emulation_sleep
 from pipeplan.executor.errors import StageFailedError
-from pipeplan.executor.microbatch import Piece
+from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import (
     ModelSource,
     OptimizerConfig,
@@ -77,12 +82,11 @@ from pipeplan.executor.model import (
     disable_dropout,
     loss_terms,
 )
-from pipeplan.executor.partition import ValueKind, fetch_attr, partition
-from pipeplan.executor.payloads import Payload, gather, gather_gradients, numpy_dtype, to_numpy
-from pipeplan.executor.ring import RingState
+from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
+from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs, numpy_dtype
+from pipeplan.executor.transport import GroupSpec, Link
 
 OpKind = Literal["F", "B", "G", "U"]
-Key = tuple[int, int]  # (step, microbatch)
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,15 @@ class WorkerSpec:
     """Microbatches the stage runs per step (``ceil(B / b_s)``): with more than one its
     backwards accumulate gradients, which needs more heap (:func:`heap_reserve`)."""
     replicas: int = 1
-    """Replicas of the stage: with more than one it runs the ring all-reduce."""
+    """Replicas of the stage: with more than one it all-reduces its gradients."""
+    shape: tuple[tuple[int, int], ...] = ()
+    """``(microbatch, replicas)`` of every stage of the plan: who sends this worker which
+    rows (:class:`executor.microbatch.Layout`)."""
+    schedule: Schedule = Schedule.GPIPE
+    accelerators: tuple[tuple[str | None, ...], ...] = ()
+    """The accelerator of every stage replica of the plan (where each message lives)."""
+    timeout_s: float = 300.0
+    """Longest wait for one message or collective (the process group's timeout)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +132,7 @@ class OpRecord:
     step: int
     microbatch: int
     start: float
-    """Wall clock (``time.time()``) when the method body began: its inputs had arrived."""
+    """Wall clock (``time.time()``) when its inputs had arrived and it began."""
     end: float
     compute_s: float
     """Real compute plus the emulation sleep."""
@@ -129,6 +141,15 @@ class OpRecord:
     cpu_s: float = 0.0
     """CPU time (this thread's) of the device compute of a forward or backward (the
     emulation's base), of the whole operation otherwise."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one worker hands back for a step: its records, and on the last stage the loss
+    terms of its samples."""
+
+    records: tuple[OpRecord, ...]
+    loss: Payload | None
 
 
 @dataclass(frozen=True)
@@ -164,29 +185,50 @@ class WorkerInfo:
     outputs: tuple[str, ...]
 
 
-def _guarded(kind: OpKind) -> Callable[[Any], Any]:
-    """Pass an upstream :class:`Failure` on; turn an exception into a ``Failure``; after
-    either, answer every operation with that ``Failure``."""
+@dataclass(frozen=True)
+class Wiring:
+    """Who a worker talks to: per operation of its stage (``(microbatch, replica)`` of its
+    own), the messages it receives and sends, and the values each carries."""
 
-    def wrap(method: Any) -> Any:
-        @functools.wraps(method)
-        def guarded(self: StageWorker, *args: Any) -> Any:
-            if self.failure is None:
-                self.failure = next((a for a in args if isinstance(a, Failure)), None)
-            if self.failure is not None:
-                return self.failure, self.failure
-            try:
-                return method(self, *args)
-            except Exception:
-                spec = self.spec
-                self.failure = Failure(
-                    spec.stage, spec.replica, spec.device, spec.node, kind, traceback.format_exc()
-                )
-                return self.failure, self.failure
+    forward_in: Mapping[tuple[int, int], list[Link]]
+    forward_out: Mapping[tuple[int, int], list[Link]]
+    backward_in: Mapping[tuple[int, int], list[Link]]
+    backward_out: Mapping[tuple[int, int], list[Link]]
+    sent: tuple[str, ...]
+    """Values its forward sends on (its outputs less the constants)."""
+    received: tuple[str, ...]
+    """Values its forward receives (its inputs less the constants)."""
+    grads_in: tuple[str, ...]
+    """Its outputs whose gradients come back (the floating ones)."""
+    grads_out: tuple[str, ...]
+    """Its inputs whose gradients it sends back."""
 
-        return guarded
+    @classmethod
+    def of(
+        cls,
+        layout: Layout,
+        stage: int,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        meta: Mapping[str, ValueMeta],
+    ) -> Wiring:
+        def sending(names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(n for n in names if meta[n].kind != "constant")
 
-    return wrap
+        def flowing(names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(n for n in names if meta[n].differentiable)
+
+        last = stage == layout.num_stages - 1
+        return cls(
+            forward_in=layout.forward_links(stage) if stage > 0 else {},
+            forward_out=layout.forward_sends(stage) if not last else {},
+            backward_in=layout.backward_links(stage) if not last else {},
+            backward_out=layout.backward_sends(stage) if stage > 0 else {},
+            sent=sending(outputs),
+            received=sending(inputs),
+            grads_in=flowing(outputs),
+            grads_out=flowing(inputs),
+        )
 
 
 class StageWorker:
@@ -194,6 +236,13 @@ class StageWorker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         torch.set_num_threads(1)
+        self.group: GroupSpec | None = None
+        self.subgroup: Any = None
+        self.store: Any = None
+        self.socket: socket.socket | None = None
+        self._build(spec)
+
+    def _build(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.device_type = parse_device_id(spec.device)[1]
         self.device = local_device(spec.accelerator, self.device_type, spec.node)
@@ -204,7 +253,7 @@ class StageWorker:
         # In place: the stage's module holds the model's own parameter objects.
         model.to(self.device)
         self.graph = cut.stages[spec.stage]
-        self.kinds: Mapping[str, ValueKind] = cut.kinds
+        self.meta: Mapping[str, ValueMeta] = cut.meta
         self.last = spec.stage == len(cut.stages) - 1
         self.module = self.graph.module.to(self.device)
         self.module.train()
@@ -225,17 +274,22 @@ class StageWorker:
                     param_bytes, spec.optimizer.state_buffers, spec.microbatches, spec.replicas
                 )
             )
-        self.saved: dict[Key, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
-        self.losses: dict[Key, torch.Tensor] = {}
-        self.ring: RingState | None = None
-        self.failure: Failure | None = None
+        shape = spec.shape or ((spec.global_batch, spec.replicas),)
+        self.layout = Layout.of(spec.global_batch, list(shape))
+        if spec.shape:
+            self.wiring = Wiring.of(
+                self.layout, spec.stage, self.graph.inputs, self.graph.outputs, self.meta
+            )
+            sizes = [b for b, _ in spec.shape]
+            self.order: list[Op] = stage_orders(spec.schedule, sizes, spec.global_batch)[spec.stage]
 
     def reset(self, spec: WorkerSpec) -> WorkerInfo:
         """Start over with fresh weights (and possibly another batch size or slowdown), in the
-        same process: cheaper than a new actor when only microbatches or schedule change."""
+        same process and process group: cheaper than a new actor when only microbatches or
+        schedule change."""
         if spec.stage != self.spec.stage or spec.bounds != self.spec.bounds:
             raise ValueError(f"reset: stage {spec.stage} {spec.bounds} is not this worker's")
-        self.__init__(spec)  # type: ignore[misc]
+        self._build(spec)
         return self.ready()
 
     def ready(self) -> WorkerInfo:
@@ -246,84 +300,189 @@ class StageWorker:
             self.graph.outputs,
         )
 
-    # --- operations -------------------------------------------------------------------------
+    # --- the process group ------------------------------------------------------------------
 
-    @_guarded("F")
-    @ray.method(num_returns=2)
-    def forward(
+    def open_store(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 only: open the run's TCP store on this node's address; returns it."""
+        self.socket = transport.listen(ray.util.get_node_ip_address())
+        self.store = transport.open_store(self.socket, world_size, timeout_s)
+        address, port = self.socket.getsockname()[:2]
+        return str(address), int(port)
+
+    def join_group(self, group: GroupSpec) -> int:
+        """Join the run's process group (every worker at once); returns the rank."""
+        self.subgroup = transport.join(group, self.store)
+        self.group = group
+        return group.rank
+
+    def leave_group(self) -> None:
+        transport.leave()
+        self.group = self.subgroup = self.store = None
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def run_step(
+        self, step: int, inputs: Payload | None, labels: np.ndarray | None
+    ) -> StepOutput | Failure:
+        """Run this stage's operations of step ``step`` in its schedule's order, all-reduce
+        (replicas), update. ``inputs``: the whole batch's model inputs (first stage);
+        ``labels``: the whole batch's labels (last stage)."""
+        operation = "step"
+        try:
+            if self.group is None:
+                raise RuntimeError("run_step before join_group")
+            records: list[OpRecord] = []
+            losses: dict[str, Any] = {"loss_sum": 0.0, "predictions": 0, "correct": 0}
+            self._pending: list[tuple[Any, torch.Tensor]] = []
+            self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
+            self._losses: dict[int, torch.Tensor] = {}
+            for kind, j in self.order:
+                operation = f"{kind}{j}"
+                if kind == "F":
+                    records.append(self._forward(step, j, inputs, labels, losses))
+                else:
+                    records.append(self._backward(step, j))
+            operation = "G"
+            if self.subgroup is not None:
+                records.append(self._all_reduce(step))
+            operation = "U"
+            records.append(self._update(step))
+            for work, _ in self._pending:
+                work.wait()
+            self._pending = []
+            return StepOutput(tuple(records), losses if self.last else None)
+        except Exception:
+            spec = self.spec
+            return Failure(
+                spec.stage, spec.replica, spec.device, spec.node, operation, traceback.format_exc()
+            )
+
+    def _rank(self, endpoint: tuple[int, int, int]) -> int:
+        assert self.group is not None
+        return self.group.ranks[endpoint[0]][endpoint[2]]
+
+    def _receive(
+        self, links: Sequence[Link], names: Sequence[str], step: int, j: int, backward: bool
+    ) -> list[list[torch.Tensor | None]]:
+        """Every message of ``links`` into this operation (microbatch ``j``): the tensors of
+        ``names`` in each (gradients with their presence bytes)."""
+        metas = [self.meta[n] for n in names]
+        posted = []
+        for link in links:
+            device = transport.wire_device(self.device, self._accelerator(link.peer))
+            rows = link.rows
+            size = transport.buffer_size(metas, rows, [True] * len(metas) if backward else None)
+            message_tag = transport.tag(link.peer[1], j, backward, step)
+            posted.append((transport.recv_buffer(size, device), self._rank(link.peer), message_tag))
+        timeout = self.spec.timeout_s
+        buffers = transport.recv_all(posted, timeout)
+        return [
+            transport.unpack(b, metas, link.rows, flags=backward)
+            for b, link in zip(buffers, links, strict=True)
+        ]
+
+    def _send(
+        self,
+        links: Sequence[Link],
+        values: Sequence[torch.Tensor | None],
+        names: Sequence[str],
+        step: int,
+        j: int,
+        backward: bool,
+    ) -> None:
+        """Post one message per link: rows ``[lo, hi)`` of the batched ``values``, the
+        shared ones whole."""
+        for link in links:
+            device = transport.wire_device(self.device, self._accelerator(link.peer))
+            rows = [
+                None
+                if v is None
+                else (v[link.lo : link.hi] if self.meta[n].kind == "batched" else v)
+                for n, v in zip(names, values, strict=True)
+            ]
+            buffer = transport.pack(rows, device, flags=backward)
+            message_tag = transport.tag(j, link.peer[1], backward, step)
+            work = transport.isend(buffer, self._rank(link.peer), message_tag)
+            self._pending.append((work, buffer))
+
+    def _accelerator(self, endpoint: tuple[int, int, int]) -> str | None:
+        if not self.spec.accelerators:
+            return None
+        return self.spec.accelerators[endpoint[0]][endpoint[2]]
+
+    def _forward(
         self,
         step: int,
-        microbatch: int,
-        pieces: Sequence[Piece],
-        labels: Piece | None,
-        *payloads: Any,
-    ) -> tuple[OpRecord, Payload]:
-        """Run the stage on the samples of ``pieces`` (rows of ``payloads``, in order).
-
-        The last stage also gets the labels (the last payload, rows ``labels``) and returns
-        the loss terms instead of activations.
-        """
+        j: int,
+        inputs: Payload | None,
+        labels: np.ndarray | None,
+        losses: dict[str, Any],
+    ) -> OpRecord:
+        """Forward of microbatch ``j`` (this replica's share of it)."""
+        s, k = self.spec.stage, self.spec.replica
+        lo, hi = self.layout.spans[s][j][k]
+        if s == 0:
+            if inputs is None:
+                raise ValueError("the first stage's step needs the batch's inputs")
+            values = {n: torch.from_numpy(np.array(inputs[n][lo:hi])) for n in self.graph.inputs}
+        else:
+            links = self.wiring.forward_in[(j, k)]
+            parts = self._receive(links, self.wiring.received, step, j, backward=False)
+            values = concat_inputs(self.graph.inputs, self.wiring.received, parts, self.meta)
         clock = Clock.now()
-        values, leaves, args = self._inputs(pieces, payloads[: len(pieces)])
-        key = (step, microbatch)
+        values = {
+            n: v.to(self.device) if isinstance(v, torch.Tensor) else v for n, v in values.items()
+        }
+        leaves = {
+            n: v.requires_grad_(True)
+            for n, v in values.items()
+            if s > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
+        }
+        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
+        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
+        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
         y = None
         if self.last:
             if labels is None:
-                raise ValueError("the last stage's forward needs labels")
-            y = torch.from_numpy(np.array(payloads[-1][labels.lo : labels.hi])).to(self.device)
+                raise ValueError("the last stage's step needs the batch's labels")
+            y = torch.from_numpy(np.array(labels[lo:hi])).to(self.device)
         synchronize(self.device)
         compute = Clock.now()
         produced = dict(zip(self.graph.results, self.module(*args), strict=True))
         outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
         if y is not None:
             terms = loss_terms(outputs[self.graph.outputs[0]], y)
-            samples = sum(p.hi - p.lo for p in pieces)
-            self.losses[key] = batch_loss(terms, samples, self.spec.global_batch)
+            self._losses[j] = batch_loss(terms, hi - lo, self.spec.global_batch)
         synchronize(self.device)
         computed = compute.elapsed()
         if y is not None:
-            payload: Payload = {
-                "loss_sum": float(terms.loss_sum.detach()),
-                "predictions": terms.predictions,
-                "correct": terms.correct,
-            }
-        else:
-            payload = {n: to_numpy(v) for n, v in outputs.items()}
-        self.saved[key] = (leaves, outputs)
-        return self._record("F", step, microbatch, clock, computed), payload
+            losses["loss_sum"] += float(terms.loss_sum.detach())
+            losses["predictions"] += terms.predictions
+            losses["correct"] += terms.correct
+        self._saved[j] = (leaves, outputs)
+        record = self._record("F", step, j, clock, computed)
+        if not self.last:
+            sent = [outputs[n] for n in self.wiring.sent]
+            self._send(self.wiring.forward_out[(j, k)], sent, self.wiring.sent, step, j, False)
+        return record
 
-    def _inputs(
-        self, pieces: Sequence[Piece], payloads: Sequence[Payload]
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]:
-        """The stage's input values for ``pieces``, the leaves that will hold their
-        gradients (stages after the first), and the module's arguments."""
-        values = {
-            n: v.to(self.device) if isinstance(v, torch.Tensor) else v
-            for n, v in gather(self.graph.inputs, pieces, payloads, self.kinds).items()
-        }
-        leaves = {
-            n: v.requires_grad_(True)
-            for n, v in values.items()
-            if self.spec.stage > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
-        }
-        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
-        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
-        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
-        return values, leaves, args
-
-    @_guarded("B")
-    @ray.method(num_returns=2)
-    def backward(
-        self, step: int, microbatch: int, pieces: Sequence[Piece], *payloads: Any
-    ) -> tuple[OpRecord, Payload | None]:
-        """Backward of one microbatch; ``payloads`` are the next stage's input gradients."""
+    def _backward(self, step: int, j: int) -> OpRecord:
+        """Backward of microbatch ``j``: the next stage's gradients in, this stage's inputs'
+        gradients out."""
+        s, k = self.spec.stage, self.spec.replica
+        if j not in self._saved:
+            raise RuntimeError(f"backward of step {step} microbatch {j} before its forward")
+        grads: dict[str, torch.Tensor] = {}
+        links: list[Link] = []
+        if not self.last:
+            links = self.wiring.backward_in[(j, k)]
+            parts = self._receive(links, self.wiring.grads_in, step, j, backward=True)
+            grads = concat_gradients(self.wiring.grads_in, links, parts, self.meta)
         clock = Clock.now()
-        key = (step, microbatch)
-        if key not in self.saved:
-            raise RuntimeError(
-                f"backward of step {step} microbatch {microbatch} before its forward"
-            )
-        leaves, outputs = self.saved.pop(key)
+        leaves, outputs = self._saved.pop(j)
         # The backward stores fresh gradients; adding them into the step's earlier ones
         # happens after the device compute (see the module docstring: accumulation).
         earlier = {n: p.grad for n, p in self.params.items() if p.grad is not None}
@@ -332,9 +491,8 @@ class StageWorker:
         if self.last:
             synchronize(self.device)
             compute = Clock.now()
-            self.losses.pop(key).backward()
+            self._losses.pop(j).backward()
         else:
-            grads = gather_gradients(self.graph.outputs, pieces, payloads, self.kinds)
             pairs = [
                 (outputs[n], g.to(self.device))
                 for n, g in grads.items()
@@ -349,67 +507,60 @@ class StageWorker:
         for n, grad in earlier.items():
             p = self.params[n]
             p.grad = grad if p.grad is None else grad.add_(p.grad)
-        payload = None
-        if self.spec.stage > 0:
-            payload = {n: None if v.grad is None else to_numpy(v.grad) for n, v in leaves.items()}
-        return self._record("B", step, microbatch, clock, computed), payload
+        record = self._record("B", step, j, clock, computed)
+        if s > 0:
+            back = [leaves[n].grad if n in leaves else None for n in self.wiring.grads_out]
+            out = self.wiring.backward_out[(j, k)]
+            self._send(out, back, self.wiring.grads_out, step, j, True)
+        return record
 
-    @_guarded("G")
-    @ray.method(num_returns=2)
-    def ring_start(self, step: int, replicas: int) -> tuple[OpRecord, Any]:
-        """Begin the replicas' ring all-reduce (:mod:`executor.ring`) of this step's
-        gradients; returns the chunk to send to the next replica."""
+    def _all_reduce(self, step: int) -> OpRecord:
+        """Sum the replicas' gradients (``all_reduce`` over the stage's subgroup): each
+        replica holds the gradient of *its* samples' share of the global-batch mean loss, so
+        the sum is the gradient of the whole batch. One presence flag per parameter: a
+        parameter no replica has a gradient for keeps none, as in single-process training."""
         clock = Clock.now()
-        grads = {n: None if p.grad is None else to_numpy(p.grad) for n, p in self.params.items()}
-        shapes = {n: tuple(p.shape) for n, p in self.params.items()}
-        dtypes = {numpy_dtype(p.dtype) for p in self.params.values()} or {np.dtype("f4")}
+        dtypes = {p.dtype for p in self.params.values()} or {torch.float32}
         if len(dtypes) > 1:
-            raise ValueError(
-                f"ring all-reduce: parameters of several dtypes {sorted(map(str, dtypes))}"
-            )
+            names = sorted(str(numpy_dtype(d)) for d in dtypes)
+            raise ValueError(f"all-reduce: parameters of several dtypes {names}")
         dtype = dtypes.pop()
-        self.ring = RingState.start(self.spec.replica, replicas, grads, shapes, dtype)
-        # The ring holds the gradients now (and update() puts their sum back): freeing them
-        # keeps one copy in memory, not two.
-        del grads
-        for p in self.params.values():
+        params = list(self.params.values())
+        parts = [
+            torch.zeros(p.numel(), dtype=dtype, device=self.device)
+            if p.grad is None
+            else p.grad.reshape(-1)
+            for p in params
+        ]
+        flags = torch.tensor(
+            [0.0 if p.grad is None else 1.0 for p in params], dtype=dtype, device=self.device
+        )
+        flat = torch.cat([*parts, flags])
+        del parts
+        for p in params:
             p.grad = None
-        return self._record("G", step, -1, clock), self.ring.outgoing()
+        transport.all_reduce_sum(flat, self.subgroup)
+        offset = 0
+        for p, flag in zip(params, flat[len(flat) - len(params) :].tolist(), strict=True):
+            size = p.numel()
+            if flag > 0:
+                p.grad = flat[offset : offset + size].view_as(p)
+            offset += size
+        synchronize(self.device)
+        return self._record("G", step, -1, clock)
 
-    @_guarded("G")
-    @ray.method(num_returns=2)
-    def ring_step(self, step: int, chunk: np.ndarray) -> tuple[OpRecord, Any]:
-        """Take the previous replica's chunk of this round; return the next one to send
-        (``None`` after the last round)."""
+    def _update(self, step: int) -> OpRecord:
+        """Optimizer step."""
         clock = Clock.now()
-        if self.ring is None:
-            raise RuntimeError(f"ring step of step {step} before ring_start")
-        self.ring.receive(chunk)
-        return self._record("G", step, -1, clock), self.ring.outgoing()
-
-    @_guarded("U")
-    @ray.method(num_returns=2)
-    def update(self, step: int) -> tuple[OpRecord, None]:
-        """Optimizer step. With replicas, the gradients are first replaced by their sum over
-        the replicas (the finished ring all-reduce): each replica holds the gradient of
-        *its* samples' share of the global-batch mean loss, so the sum is the gradient of
-        the whole batch."""
-        clock = Clock.now()
-        if self.ring is not None:
-            summed = self.ring.result()
-            self.ring = None
-            for name, p in self.params.items():
-                g = summed[name]
-                p.grad = None if g is None else torch.from_numpy(g).to(self.device)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
-        return self._record("U", step, -1, clock), None
+        return self._record("U", step, -1, clock)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The stage's parameters, by the model's parameter names."""
-        return {n: to_numpy(p).copy() for n, p in self.params.items()}
+        return {n: p.detach().cpu().numpy().copy() for n, p in self.params.items()}
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -423,7 +574,7 @@ class StageWorker:
     ) -> OpRecord:
         """What the operation begun at ``clock`` did. ``computed``: wall and CPU seconds of
         its device compute (forward and backward), which the emulation slows down;
-        ``None`` for the ring all-reduce and the update, which it does not."""
+        ``None`` for the all-reduce and the update, which it does not."""
         wall, cpu = clock.elapsed()
         sleep = 0.0
         if computed is not None:
@@ -455,18 +606,17 @@ because the other allocations between them (saved activations, payloads) fragmen
 while a weight gradient needs one contiguous block as large as its layer's weights. With less
 (2 or 3), VGG-16's last stage under 1F1B still grew its heap in some timed steps -- a few
 hundred MB of page faults in one backward, scaled by the emulation (README, fidelity). The
-slack also holds a replicated stage's flat copy for the ring all-reduce."""
+slack also holds a replicated stage's flat copy for the all-reduce."""
 
 
 def heap_reserve(param_bytes: int, state_buffers: int, microbatches: int, replicas: int) -> int:
     """Bytes of heap a CPU stage of ``param_bytes`` of parameters faults in at start, in
     parameter sizes: :data:`HEAP_RESERVE` when it accumulates gradients; otherwise (one
     microbatch per step: each step's gradients take the blocks the last step's freed) 1 for
-    the gradients, and 1 more with replicas, for the ring all-reduce's flat copy
-    (:mod:`executor.ring`); plus the optimizer's ``state_buffers``
-    (:attr:`executor.model.OptimizerConfig.state_buffers`), which its first update
-    allocates. Six replicas of VGG-16 (TAPP's BSP on ``local-pipeline``) need the smaller
-    reserve to fit this machine's memory."""
+    the gradients, and 1 more with replicas, for the all-reduce's flat copy; plus the
+    optimizer's ``state_buffers`` (:attr:`executor.model.OptimizerConfig.state_buffers`),
+    which its first update allocates. Six replicas of VGG-16 (TAPP's BSP on
+    ``local-pipeline``) need the smaller reserve to fit this machine's memory."""
     gradients = HEAP_RESERVE if microbatches > 1 else 1 + int(replicas > 1)
     return (gradients + state_buffers) * param_bytes
 

@@ -125,8 +125,7 @@ def test_the_build_context_holds_every_package_and_nothing_else(kind: str) -> No
     patterns = ignore_patterns(kind)
     copies = [v.split()[:-1] for i, v in instructions(kind) if i == "COPY"]
     sources = {s.rstrip("/") for c in copies if not c[0].startswith("--from") for s in c}
-    include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.rstrip("*") for p in include}
+    packages = set(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
     assert sources == {"pyproject.toml", "README.md", "examples", *packages}
     for source in sources:
         assert (ROOT / source).exists(), source

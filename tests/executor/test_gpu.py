@@ -26,6 +26,7 @@ from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pinning import MARKER_SHARE, actor_options
 from pipeplan.executor.stage import StageWorker, WorkerSpec
+from pipeplan.executor.transport import backend_for, wire_device
 
 GPU_SPEC = ClusterSpec(
     "gpus",
@@ -156,9 +157,22 @@ def test_join_refuses_a_machine_without_enough_cuda() -> None:
 
 CUDA_SPEC = ClusterSpec(
     "two-gpu-nodes",
-    {"gpu": DeviceType("gpu", flops=1e14, memory_gb=8, accelerator="cuda")},
-    (Node("g0", {"gpu": 1}), Node("g1", {"gpu": 1})),
+    {
+        "gpu": DeviceType("gpu", flops=1e14, memory_gb=8, accelerator="cuda"),
+        "cpu": DeviceType("cpu", flops=1e14, memory_gb=8),
+    },
+    (Node("g0", {"gpu": 1}), Node("g1", {"gpu": 1}), Node("c0", {"cpu": 1})),
 )
+
+
+def test_the_backend_and_where_a_message_lives() -> None:
+    """gloo for CPU stages; with a CUDA stage ``cpu:gloo,cuda:nccl``: GPU to GPU over NCCL,
+    anything with a CPU stage at an end through host memory over gloo."""
+    assert backend_for([None, None]) == "gloo"
+    assert backend_for([None, "cuda"]) == "cpu:gloo,cuda:nccl"
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert wire_device(gpu, "cuda") == gpu
+    assert wire_device(gpu, None) == cpu and wire_device(cpu, "cuda") == cpu
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +187,12 @@ def cuda_cluster() -> Iterator[LocalCluster]:
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_pipelined_training_on_cuda_equals_single_process(cuda_cluster: LocalCluster) -> None:
+    """Two GPUs: both stages on CUDA, their messages over NCCL. One GPU: the second stage
+    on the CPU, so the pair talks gloo through host memory (NCCL needs a GPU per rank)."""
     from pipeplan.executor.pipeline import Pipeline, RunConfig
 
-    plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), ("g1/gpu:0",), 8)))
+    second = "g1/gpu:0" if torch.cuda.device_count() >= 2 else "c0/cpu:0"
+    plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), (second,), 8)))
     optimizer = OptimizerConfig(momentum=0.9)
     config = RunConfig(emulate=False, deterministic=True, optimizer=optimizer, timeout_s=120)
     _, example = DIGITS.build()

@@ -21,19 +21,17 @@ from pipeplan.executor.local.keep_awake import KeepAwake
 from pipeplan.executor.measured_profile import call_sizes
 from pipeplan.executor.microbatch import Layout, Piece, pieces, replica_shares
 from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
-from pipeplan.executor.partition import ValueKind, count_layers, partition
-from pipeplan.executor.payloads import gather, gather_gradients
+from pipeplan.executor.partition import count_layers, partition
 from pipeplan.executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
-from pipeplan.executor.ring import RingState, ring_table, rounds
 from pipeplan.executor.stage import (
     HEAP_RESERVE,
     Clock,
-    Failure,
-    OpRecord,
     StageWorker,
+    StepOutput,
     WorkerSpec,
     heap_reserve,
 )
+from pipeplan.executor.transport import GroupSpec
 from pipeplan.models import zoo
 from tests.executor.models import skipnet
 
@@ -152,23 +150,6 @@ def test_partitioned_stages_compose_to_the_model() -> None:
         assert torch.equal(env[cut.model_output], model(x))
 
 
-def test_gather_rows_and_shared_gradients() -> None:
-    kinds: dict[str, ValueKind] = {"a": "batched", "p": "shared"}
-    first = {"a": np.arange(8.0).reshape(4, 2), "p": np.ones(3)}
-    second = {"a": np.arange(8.0, 16.0).reshape(4, 2), "p": np.ones(3)}
-    rows = [Piece(0, 0, 0, 2, 4, False), Piece(0, 1, 0, 0, 1, True)]
-    got = gather(["a", "p"], rows, [first, second], kinds)
-    assert got["a"].tolist() == [[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
-    grads = gather_gradients(
-        ["a", "p"],
-        [Piece(1, 0, 0, 0, 2, True), Piece(1, 1, 0, 0, 1, False)],
-        [{"a": np.ones((2, 2)), "p": np.full(3, 2.0)}, {"a": None, "p": np.full(3, 5.0)}],
-        kinds,
-    )
-    assert grads["a"].tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]  # missing rows: zeros
-    assert grads["p"].tolist() == [2.0, 2.0, 2.0]  # only the owned piece counts
-
-
 def test_piecewise_loss_sums_to_the_batch_mean() -> None:
     logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
     whole = torch.nn.functional.cross_entropy(logits, labels)
@@ -187,32 +168,13 @@ def test_emulation_sleeps_to_slowdown_times_cpu() -> None:
     assert emulation_sleep(1.0, 0.1, 0.1) == 0.0
 
 
-def test_a_failed_worker_answers_every_later_operation_with_its_failure() -> None:
-    source = ModelSource("digits_cnn", 8, seed=0)
-    bounds = (0, 3, count_layers(source.build()[0]))
-    spec = WorkerSpec(1, 0, "n1/slow:0", "n1", bounds, 16, source, OptimizerConfig())
-    worker = StageWorker(spec)  # the plain class: no Ray needed
-    record, payload = worker.backward(0, 0, [])  # no forward yet: the worker fails
-    assert isinstance(record, Failure) and payload is record
-    assert (record.stage, record.device, record.operation) == (1, "n1/slow:0", "B")
-    assert "before its forward" in record.traceback
-    # Nothing runs after a failure (no optimizer step on a broken batch); the first error
-    # is what every later operation hands back.
-    assert worker.update(0) == (record, record)
-    worker = StageWorker(spec)
-    fresh, _ = worker.update(1)
-    assert isinstance(fresh, OpRecord) and fresh.kind == "U"
-    # A failure received from a neighbour is passed on, and also ends this worker's batch.
-    upstream = Failure(0, 0, "n0/fast:0", "n0", "F", "Traceback: upstream")
-    assert worker.forward(2, 0, [Piece(0, 0, 0, 0, 8, True)], None, upstream)[0] is upstream
-    assert worker.update(2)[0] is upstream
-
-
 def test_each_backward_runs_into_fresh_gradients_then_adds_the_earlier_ones() -> None:
     source = ModelSource("digits_cnn", 8, seed=0)
     bounds = (0, count_layers(source.build()[0]))
-    spec = WorkerSpec(0, 0, "n0/fast:0", "n0", bounds, 16, source, OptimizerConfig())
-    worker = StageWorker(spec)  # one stage: the first and the last
+    spec = WorkerSpec(
+        0, 0, "n0/fast:0", "n0", bounds, 16, source, OptimizerConfig(), shape=((8, 1),)
+    )
+    worker = StageWorker(spec)  # one stage, two microbatches: the first and the last
     # A leaf's hook sees its incoming gradient before autograd stores it: the timed backward
     # must find no gradient there (adding into the earlier microbatches' comes after it).
     found: list[bool] = []
@@ -229,14 +191,13 @@ def test_each_backward_runs_into_fresh_gradients_then_adds_the_earlier_ones() ->
         p.register_hook(hook(name, p))
     rng = np.random.default_rng(0)
     (name,) = worker.graph.inputs
-    for mb in range(2):
-        x = {name: rng.standard_normal((8, 1, 8, 8)).astype("f4")}
-        labels = rng.integers(0, 10, 8)
-        own = Piece(-1, mb, 0, 0, 8, True)
-        record, _ = worker.forward(0, mb, [own], own, x, labels)
-        assert isinstance(record, OpRecord)
-        record, _ = worker.backward(0, mb, [])
-        assert isinstance(record, OpRecord)
+    x = {name: rng.standard_normal((16, 1, 8, 8)).astype("f4")}
+    labels = rng.integers(0, 10, 16)
+    worker.group = GroupSpec("127.0.0.1", 0, 0, ((0,),), "gloo", 10.0)  # one rank: no messages
+    worker.optimizer = None  # keep the step's gradients to look at
+    out = worker.run_step(0, x, labels)
+    assert isinstance(out, StepOutput), out
+    assert [r.kind for r in out.records] == ["F", "F", "B", "B", "U"]
     assert found and all(found)
     for n, p in worker.params.items():
         assert p.grad is not None and torch.equal(p.grad, incoming[n][0] + incoming[n][1])
@@ -258,58 +219,6 @@ def test_clock_counts_this_threads_cpu_not_sleep() -> None:
     time.sleep(0.05)
     wall, cpu = clock.elapsed()
     assert wall >= 0.05 and cpu < 0.04
-
-
-def test_ring_sends_each_chunk_round_the_ring() -> None:
-    # r = 3: reduce-scatter (rounds 0, 1), then all-gather (rounds 2, 3); replica k sends to
-    # k + 1, and after the reduce-scatter replica k holds the sum of chunk k + 1.
-    assert ring_table(3) == [[0, 1, 2], [2, 0, 1], [1, 2, 0], [0, 1, 2]]
-    assert rounds(1) == 0 and ring_table(2) == [[0, 1], [1, 0]]
-
-
-@pytest.mark.parametrize("replicas", [1, 2, 3, 5])
-def test_ring_all_reduce_sums_and_agrees_bitwise(replicas: int) -> None:
-    rng = np.random.default_rng(replicas)
-    shapes = {"w": (3, 4), "b": (4,), "unused": (2,), "sometimes": (5,)}
-    grads = []
-    for k in range(replicas):
-        g: dict[str, np.ndarray | None] = {
-            "w": rng.standard_normal((3, 4)).astype("f4"),
-            "b": rng.standard_normal(4).astype("f4"),
-            "unused": None,
-            "sometimes": rng.standard_normal(5).astype("f4") if k == 0 else None,
-        }
-        grads.append(g)
-    states = [
-        RingState.start(k, replicas, grads[k], shapes, np.dtype("f4")) for k in range(replicas)
-    ]
-    for _ in range(rounds(replicas)):
-        sent = [s.outgoing() for s in states]
-        for k, s in enumerate(states):
-            chunk = sent[(k - 1) % replicas]
-            assert chunk is not None
-            s.receive(np.array(chunk))
-    assert all(s.outgoing() is None for s in states)
-    results = [s.result() for s in states]
-    # One copy of the gradient per replica: the chunks and the result are views of it.
-    assert all(np.shares_memory(r["w"], s.flat) for r, s in zip(results, states, strict=True))
-    for name in ("w", "b"):
-        total = sum(g[name] for g in grads)  # type: ignore[misc]
-        np.testing.assert_allclose(results[0][name], total, rtol=1e-6)
-        assert all(np.array_equal(r[name], results[0][name]) for r in results)
-    assert all(r["unused"] is None for r in results)
-    np.testing.assert_array_equal(results[-1]["sometimes"], grads[0]["sometimes"])
-
-
-def test_ring_refuses_a_wrong_chunk_and_an_early_result() -> None:
-    shapes = {"w": (4,)}
-    a = RingState.start(0, 2, {"w": np.ones(4, "f4")}, shapes, np.dtype("f4"))
-    with pytest.raises(ValueError, match="0 of 2 rounds"):
-        a.result()
-    with pytest.raises(ValueError, match="chunk 1 has shape"):
-        a.receive(np.ones(7, "f4"))
-    with pytest.raises(ValueError, match="replica: 2 is not in 0..1"):
-        RingState.start(2, 2, {}, shapes, np.dtype("f4"))
 
 
 def test_actors_keep_freed_memory_for_reuse() -> None:
@@ -364,10 +273,10 @@ def test_the_heap_reserve_counts_the_optimizers_state() -> None:
     ("microbatches", "replicas", "sizes"),
     [(1, 1, 1 + 1), (1, 6, 2 + 1), (2, 1, HEAP_RESERVE + 1), (4, 3, HEAP_RESERVE + 1)],
 )
-def test_a_stage_that_does_not_accumulate_reserves_its_gradients_and_ring_copy(
+def test_a_stage_that_does_not_accumulate_reserves_its_gradients_and_flat_copy(
     microbatches: int, replicas: int, sizes: int
 ) -> None:
-    # One microbatch per step: the gradients, and with replicas the ring's flat copy; a
+    # One microbatch per step: the gradients, and with replicas the all-reduce's flat copy; a
     # stage that accumulates keeps the slack that stopped VGG-16's heap growing under 1F1B.
     momentum = OptimizerConfig(momentum=0.9)
     assert heap_reserve(100, momentum.state_buffers, microbatches, replicas) == sizes * 100
