@@ -9,7 +9,8 @@ while nothing is fitted. The runs are the synthetic case of the calibration test
 (:mod:`tests.calibration_cases`): the cost model's answers under a known calibration with a
 seeded 3% noise, so that the fit has the work of a real one. The worker is started before
 the measured fit (its start-up is reported apart: the service pays it once). Writes
-bench/results/calibration_refit.json.
+``bench/results/calibration_refit/<UTC date-time>.json`` (:mod:`bench.record`: the date,
+machine and load are its provenance).
 
     .venv/bin/python -m bench.calibration_refit [--runs 200] [--baseline-s 3]
 """
@@ -17,20 +18,17 @@ bench/results/calibration_refit.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
 
+from bench.record import BenchRun, display
 from pipeplan.core.costmodel import simulate
 from pipeplan.service.api.app import create_app
 from pipeplan.service.api.calibration_fit import FitPayload, FitWorker, RunDoc, fit_record
@@ -39,7 +37,6 @@ from pipeplan.service.tasks.observations import document_sha256
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 
-RESULTS = Path(__file__).parent / "results" / "calibration_refit.json"
 NOISE = 0.03
 """The relative spread of the synthetic measurements."""
 
@@ -130,18 +127,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200, help="measured plans the fit reads")
     parser.add_argument("--baseline-s", type=float, default=3.0, help="seconds of idle requests")
     args = parser.parse_args()
+    bench = BenchRun("calibration_refit")
     if args.runs < 4:
         parser.error(f"--runs: at least 4 (a held-out quarter), got {args.runs}")
     if args.baseline_s <= 0:
         parser.error(f"--baseline-s: must be > 0, got {args.baseline_s}")
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.runs, args.baseline_s, make_settings(Path(tmp)))
-    result |= {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_1min": os.getloadavg()[0],
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
     for label in ("idle", "fit_in_api_thread", "fit_in_worker_process"):
         r = result[label]
         fit = f", fit {r['fit_wall_s']:.1f} s" if "fit_wall_s" in r else ""
@@ -150,8 +142,7 @@ def main() -> None:
             f"p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms{fit}"
         )
     print(f"worker start (once): {result['worker_start_s']:.1f} s")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {display(bench.write(result))}")
 
 
 if __name__ == "__main__":

@@ -19,23 +19,23 @@ logical CPU each, emulated devices) serves both parts.
   slower than alone (the reason ``concurrent`` defaults to off on an emulated spec).
 
     .venv/bin/python -m bench.cluster_use            # ~4 min on 2 cores, more when busy
-Writes bench/results/cluster_use.json (``--out`` to change).
+Writes ``bench/results/cluster_use/<UTC date-time>.json`` (:mod:`bench.record`; ``--out``
+to change).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import OUT_HELP, table
+from bench.record import BenchRun, display
 from pipeplan.agents import Problem, make_planner
 from pipeplan.agents.rllib_ppo import PPOPlanner
 from pipeplan.core.cluster import ClusterSpec
@@ -48,7 +48,6 @@ from pipeplan.service.tasks.common import zoo_profile
 from pipeplan.service.tasks.progress import QUIET
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results"
 SPEC = ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")
 RUNNERS = (0, 1, 2)
 MEASURED_BATCH = 32
@@ -132,8 +131,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=3, help="timed PPO iterations per row")
     ap.add_argument("--train-batch", type=int, default=500, help="env steps per iteration")
-    ap.add_argument("--out", type=Path, default=RESULTS / "cluster_use.json")
+    ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     a = ap.parse_args()
+    bench = BenchRun("cluster_use")
     t_start = time.perf_counter()
     ppo_problem = Problem(zoo_profile("alexnet", 64, QUIET), SPEC, global_batch=64, seed=0)
     digits = Problem(zoo_profile("digits_cnn", 8, QUIET), SPEC, global_batch=MEASURED_BATCH)
@@ -149,19 +149,18 @@ def main() -> None:
         startup_s = cluster.startup_s
 
     console = Console(width=120)
-    t = Table(title=f"PPO on {SPEC.name} (AlexNet 64x64, batch 64), {a.train_batch} steps/iter")
-    for col in ("env runners", "build s", "env steps", "seconds", "samples/s"):
-        t.add_column(col, justify="right")
+    t = table(
+        f"PPO on {SPEC.name} (AlexNet 64x64, batch 64), {a.train_batch} steps/iter",
+        ("env runners", "build s", "env steps", "seconds", "samples/s"),
+    )
     for r in ppo_rows:
         t.add_row(
             str(r["env_runners"]), f"{r['build_s']:.1f}", str(r["env_steps"]),
             f"{r['seconds']:.1f}", f"{r['samples_per_s']:.0f}",
         )  # fmt: skip
     console.print(t)
-    m = Table(title=f"Measured evaluations on {SPEC.name} (digits_cnn, batch 32, 1 + 2 steps)")
     cols = ("mode", "plans", "sets", "pipelines", "seconds", "evals/hour", "meas/pred", "vs alone")
-    for col in cols:
-        m.add_column(col, justify="right")
+    m = table(f"Measured evaluations on {SPEC.name} (digits_cnn, batch 32, 1 + 2 steps)", cols)
     for r in measured_rows:
         ratio = r["mean_measured_over_predicted"]
         vs_alone = r.get("mean_batch_time_over_alone")
@@ -174,17 +173,12 @@ def main() -> None:
     console.print(m)
     doc = {
         "cluster": SPEC.name,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "load_average_at_end": list(os.getloadavg()),
-        "cpus": os.cpu_count(),
         "cluster_startup_s": startup_s,
         "total_s": time.perf_counter() - t_start,
         "ppo": ppo_rows,
         "measured": measured_rows,
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {a.out.relative_to(ROOT) if a.out.is_relative_to(ROOT) else a.out}")
+    print(f"wrote {display(bench.write(doc, out=a.out, indent=1))}")
 
 
 if __name__ == "__main__":

@@ -57,16 +57,15 @@ into the step's gradients; the cost model charges that from the parameters' size
 
     .venv/bin/python -m bench.fidelity            # 4 models x 5 plans, 3 runs each
     .venv/bin/python -m bench.fidelity --quick    # 2 models x 3 plans, 2 runs each
-Writes bench/results/fidelity.json and fidelity.png (``--quick``: fidelity_quick.*).
+Writes ``bench/results/fidelity/<UTC date-time>.json`` and ``.png`` beside it (``--quick``:
+under ``bench/results/fidelity_quick/``; :mod:`bench.record`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -74,6 +73,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import common
+from bench.common import (
+    BLIND,
+    HELD_OUT,
+    MODELS,
+    PER_TYPE,
+    ModelCase,
+    Observed,
+    finite,
+    held_out,
+    model_keys,
+    ms,
+    verdict,
+    without_updates,
+)
+from bench.record import BenchRun, display, load_average
 from pipeplan.agents import Budget, Objective, Problem, make_planner
 from pipeplan.agents.baselines import every_device
 from pipeplan.core import held_out as split
@@ -83,38 +98,16 @@ from pipeplan.core.held_out import relative_error
 from pipeplan.core.observations import Observation, observation_of_run
 from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.calibrate import fit_folds
 from pipeplan.executor.emulation import EMULATED_NOTE, IDLE_PAUSE_S
 from pipeplan.executor.emulation import slowdown as type_slowdown
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.measure import Measurement
 from pipeplan.executor.measured_profile import call_sizes, measure_profile
-from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pipeline import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results"
 CLUSTER = ROOT / "examples" / "clusters" / "local-hetero.yaml"
 
-GPT_OPTIONS = {"n_layer": 2, "d_model": 256, "n_head": 4, "n_ctx": 32, "vocab_size": 4096}
-
-
-@dataclass(frozen=True)
-class ModelCase:
-    """A model at a small input size and the global batch its plans train."""
-
-    label: str
-    source: ModelSource
-    batch: int
-
-
-MODELS: dict[str, ModelCase] = {
-    "alexnet": ModelCase("alexnet@64", ModelSource("alexnet", 64), 32),
-    "vgg16": ModelCase("vgg16@32", ModelSource("vgg16", 32), 16),
-    "resnet50": ModelCase("resnet50@32", ModelSource("resnet50", 32), 32),
-    # a small GPT: 2 blocks, width 256, 4096 tokens of vocabulary, sequences of 32
-    "gpt": ModelCase("gpt-2L@32", ModelSource("gpt", 32, options=GPT_OPTIONS), 16),
-}
 STORE_MB = 2400
 """Object store per node: VGG-16's replicas exchange 4 x 537 MB of gradients through it."""
 MEDIAN_TARGET, WORST_TARGET = 0.05, 0.15
@@ -352,7 +345,7 @@ class Result:
             "abs_rel_error": None if math.isnan(self.rel_error) else abs(self.rel_error),
             "predicted_after_s": self.predicted_after_s,
             "predicted_back_to_back_s": self.predicted_back_to_back_s,
-            "back_to_back_rel_error": _finite(self.error_with(self.predicted_back_to_back_s)),
+            "back_to_back_rel_error": finite(self.error_with(self.predicted_back_to_back_s)),
             "profile_change": None if math.isnan(self.profile_change) else self.profile_change,
             "calibrated_predicted_s": dict(self.calibrated),
             "calibrated_rel_error": {
@@ -403,14 +396,14 @@ def run_plan(
             f"store per node (> 90% of {store_mb:.0f} MiB; it would spill to disk)"
         )
         return result
-    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    load0, t0 = load_average()[0], time.perf_counter()
     try:
         result.runs = [run(plan, case.source, spec, config) for _ in range(runs)]
         ranked = sorted(result.runs, key=lambda m: m.batch_time_s)
         result.measured = ranked[(len(ranked) - 1) // 2]
     except Exception as e:  # keep going: one failed plan is a row, not the end of the bench
         result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    result.load = (load0, os.getloadavg()[0])
+    result.load = (load0, load_average()[0])
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -418,41 +411,20 @@ def run_plan(
 # --- output -----------------------------------------------------------------------------------
 
 
-def _finite(x: float) -> float | None:
-    """``x``, or None for NaN (JSON has no NaN)."""
-    return None if math.isnan(x) else x
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.0f}"
-
-
 def table(results: list[Result], title: str) -> Any:
-    from rich.table import Table
-
-    t = Table(title=title, title_justify="left")
-    cols = (
-        "model",
-        "plan",
-        "stages",
-        "predicted ms",
-        "measured ms",
-        "spread",
-        "error",
-        "back to back",
-    )
+    cols = ("model", "plan", "stages", "predicted ms", "measured ms", "spread", "error",
+            "back to back")  # fmt: skip
     kinds = sorted({k for r in results for k in r.calibrated})
-    for col in (*cols, *(f"calibrated ({k})" for k in kinds), "note"):
-        left = col in ("model", "plan", "stages", "note")
-        t.add_column(col, justify="left" if left else "right")
+    columns = (*cols, *(f"calibrated ({k})" for k in kinds), "note")
+    t = common.table(title, columns, left=("model", "plan", "stages", "note"))
     for r in results:
         m = r.measured
         t.add_row(
             r.model,
             r.plan_name,
             describe(r.plan),
-            _ms(r.predicted.batch_time_s),
-            _ms(r.measured_s if m else None),
+            ms(r.predicted.batch_time_s),
+            ms(r.measured_s if m else None),
             f"{r.spread * 100:.1f}%" if m else "-",
             _pct(r.rel_error),
             _pct(r.error_with(r.predicted_back_to_back_s)),
@@ -480,70 +452,11 @@ def median_error(results: list[Result], kind: str | None = None) -> float:
     return split.median_abs(errors_of(results, kind))
 
 
-HELD_OUT = ("held-out model", "held-out plan")
-"""The calibrations judged on plans they did not see: fitted to every run of the *other*
-models' plans (a cluster calibrated on other workloads), and to every run of every *other*
-plan, this model's included (a cluster already used for this model, predicting a plan it has
-not run: what the service's calibration from ``run`` jobs does)."""
-
-
 def profile_noise(results: Sequence[Result]) -> list[float]:
     """Each plan's ``|profile_change|``: how far its prediction moved when its model's profile
     was measured again after the plans ran (same code, same machine, minutes later). An error
     of this size is within what the profile itself can tell."""
     return [abs(r.profile_change) for r in results if not math.isnan(r.profile_change)]
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One measured plan, as the held-out fits read it."""
-
-    model: str
-    plan: Plan
-    profile: ModelProfile
-    runs: tuple[Observation, ...]
-
-
-def held_out(
-    rows: Sequence[Observed], spec: ClusterSpec, per_model: bool = True
-) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """Each row's predicted batch time under each :data:`HELD_OUT` calibration, and the
-    leave-one-model-out fits' terms by model (``per_model``: :func:`executor.calibrate.fit`'s;
-    a held-out model has no runs in its fit, so no factor of its own either way)."""
-    by_model = split.leave_group_out([r.model for r in rows])
-    by_plan = split.leave_one_out(len(rows))
-    folds = [*by_model.values(), *by_plan]
-    kinds = [HELD_OUT[0]] * len(by_model) + [HELD_OUT[1]] * len(by_plan)
-    records: list[dict[str, Any]] = [{"held_out_model": m} for m in by_model]
-    records += [{"held_out_plan": j} for j in range(len(rows))]
-    fitted = fit_folds(spec, [r.runs for r in rows], folds, per_model, records)
-    predicted: list[dict[str, float]] = [{} for _ in rows]
-    for fold, kind, cal in zip(folds, kinds, fitted, strict=True):
-        if cal is None:  # nothing left to fit: a lone model
-            continue
-        calibrated = spec.calibrated(cal)
-        for i in fold.test:
-            predicted[i][kind] = simulate(rows[i].plan, rows[i].profile, calibrated).batch_time_s
-    per_model_fits = zip(by_model, fitted[: len(by_model)], strict=True)
-    fits = {m: cal.to_dict() for m, cal in per_model_fits if cal is not None}
-    return predicted, fits
-
-
-PER_TYPE = " without model scale"
-"""Suffix of a held-out calibration fitted without the models' own compute scales (rule 1c's
-``model_scale``): the types' terms alone, as before 2026-11-27 evening."""
-BLIND = " without 8u"
-"""Suffix of a held-out calibration fitted blind to the measured updates (the spec's update
-bandwidths kept): beside each :data:`HELD_OUT` one, what rule 8u's fitted bandwidth is worth."""
-
-
-def without_updates(rows: Sequence[Observed]) -> list[Observed]:
-    """``rows`` with their runs' measured updates dropped: a calibration fitted to them keeps
-    the spec's update bandwidths (rule 8u unfitted), the ablation of that term."""
-    return [
-        dataclasses.replace(r, runs=tuple(dataclasses.replace(o, update_s=()) for o in r.runs))
-        for r in rows
-    ]
 
 
 def calibrate_held_out(
@@ -608,8 +521,8 @@ def reanalyse(path: Path) -> None:
         )
     for k, values in errs.items():
         if values:
-            med, worst = statistics.median(values), max(values)
-            print(f"{k}: median |error| {med * 100:.1f}%, worst {worst * 100:.1f}%")
+            v = verdict(values)
+            print(f"{k}: median |error| {v['median']:.1%}, worst {v['max']:.1%}")
 
 
 def inflation(results: list[Result]) -> tuple[float, float]:
@@ -666,16 +579,6 @@ def draw(results: list[Result], path: Path, median: float) -> None:
 
 
 # --- main -------------------------------------------------------------------------------------
-
-
-def model_keys(ap: argparse.ArgumentParser, option: str) -> list[str]:
-    """``--models``: comma-separated keys of :data:`MODELS` (an unknown one: a usage error
-    naming it)."""
-    keys = option.split(",")
-    unknown = [m for m in keys if m not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
-    return keys
 
 
 def profile_sizes(option: str, batch: int) -> tuple[int, int]:
@@ -736,7 +639,8 @@ def main() -> None:
     ap.add_argument(
         "--reanalyse",
         default=None,
-        help="a saved fidelity JSON: redo the held-out calibration from it (no Ray) and exit",
+        help="a saved fidelity JSON (bench/results/fidelity/*.json): redo the held-out "
+        "calibration from it (no Ray) and exit",
     )
     a = ap.parse_args()
     if a.reanalyse:
@@ -748,13 +652,14 @@ def main() -> None:
     if a.quick:
         models, plans = ["alexnet", "gpt"], list(QUICK_PLANS)
         a.steps, a.repeats, a.runs = min(a.steps, 2), min(a.repeats, 3), min(a.runs, 2)
-    out = Path(a.out or RESULTS / ("fidelity_quick.json" if a.quick else "fidelity.json"))
+    bench = BenchRun("fidelity_quick" if a.quick else "fidelity")
+    out = Path(a.out) if a.out else bench.path()
     spec = ClusterSpec.load(a.cluster).calibrated(None)
     given = ClusterSpec.load(a.calibration).calibration if a.calibration else None
     config = RunConfig(steps=a.steps, warmup=a.warmup, data="synthetic", seed=a.seed, timeout_s=600)
     console = Console(width=160)
     console.print(f"[bold]{EMULATED_NOTE}[/bold]")
-    t_all, load_start = time.perf_counter(), os.getloadavg()[0]
+    t_all = time.perf_counter()
     results: list[Result] = []
     profiles: dict[str, Any] = {}
     measured_profiles: dict[str, ModelProfile] = {}
@@ -796,8 +701,8 @@ def main() -> None:
                     ).batch_time_s
                 mine.append(r)
                 console.print(
-                    f"  {name:<15} {describe(plan):<60} predicted {_ms(r.predicted.batch_time_s)}"
-                    f" ms, measured {_ms(r.measured_s if r.measured else None)} ms"
+                    f"  {name:<15} {describe(plan):<60} predicted {ms(r.predicted.batch_time_s)}"
+                    f" ms, measured {ms(r.measured_s if r.measured else None)} ms"
                     + (f"  ERROR {r.error}" if r.error else "")
                     + f"  ({r.seconds:.0f} s)"
                 )
@@ -830,9 +735,10 @@ def main() -> None:
     groups["uncalibrated, back-to-back profile (baseline)"] = [e for e in b2b if not math.isnan(e)]
     verdicts = {}
     for label, e in groups.items():
-        med, worst = (statistics.median(e), max(e)) if e else (math.nan, math.nan)
+        v = verdict(e)
+        med, worst = v["median"], v["max"]
         met = bool(med <= MEDIAN_TARGET and worst <= WORST_TARGET)
-        verdicts[label] = {"median": med, "max": worst, "plans": len(e), "target_met": met}
+        verdicts[label] = {**v, "target_met": met}
         console.print(
             f"{label}: median |error| {med * 100:.1f}%, worst {worst * 100:.1f}% over "
             f"{len(e)} plans (target median <= {MEDIAN_TARGET:.0%} and every plan <= "
@@ -843,7 +749,7 @@ def main() -> None:
         f"run-to-run spread (max - min) / median over {a.runs} runs: median "
         f"{statistics.median(spreads) * 100 if spreads else math.nan:.1f}%, worst "
         f"{max(spreads) * 100 if spreads else math.nan:.1f}%; load average "
-        f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+        f"{bench.load_before[0]:.2f} at the start, {load_average()[0]:.2f} at the end; "
         f"wall {wall / 60:.1f} min"
     )
     noise = profile_noise(results)
@@ -862,7 +768,6 @@ def main() -> None:
         "the emulation absorbs them on slowed types, not on the fastest): median "
         f"{single:.2f}x in one-actor plans, {multi:.2f}x in plans of several actors"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "real_compute_inflation": {"one_actor": single, "several_actors": multi},
         "note": EMULATED_NOTE,
@@ -892,15 +797,14 @@ def main() -> None:
             "median_abs_error_after": statistics.median(after_errors) if after_errors else None,
             "max_abs_error_after": max(after_errors) if after_errors else None,
         },
-        "load_average_start_end": [load_start, os.getloadavg()[0]],
         "wall_s": wall,
         "profiles": profiles,
         "profile_documents": {k: p.to_dict() for k, p in measured_profiles.items()},
         "results": [r.to_dict() for r in results],
     }
-    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    bench.write(doc, out=out, indent=1)
     draw(results, out.with_suffix(".png"), median)
-    console.print(f"wrote {out} and {out.with_suffix('.png')}")
+    console.print(f"wrote {display(out)} and {display(out.with_suffix('.png'))}")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ for it (:mod:`core.costmodel`, rule 2's accumulation: ``4 x params_bytes / memor
 bandwidth``, the bandwidth of ``local-hetero``'s device types).
 
     .venv/bin/python -m bench.grad_accumulation          # ~1 min
-Writes bench/results/grad_accumulation.json.
+Writes ``bench/results/grad_accumulation/<UTC date-time>.json`` (:mod:`bench.record`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,12 +24,12 @@ from typing import Any
 
 import torch
 
-from bench.fidelity import CLUSTER, MODELS, model_keys
+from bench.common import MODELS, model_args, table
+from bench.fidelity import CLUSTER
+from bench.record import BenchRun, display
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.executor.local.keep_awake import KeepAwake
 from pipeplan.executor.model import timing_loss
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def backward_seconds(model: torch.nn.Module, batch: torch.Tensor, repeats: int) -> dict[str, float]:
@@ -55,16 +53,9 @@ def backward_seconds(model: torch.nn.Module, batch: torch.Tensor, repeats: int) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--out", default=str(RESULTS / "grad_accumulation.json"))
-    a = ap.parse_args()
-    keys = model_keys(ap, a.models)
-    if a.repeats < 1:
-        ap.error(f"--repeats: must be >= 1, got {a.repeats}")
+    a, keys = model_args(__doc__, repeats=9)
+    bench = BenchRun("grad_accumulation")
     from rich.console import Console
-    from rich.table import Table
 
     torch.set_num_threads(1)
     bandwidth = min(
@@ -96,13 +87,14 @@ def main() -> None:
                     "cost_model_s": 4.0 * params / (bandwidth * 1e9),
                 }
             )
-    title = "backward into fresh vs existing gradients (CPU time)"
-    table = Table(title=title, title_justify="left")
     cols = ("model", "samples", "params MB", "fresh ms", "accumulating ms", "ratio", "extra ms")
-    for col in (*cols, f"4 x params / {bandwidth:g} GB/s, ms"):
-        table.add_column(col, justify="left" if col == "model" else "right")
+    shown = table(
+        "backward into fresh vs existing gradients (CPU time)",
+        (*cols, f"4 x params / {bandwidth:g} GB/s, ms"),
+        left=("model",),
+    )
     for r in rows:
-        table.add_row(
+        shown.add_row(
             r["model"],
             str(r["samples"]),
             f"{r['params_mb']:.0f}",
@@ -113,12 +105,10 @@ def main() -> None:
             f"{r['cost_model_s'] * 1e3:.1f}",
         )
     console = Console(width=120)
-    console.print(table)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    console.print(shown)
     doc = {"threads": 1, "repeats": a.repeats, "memory_bandwidth_gbps": bandwidth, "rows": rows}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    console.print(f"wrote {out}")
+    out = bench.write(doc, out=Path(a.out) if a.out else None, indent=1)
+    console.print(f"wrote {display(out)}")
 
 
 if __name__ == "__main__":

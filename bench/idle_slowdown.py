@@ -10,22 +10,21 @@ profile timed back to back, and one whose whole-model calls each start after the
 for an emulated cluster), both taken in the row's conditions (``KeepAwake`` or not).
 
     .venv/bin/python -m bench.idle_slowdown     # ~1 min
-Writes bench/results/idle_slowdown.json (figures: the README's Benchmarks). Noisy on a
-shared machine: each case profiles afresh.
+Writes ``bench/results/idle_slowdown/<UTC date-time>.json`` (:mod:`bench.record`; figures:
+the README's Benchmarks). Noisy on a shared machine: each case profiles afresh.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.fidelity import MODELS, RESULTS
+from bench.common import MODELS, table
+from bench.record import BenchRun, display
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.local.keep_awake import KeepAwake
 from pipeplan.executor.microbatch import Piece
@@ -108,8 +107,8 @@ def main() -> None:
     ap.add_argument("--pause-ms", type=float, default=30.0)
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
+    bench = BenchRun("idle_slowdown")
     from rich.console import Console
-    from rich.table import Table
 
     rows = []
     for label, pause, awake in (
@@ -129,9 +128,8 @@ def main() -> None:
         rows.append({"case": label, "median_cpu_over_profile": statistics.median(back),
                      "median_cpu_over_paused_profile": statistics.median(paused),
                      "ops": len(back)})  # fmt: skip
-    t = Table(title="GPT stage operations: CPU time / profiled CPU time", title_justify="left")
-    for col in ("case", "over the back-to-back profile", "over the paused profile", "ops"):
-        t.add_column(col)
+    columns = ("case", "over the back-to-back profile", "over the paused profile", "ops")
+    t = table("GPT stage operations: CPU time / profiled CPU time", columns, left=columns)
     for r in rows:
         t.add_row(
             str(r["case"]),
@@ -140,9 +138,8 @@ def main() -> None:
             str(r["ops"]),
         )
     Console().print(t)
-    out = RESULTS / "idle_slowdown.json"
-    out.write_text(json.dumps({"pause_ms": a.pause_ms, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {Path('bench/results') / out.name}")
+    out = bench.write({"pause_ms": a.pause_ms, "rows": rows}, indent=1)
+    print(f"wrote {display(out)}")
 
 
 if __name__ == "__main__":

@@ -30,15 +30,13 @@ plan sends: lone sends up to 8 MB (activations) and the ring's rounds together.
     .venv/bin/python -m bench.links                       # local-pipeline's nodes
     .venv/bin/python -m bench.links --cluster examples/clusters/local-hetero.yaml
 Prints a table (measured median and range, the spec's prediction, the fit's) and writes
-bench/results/links.json.
+``bench/results/links/<UTC date-time>.json`` (:mod:`bench.record`; another cluster than
+``local-pipeline``: ``bench/results/links_<cluster>/``).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,15 +46,16 @@ from typing import Any
 import numpy as np
 import ray
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import OUT_HELP, table
+from bench.record import BenchRun, display, load_average
 from pipeplan.core.cluster import ClusterSpec, Link
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.pinning import actor_options
 
-RESULTS = Path(__file__).parent / "results"
-CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"
+DEFAULT_CLUSTER = "local-pipeline"
+CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / f"{DEFAULT_CLUSTER}.yaml"
 SIZES_KB = (64, 512, 2048, 8192, 32768, 131072, 262144)
 RING_CHUNKS_KB = (4096, 16384, 65536, 131072)
 """Ring chunks: params / r, e.g. ResNet-50 (25 MB) to VGG-16 (138 MB) on four replicas."""
@@ -238,9 +237,7 @@ def summarise(times: dict[int, list[float]], link: Link) -> dict[str, Any]:
 
 
 def print_rows(console: Console, title: str, rows: list[dict[str, Any]]) -> None:
-    t = Table(title=title, title_justify="left")
-    for col in ("size", "measured median", "min-max", "spec", "fit", "spec err", "fit err"):
-        t.add_column(col, justify="right")
+    t = table(title, ("size", "measured median", "min-max", "spec", "fit", "spec err", "fit err"))
     for r in rows:
         m = r["median_s"]
         t.add_row(
@@ -267,14 +264,14 @@ def main() -> None:
     ap.add_argument("--cluster", default=str(CLUSTER))
     ap.add_argument("--repeats", type=int, default=7, help="sends per size (after one warm-up)")
     ap.add_argument("--ring-repeats", type=int, default=3, help="all-reduces per chunk size")
-    ap.add_argument("--out", default=str(RESULTS / "links.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     a = ap.parse_args()
     for name in ("repeats", "ring_repeats"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(a, name)}")
     spec = ClusterSpec.load(a.cluster)
+    bench = BenchRun("links" if spec.name == DEFAULT_CLUSTER else f"links_{spec.name}")
     console = Console(width=140)
-    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     classes: dict[str, Any] = {}
     ring_docs: dict[str, Any] = {}
@@ -299,7 +296,6 @@ def main() -> None:
                 "chunks": got["rows"],
             }
     wall = time.perf_counter() - t0
-    load1 = os.getloadavg()[0]
     for cls, c in classes.items():
         print_rows(console, f"{cls}: one send ({c['pair'][0]} -> {c['pair'][1]}), ms", c["sizes"])
         console.print(f"{cls}: fit {fit_line(c['fit'], c['spec'])}")
@@ -326,11 +322,10 @@ def main() -> None:
             f"{cls}, sends up to {ACTIVATION_MAX / 2**20:g} MiB and ring rounds together: fit "
             f"{fit_line(fit.to_dict(), c['spec'])}; worst error {worst:.0%} of {len(points)}"
         )
+    load0, load1 = bench.load_before[0], load_average()[0]
     console.print(f"wall {wall:.0f} s, load average {load0:.1f} -> {load1:.1f}")
     doc = {
         "cluster": spec.name,
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "load_average_start_end": [load0, load1],
         "repeats": a.repeats,
         "ring_repeats": a.ring_repeats,
         "wall_s": wall,
@@ -338,9 +333,8 @@ def main() -> None:
         "rings": ring_docs,
         "combined": combined,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=1))
-    console.print(f"wrote {a.out}")
+    out = bench.write(doc, out=Path(a.out) if a.out else None, indent=1)
+    console.print(f"wrote {display(out)}")
 
 
 if __name__ == "__main__":

@@ -34,20 +34,18 @@ error, not a crash).
     .venv/bin/python -m bench.plan_quality --models alexnet --out part.json   # one part
     .venv/bin/python -m bench.plan_quality --merge a.json,b.json              # parts -> one
     .venv/bin/python -m bench.plan_quality --realistic --seeds 3              # the section
-Writes bench/results/plan_quality.json and plan_quality.png (or --out and its .png), and
-``--realistic`` bench/results/plan_quality_realistic.json; failed runs have the value
-``Infinity`` (as Python's json writes and reads it).
+Writes ``bench/results/plan_quality/<UTC date-time>.json`` and ``.png`` beside it (``--quick``:
+under ``plan_quality_quick/``; or ``--out`` and its ``.png``), and ``--realistic``
+``bench/results/plan_quality_realistic/<UTC date-time>.json`` (:mod:`bench.record`); failed
+runs have the value ``Infinity`` (as Python's json writes and reads it).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
 import statistics
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +55,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench.common import OUT_HELP, fmt, table
 from bench.instances import PIPEDREAM, PRESETS, WEIGHT_READS, ZOO, Instance, instances
 from bench.instances import cluster as preset
+from bench.record import BenchRun, display
 from pipeplan.agents import Budget, Objective, Problem, compare
 from pipeplan.agents.baselines.dp import DPPlanner, explain_gap
 from pipeplan.agents.compare import Entry, run_entry
@@ -66,7 +66,6 @@ from pipeplan.core.batch_eval import BatchEvaluator
 from pipeplan.core.plan import Plan
 from pipeplan.core.tables import layer_costs
 
-RESULTS = Path(__file__).parent / "results"
 Doc = dict[str, Any]
 # label -> (planner, options); "genetic-equal" isolates what unequal microbatches buy
 PLANNERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -302,17 +301,6 @@ def evaluate_instance(
 # --- tables -----------------------------------------------------------------------------------
 
 
-def _fmt(x: float | None, spec: str = ".3f", suffix: str = "") -> str:
-    return "-" if x is None or not math.isfinite(x) else format(x, spec) + suffix
-
-
-def _table(title: str, cols: list[str], left: tuple[str, ...] = ()) -> Table:
-    t = Table(title=escape(title), title_justify="left")
-    for col in cols:
-        t.add_column(escape(col), justify="left" if col in left else "right")
-    return t
-
-
 def _row(t: Table, *cells: str) -> None:
     t.add_row(*(escape(c) for c in cells))
 
@@ -326,15 +314,15 @@ def instance_table(doc: Doc) -> Table:
     ref += " = exact" if doc["reference_exact"] else " = bottleneck-exact only"
     value_col = "$/Msample" if obj == "cost" else "batch ms"
     cols = ["planner", value_col, f"vs {ref}", "search s", "evals", "microbatches", "note"]
-    t = _table(head, cols, ("planner", "microbatches", "note"))
+    t = table(head, cols, ("planner", "microbatches", "note"))
     for lb, r in doc["runs"].items():
         mbs = ",".join(str(s["microbatch"]) for s in r["plan"]["stages"]) if r["plan"] else ""
         _row(
             t,
             lb,
-            _fmt(r["value"] * (1e6 if obj == "cost" else 1e3)),
-            _fmt(r["ratio_to_reference"], ".4f"),
-            _fmt(r["seconds"], ".2f"),
+            fmt(r["value"] * (1e6 if obj == "cost" else 1e3)),
+            fmt(r["ratio_to_reference"], ".4f"),
+            fmt(r["seconds"], ".2f"),
             str(r["evaluations"]),
             mbs[:24],
             r["error"][:60],
@@ -352,7 +340,7 @@ def _ratios(docs: list[Doc], lb: str, exact: bool) -> list[float]:
 
 
 def planner_table(docs: list[Doc], labels: list[str]) -> Table:
-    t = _table(
+    t = table(
         "Per planner: ratio to brute (exact) where brute solved it, else to dp (bottleneck-"
         "exact); inf = failed",
         ["planner", "failed", "vs brute: n", "median", "worst", "<=1.02", "vs dp: n", "median",
@@ -370,21 +358,21 @@ def planner_table(docs: list[Doc], labels: list[str]) -> Table:
             lb,
             f"{sum(not math.isfinite(r['value']) for r in rs)}/{len(rs)}",
             str(len(ex)),
-            _fmt(statistics.median(fin_ex) if fin_ex else None, ".4f"),
-            _fmt(max(ex) if ex else None, ".4f"),
+            fmt(statistics.median(fin_ex) if fin_ex else None, ".4f"),
+            fmt(max(ex) if ex else None, ".4f"),
             f"{sum(r <= GENETIC_RATIO for r in ex)}/{len(ex)}",
             str(len(ap)),
-            _fmt(statistics.median(fin_ap) if fin_ap else None, ".4f"),
-            _fmt(max(ap) if ap else None, ".4f"),
-            _fmt(statistics.mean(secs) if secs else None, ".2f"),
-            _fmt(max(secs) if secs else None, ".2f"),
-            _fmt(statistics.mean(r["evaluations"] for r in rs) if rs else None, ".0f"),
+            fmt(statistics.median(fin_ap) if fin_ap else None, ".4f"),
+            fmt(max(ap) if ap else None, ".4f"),
+            fmt(statistics.mean(secs) if secs else None, ".2f"),
+            fmt(max(secs) if secs else None, ".2f"),
+            fmt(statistics.mean(r["evaluations"] for r in rs) if rs else None, ".0f"),
         )
     return t
 
 
 def dp_table(docs: list[Doc]) -> Table:
-    t = _table(
+    t = table(
         "dp against brute wherever both ran (dp's plans lie in brute's space: ratio >= 1)",
         ["instance", "objective", "dp / brute", "agree", "consistent", "why"],
         ("instance", "objective", "why"),
@@ -392,14 +380,14 @@ def dp_table(docs: list[Doc]) -> Table:
     for d in docs:
         c = d["dp_vs_brute"]
         if c:
-            _row(t, d["instance"], d["objective"], _fmt(c["ratio"], ".4f"),
+            _row(t, d["instance"], d["objective"], fmt(c["ratio"], ".4f"),
                  "yes" if c["agree"] else "no", "yes" if c["consistent"] else "NO",
                  c["why"][:90])  # fmt: skip
     return t
 
 
 def genetic_table(docs: list[Doc]) -> Table:
-    t = _table(
+    t = table(
         f"genetic against brute (target: within {GENETIC_RATIO - 1:.0%} in under "
         f"{GENETIC_SECONDS:.0f} s)",
         ["instance", "objective", "genetic", "s", "ok", "genetic-equal", "s", "ok"],
@@ -413,7 +401,7 @@ def genetic_table(docs: list[Doc]) -> Table:
         for lb in ("genetic", "genetic-equal"):
             x = c.get(lb)
             cells += (
-                [_fmt(x["ratio"], ".4f"), _fmt(x["seconds"], ".1f"), "yes" if x["ok"] else "NO"]
+                [fmt(x["ratio"], ".4f"), fmt(x["seconds"], ".1f"), "yes" if x["ok"] else "NO"]
                 if x
                 else ["-", "-", "-"]
             )
@@ -422,7 +410,7 @@ def genetic_table(docs: list[Doc]) -> Table:
 
 
 def speedup_table(docs: list[Doc]) -> Table:
-    t = _table(
+    t = table(
         f"Best plan against data_parallel (time objective; target >= {SPEEDUP}x, TAPP 1.30-"
         "1.49x) and uniform; compute bound = the most any plan could gain",
         ["instance", "best by", "vs data_parallel", "compute bound", "DP devices", "holds",
@@ -451,18 +439,18 @@ def speedup_table(docs: list[Doc]) -> Table:
             t,
             d["instance"],
             best_by,
-            _fmt(c["vs_data_parallel"], ".2f", "x"),
-            _fmt(c["compute_bound"], ".2f", "x"),
+            fmt(c["vs_data_parallel"], ".2f", "x"),
+            fmt(c["compute_bound"], ".2f", "x"),
             str(c["data_parallel_devices"]),
             "yes" if c["holds"] else "no",
-            _fmt(c["vs_uniform"], ".2f", "x"),
+            fmt(c["vs_uniform"], ".2f", "x"),
             c["why"][:80],
         )
     return t
 
 
 def uedp_table(docs: list[Doc]) -> Table:
-    t = _table(
+    t = table(
         f"Unequal microbatches (genetic) against the best equal-microbatch plan (target >= "
         f"{UEDP_GAIN:.0%} somewhere; UMPIPE 8-17%)",
         [
@@ -481,7 +469,7 @@ def uedp_table(docs: list[Doc]) -> Table:
         if c:
             by = c["best_equal_by"] + (" (exact)" if c["best_equal_exact"] else "")
             mbs = ",".join(map(str, c["genetic_microbatches"]))
-            _row(t, d["instance"], d["objective"], _fmt(c["gain"] * 100, "+.1f", "%"), by,
+            _row(t, d["instance"], d["objective"], fmt(c["gain"] * 100, "+.1f", "%"), by,
                  mbs[:30], "yes" if c["fixed_costs"] else "none (linear)",
                  "yes" if c["gain"] >= UEDP_GAIN else "no")  # fmt: skip
     return t
@@ -507,11 +495,11 @@ def targets(docs: list[Doc]) -> list[tuple[str, str, str]]:
         (f"genetic within {GENETIC_RATIO - 1:.0%} of brute, < {GENETIC_SECONDS:.0f} s",
          "met" if ga and all(c["ok"] for c in ga) else "missed",
          f"{sum(c['ok'] for c in ga)}/{len(ga)} runs; worst "
-         f"{_fmt(max((c['ratio'] for c in ga), default=None), '.4f')}, slowest "
-         f"{_fmt(max((c['seconds'] for c in ga), default=None), '.1f')} s"),
+         f"{fmt(max((c['ratio'] for c in ga), default=None), '.4f')}, slowest "
+         f"{fmt(max((c['seconds'] for c in ga), default=None), '.1f')} s"),
         ("bayes (reported as is)", "-",
-         f"median {_fmt(statistics.median(bayes) if bayes else None, '.4f')}, worst "
-         f"{_fmt(max(bayes) if bayes else None, '.4f')} x brute on {len(bayes)} runs"),
+         f"median {fmt(statistics.median(bayes) if bayes else None, '.4f')}, worst "
+         f"{fmt(max(bayes) if bayes else None, '.4f')} x brute on {len(bayes)} runs"),
         (f"best >= {SPEEDUP}x data_parallel (time)",
          f"{sum(c['holds'] for c in sp)}/{len(sp)}",
          f"structurally impossible (compute bound < {SPEEDUP}x): "
@@ -524,7 +512,7 @@ def targets(docs: list[Doc]) -> list[tuple[str, str, str]]:
 
 
 def target_table(docs: list[Doc]) -> Table:
-    t = _table("The issue's targets", ["target", "verdict", "detail"], ("target", "detail"))
+    t = table("The issue's targets", ["target", "verdict", "detail"], ("target", "detail"))
     for row in targets(docs):
         _row(t, *row)
     return t
@@ -663,9 +651,9 @@ def evaluate_realistic(inst: Instance, a: argparse.Namespace, labels: list[str])
 
 
 def realistic_table(doc: Doc) -> Table:
-    t = _table(
+    t = table(
         f"{doc['instance']} ({doc['layers']} layers, {doc['devices']} devices): time, best "
-        f"{_fmt(doc['best'], '.4f')} s by {doc['best_by']}",
+        f"{fmt(doc['best'], '.4f')} s by {doc['best_by']}",
         ["planner", "seed", "batch s", "gap to best", "search s", f"s to {LEARNED_RATIO - 1:.0%}",
          "evals", "stages", "microbatches", "error"],
         ("planner", "microbatches", "error"),
@@ -677,10 +665,10 @@ def realistic_table(doc: Doc) -> Table:
                 t,
                 lb,
                 str(r["seed"]),
-                _fmt(r["value"], ".4f"),
-                _fmt(100 * r["gap"], "+.1f", "%"),
-                _fmt(r["seconds"], ".1f"),
-                _fmt(r["seconds_to_target"], ".1f"),
+                fmt(r["value"], ".4f"),
+                fmt(100 * r["gap"], "+.1f", "%"),
+                fmt(r["seconds"], ".1f"),
+                fmt(r["seconds_to_target"], ".1f"),
                 str(r["evaluations"]),
                 str(len(stages)) if stages else "-",
                 ",".join(str(s["microbatch"]) for s in stages),
@@ -690,7 +678,7 @@ def realistic_table(doc: Doc) -> Table:
 
 
 def learned_table(docs: list[Doc]) -> Table:
-    t = _table(
+    t = table(
         f"Learned planners on realistic instances (target: every seed within "
         f"{LEARNED_RATIO - 1:.0%} of the best plan any planner found, in <= "
         f"{LEARNED_SECONDS:.0f} s of search)",
@@ -705,19 +693,20 @@ def learned_table(docs: list[Doc]) -> Table:
                 d["instance"],
                 lb,
                 str(len(v["seeds"])),
-                _fmt(100 * v["worst_gap"], "+.1f", "%"),
-                f"{_fmt(100 * v['best_gap'], '+.1f', '%')} .. "
-                f"{_fmt(100 * v['worst_gap'], '+.1f', '%')}",
-                _fmt(v["max_seconds"], ".1f"),
-                _fmt(v["worst_seconds_to_target"], ".1f"),
+                fmt(100 * v["worst_gap"], "+.1f", "%"),
+                f"{fmt(100 * v['best_gap'], '+.1f', '%')} .. "
+                f"{fmt(100 * v['worst_gap'], '+.1f', '%')}",
+                fmt(v["max_seconds"], ".1f"),
+                fmt(v["worst_seconds_to_target"], ".1f"),
                 "yes" if v["met"] else "NO",
                 "; ".join(v["errors"])[:60],
             )
     return t
 
 
-def realistic(a: argparse.Namespace, console: Console) -> None:
-    """The realistic section: run, print, write ``a.realistic_out``."""
+def realistic(a: argparse.Namespace, console: Console, bench: BenchRun) -> None:
+    """The realistic section: run, print, write ``a.realistic_out`` (default: a new
+    ``plan_quality_realistic`` result)."""
     labels = [p for p in a.realistic_planners.split(",") if p]
     unknown = [p for p in labels if p not in REALISTIC_LABELS]
     if unknown:
@@ -751,9 +740,6 @@ def realistic(a: argparse.Namespace, console: Console) -> None:
             runtime.shutdown()
     console.print(learned_table(docs))
     meta = {
-        "date": datetime.date.today().isoformat(),
-        "command": "python -m bench.plan_quality " + " ".join(sys.argv[1:]),
-        "load_average": list(os.getloadavg()),
         "cluster": REALISTIC_CLUSTER,
         "input_size": a.input_size,
         "batch": a.batch,
@@ -763,10 +749,9 @@ def realistic(a: argparse.Namespace, console: Console) -> None:
         "planners": {lb: list({**PLANNERS, **LEARNED}[lb]) for lb in labels},
         "target": {"ratio": LEARNED_RATIO, "seconds": LEARNED_SECONDS},
     }
-    out = Path(a.realistic_out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**meta, "instances": docs}, indent=1, default=str) + "\n")
-    console.print(f"wrote {out}")
+    out = Path(a.realistic_out) if a.realistic_out else None
+    out = bench.write({**meta, "instances": docs}, out=out, indent=1)
+    console.print(f"wrote {display(out)}")
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -809,19 +794,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="two models on two clusters")
     ap.add_argument("--merge", default="", help="comma-separated JSON parts: tables, no runs")
-    ap.add_argument("--out", default=str(RESULTS / "plan_quality.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     ap.add_argument("--realistic", action="store_true", help="only the realistic section")
     ap.add_argument("--realistic-models", default=",".join(REALISTIC_MODELS))
     ap.add_argument("--realistic-planners", default=",".join(REALISTIC_LABELS))
     ap.add_argument("--input-size", type=int, default=REALISTIC_INPUT, help="realistic: input")
     ap.add_argument("--seeds", type=int, default=1, help="realistic: seeds of the learned")
-    ap.add_argument("--realistic-out", default=str(RESULTS / "plan_quality_realistic.json"))
+    ap.add_argument("--realistic-out", default=None, help="realistic: " + OUT_HELP)
     a = ap.parse_args()
     if a.realistic:
         if a.seconds == ap.get_default("seconds"):
             a.seconds = LEARNED_SECONDS  # the issue's budget
-        realistic(a, Console(width=200))
+        realistic(a, Console(width=200), BenchRun("plan_quality_realistic"))
         return
+    bench = BenchRun("plan_quality_quick" if a.quick else "plan_quality")
     labels = [p for p in a.planners.split(",") if p]
     unknown = [p for p in labels if p not in PLANNERS]
     if unknown:
@@ -844,11 +830,10 @@ def main() -> None:
         docs = measure(a, labels, console)
     for t in summary_tables(docs, labels):
         console.print(t)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**meta, "instances": docs}, indent=1, default=str) + "\n")
+    out = Path(a.out) if a.out else bench.path()
+    bench.write({**meta, "instances": docs}, out=out, indent=1)
     draw(docs, labels, out.with_suffix(".png"))
-    console.print(f"wrote {out} and {out.with_suffix('.png')}")
+    console.print(f"wrote {display(out)} and {display(out.with_suffix('.png'))}")
 
 
 if __name__ == "__main__":

@@ -19,21 +19,22 @@ fastest found by ``dp``) are those of ``bench.rl_quality``, whose helpers this r
 
     .venv/bin/python -m bench.ppo_quality                   # four instances, 7-35 min here
     .venv/bin/python -m bench.ppo_quality --instances pipedream-alexnet@random1/time
-Writes bench/results/ppo_quality.json (``--out`` to change).
+Writes ``bench/results/ppo_quality/<UTC date-time>.json`` (:mod:`bench.record`; ``--out`` to
+change).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import OUT_HELP, table
+from bench.record import BenchRun, display
 from bench.rl_quality import (
     BRUTE_MAX_SPACE,
     DEFAULT_PPO,
@@ -48,7 +49,6 @@ from pipeplan.agents.local_search import polish as polish_plan
 from pipeplan.agents.search import Search
 from pipeplan.executor import runtime
 
-RESULTS = Path(__file__).parent / "results"
 TARGET = 0.03
 
 
@@ -162,8 +162,9 @@ def main() -> None:
     ap.add_argument(
         "--tapp-evaluations", type=int, default=2000, help="TAPP's budget (0: no TAPP runs)"
     )
-    ap.add_argument("--out", default=str(RESULTS / "ppo_quality.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     a = ap.parse_args()
+    bench = BenchRun("ppo_quality")
     given = {
         "iterations": a.iterations,
         "train_batch": a.train_batch,
@@ -215,18 +216,18 @@ def main() -> None:
                 "runs": runs,
             }
         )
-    table = Table(
-        title=f"PPO alone against exact (brute), batch {a.batch}, target <= {TARGET:.0%}; "
-        "evaluations to reach 5% / 1% beside TAPP's"
-    )
     columns: tuple[str, ...] = (
         "instance", "seed", "exact", "ppo", "gap", "to 5%", "to 1%", "evaluations",
         "seconds", "met", "tapp gap", "tapp to 5%", "tapp to 1%",
     )  # fmt: skip
     if a.polish:
         columns += ("ppo + polish", "gap")
-    for c in columns:
-        table.add_column(c, justify="left" if c == "instance" else "right")
+    results = table(
+        f"PPO alone against exact (brute), batch {a.batch}, target <= {TARGET:.0%}; "
+        "evaluations to reach 5% / 1% beside TAPP's",
+        columns,
+        left=("instance",),
+    )
     for d in docs:
         obj = Objective(d["objective"])
         for r in d["runs"]:
@@ -248,8 +249,8 @@ def main() -> None:
             ]
             if a.polish:
                 row += [fmt(r["value"], obj), pct(r["gap"])]
-            table.add_row(*row)
-    console.print(table)
+            results.add_row(*row)
+    console.print(results)
     out = {
         "batch": a.batch,
         "seeds": a.seeds,
@@ -259,9 +260,8 @@ def main() -> None:
         "met": all(r["ppo_gap"] <= TARGET + 1e-12 for d in docs for r in d["runs"]),
         "total_seconds": time.perf_counter() - t_start,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
-    console.print(f"wrote {a.out}")
+    path = bench.write(out, out=Path(a.out) if a.out else None, indent=1)
+    console.print(f"wrote {display(path)}")
 
 
 if __name__ == "__main__":

@@ -15,25 +15,25 @@ Targets are multiples of the throughput of the cheapest single-node plan of the 
 
     .venv/bin/python -m bench.provisioning --quick      # < 2 minutes
     .venv/bin/python -m bench.provisioning              # the full sweep
-Writes bench/results/provisioning.json (``--out`` elsewhere); failures are recorded as
+Writes ``bench/results/provisioning/<UTC date-time>.json`` (``--quick``: under
+``provisioning_quick/``; :mod:`bench.record`; ``--out`` elsewhere); failures are recorded as
 ``null`` values with their one-line reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from bench import common
+from bench.common import OUT_HELP, fmt
+from bench.record import BenchRun, display, load_average
 from pipeplan.agents.problem import Budget, Objective, Problem
 from pipeplan.agents.provision.rental import kind_of, rental
 from pipeplan.agents.registry import make_planner
@@ -43,7 +43,6 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.service.tasks.common import PRESETS_DIR, zoo_profile
 from pipeplan.service.tasks.progress import QUIET
 
-RESULTS = Path(__file__).parent / "results"
 Doc = dict[str, Any]
 
 
@@ -178,17 +177,11 @@ def instance(model: str, size: int, cat: str, setup: Setup, console: Console) ->
     return rows
 
 
-def fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
 def table(rows: list[Doc]) -> Table:
-    t = Table(title="provisioning: $/sample against provision_dp", title_justify="left")
-    for col in ("model", "catalogue", "target/s", "planner", "$/sample", "vs exact", "met",
-                "search s", "save vs fastest", "save vs all", "rental"):  # fmt: skip
-        t.add_column(
-            col, justify="left" if col in ("model", "catalogue", "planner", "rental") else "right"
-        )
+    cols = ("model", "catalogue", "target/s", "planner", "$/sample", "vs exact", "met",
+            "search s", "save vs fastest", "save vs all", "rental")  # fmt: skip
+    left = ("model", "catalogue", "planner", "rental")
+    t = common.table("provisioning: $/sample against provision_dp", cols, left)
     for row in rows:
         for name, d in row["planners"].items():
             rent = (
@@ -209,8 +202,9 @@ def table(rows: list[Doc]) -> Table:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one model, fewer targets (< 2 min)")
-    ap.add_argument("--out", type=Path, default=None, help="the JSON to write")
+    ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     args = ap.parse_args()
+    bench = BenchRun("provisioning_quick" if args.quick else "provisioning")
     setup = QUICK if args.quick else FULL
     console = Console(width=160)
     start = time.perf_counter()
@@ -220,18 +214,14 @@ def main() -> None:
             rows += instance(model, size, cat, setup, console)
     console.print(table(rows))
     doc = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_average": os.getloadavg(),
-        "cpus": os.cpu_count(),
         "quick": args.quick,
         "batch": setup.batch,
         "search_seconds": setup.seconds,
         "wall_s": time.perf_counter() - start,
         "rows": rows,
     }
-    out = args.out or RESULTS / ("provisioning_quick.json" if args.quick else "provisioning.json")
-    out.write_text(json.dumps(doc, indent=1))
-    console.print(f"wrote {out} in {doc['wall_s']:.0f} s (load average {doc['load_average']})")
+    out = bench.write(doc, out=args.out, indent=1)
+    console.print(f"wrote {display(out)} in {doc['wall_s']:.0f} s (load average {load_average()})")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,13 @@
 Every benchmark writes ``bench/results/<bench>/<UTC date-time>.json``; the file holds the
 run's own payload beside ``provenance``: the git commit (and whether the tree had
 uncommitted changes), the machine (cores, memory, CPU model, Python and torch versions), the
-load average before and after, the wall time and the command line. Old runs stay as files;
-the newest is the one a page quotes.
+load average before and after, the wall time and the command line (paths inside the
+checkout written relative to it). Old runs stay as files; the newest is the one a page
+quotes (:func:`newest`), and ``python -m bench.index`` lists them in each folder's README.
+
+A variant of a benchmark (``--quick``, another cluster) is a benchmark of its own name
+(``fidelity_quick``), so that the newest file of a folder is always comparable with the
+ones before it. A figure a run draws goes beside its JSON, with the same stem.
 
     with BenchRun("runtime") as run:
         ...measure...
@@ -115,21 +120,46 @@ class BenchRun:
             "bench": self.name,
             "started_utc": self.started.isoformat(timespec="seconds"),
             "wall_s": round(time.perf_counter() - self._t0, 2),
-            "command": " ".join(["python -m", f"bench.{self.name}", *self.argv[1:]]),
+            "command": command(self.argv, self.name),
             "git": git_commit(),
             "machine": machine(),
             "load_before": self.load_before,
             "load_after": load_average(),
         }
 
-    def write(self, payload: dict[str, Any], results: Path = RESULTS) -> Path:
-        """``results/<name>/<UTC start>.json`` with ``payload`` and ``provenance``."""
-        folder = results / self.name
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{utc_stamp(self.started)}.json"
+    def path(self, results: Path = RESULTS) -> Path:
+        """Where :meth:`write` puts the run: ``results/<name>/<UTC start>.json``."""
+        return results / self.name / f"{utc_stamp(self.started)}.json"
+
+    def write(
+        self,
+        payload: dict[str, Any],
+        results: Path = RESULTS,
+        out: Path | None = None,
+        indent: int = 2,
+    ) -> Path:
+        """``payload`` and ``provenance`` into :meth:`path` (or ``out``, a file named on the
+        command line); returns where."""
+        path = Path(out) if out is not None else self.path(results)
+        path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"provenance": self.provenance(), **payload}
-        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        path.write_text(json.dumps(doc, indent=indent, default=str) + "\n")
         return path
+
+
+def command(argv: list[str], name: str) -> str:
+    """The command line as ``python -m bench.MODULE ARGS``, paths inside the checkout relative
+    to it (so that a result file names no folder of the machine that ran it)."""
+    script = Path(argv[0]) if argv else Path()
+    module = f"bench.{script.stem}" if script.parent.name == "bench" else f"bench.{name}"
+    root = f"{ROOT}{os.sep}"
+    return " ".join(["python -m", module, *(a.replace(root, "") for a in argv[1:])])
+
+
+def display(path: Path) -> str:
+    """``path`` relative to the checkout where it is inside it (what a bench prints)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def newest(name: str, results: Path = RESULTS) -> Path | None:

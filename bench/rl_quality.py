@@ -32,7 +32,7 @@ policies (run ``i`` with policy ``i``) with zero updates (``frozen``) and with a
 unseen models TAPP samples ``--few-batch`` plans per iteration (16: about 12 updates in 200
 evaluations instead of 3 with 64; few-updates T=1 on ResNet-18 went from +11.7% worst of 3
 to within 0.1%). ``--only-generalisation`` runs only this section and keeps the instance
-results of an existing ``--out``.
+results of the newest ``rl_quality`` run (or of ``--out``, if it exists).
 
 Torch runs on one intra-op thread (``--torch-threads``): the networks are tiny and, on this
 shared 2-core machine, more threads only made TAPP 4-7x slower (same plans).
@@ -40,7 +40,8 @@ shared 2-core machine, more threads only made TAPP 4-7x slower (same plans).
     .venv/bin/python -m bench.rl_quality            # the default set (about 9 min here)
     .venv/bin/python -m bench.rl_quality --planners tapp,genetic   # skip PPO
     .venv/bin/python -m bench.rl_quality --quick    # two instances, short PPO (~1-3 min)
-Writes bench/results/rl_quality.json and rl_quality.png.
+Writes ``bench/results/rl_quality/<UTC date-time>.json`` and ``.png`` beside it (``--quick``:
+under ``rl_quality_quick/``; :mod:`bench.record`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import OUT_HELP, table
 from bench.instances import Instance, cluster, model_profile
+from bench.record import BenchRun, display, newest
 from pipeplan.agents import (
     Budget,
     InfeasibleError,
@@ -71,7 +74,6 @@ from pipeplan.agents import (
 from pipeplan.agents.tapp import IterationLog, TAPPConfig
 from pipeplan.executor import runtime
 
-RESULTS = Path(__file__).parent / "results"
 THRESHOLDS = (0.05, 0.01)
 TARGETS = {"tapp": 0.01, "ppo": 0.03, "generalisation": 0.05}
 DEFAULT_INSTANCES = (
@@ -612,9 +614,8 @@ def summary_table(title: str, rows: list[dict[str, Any]], refs: dict[str, Any]) 
 
 
 def reference_table(refs: dict[str, Any], objectives: dict[str, Objective]) -> Table:
-    t = Table(title="Exact references", title_justify="left")
-    for c in ("instance", "exact", "by", "s", "exact 1 device/stage", "by", "s", "space gap"):
-        t.add_column(c, justify="left" if c == "instance" else "right")
+    cols = ("instance", "exact", "by", "s", "exact 1 device/stage", "by", "s", "space gap")
+    t = table("Exact references", cols, left=("instance",))
     for key, ref in refs.items():
         e, e1 = ref["exact"], ref["exact_1dev"]
         obj = objectives[key]
@@ -773,10 +774,12 @@ def main() -> None:
     ap.add_argument(
         "--only-generalisation",
         action="store_true",
-        help="run only the generalisation section; keep the instances of an existing --out",
+        help="run only the generalisation section; keep the instances of the newest run "
+        "(or of an existing --out)",
     )
-    ap.add_argument("--out", default=str(RESULTS / "rl_quality.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     a = ap.parse_args()
+    bench = BenchRun("rl_quality_quick" if a.quick else "rl_quality")
     planners = [s for s in a.planners.split(",") if s]
     unknown = sorted(set(planners) - set(PLANNERS))
     if unknown:
@@ -861,8 +864,7 @@ def main() -> None:
                 g_refs,
             )
         )
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else bench.path()
     doc = {
         "batch": a.batch,
         "quick": a.quick,
@@ -890,16 +892,19 @@ def main() -> None:
         "generalisation": gen,
         "total_seconds": time.perf_counter() - t_start,
     }
-    if a.only_generalisation and out.exists():  # the other sections from the last full run
-        old = json.loads(out.read_text())
+    before = out if out.exists() else newest(bench.name)
+    if a.only_generalisation and before is not None:  # the other sections from the last run
+        old = json.loads(before.read_text())
         keep = ("seeds", "evaluations", "planners", "tapp", "ppo", "instances", "summary")
         doc.update({k: old[k] for k in keep if k in old})
         docs = old.get("instances", [])
         doc["only_generalisation"] = True  # total_seconds: this run's
-    out.write_text(json.dumps(clean(doc), indent=1, default=str) + "\n")
+        doc["instances_from"] = display(before)
+    bench.write(clean(doc), out=out, indent=1)
     draw(docs, gen, out.with_suffix(".png"))
     console.print(
-        f"wrote {out} and {out.with_suffix('.png')} in {time.perf_counter() - t_start:.0f}s"
+        f"wrote {display(out)} and {display(out.with_suffix('.png'))} in "
+        f"{time.perf_counter() - t_start:.0f}s"
     )
 
 

@@ -26,7 +26,8 @@
 
 Every process it starts (the services, the embedded Ray cluster) is stopped by its pid, on
 free loopback ports. Prints one table per part and a summary; writes
-bench/results/service_load.json (``--quick``: service_load_quick.json).
+``bench/results/service_load/<UTC date-time>.json`` (``--quick``: under
+``service_load_quick/``; :mod:`bench.record`).
 
     .venv/bin/python -m bench.service_load            # the full run
     .venv/bin/python -m bench.service_load --quick    # a smoke run, 3 fault runs
@@ -35,20 +36,18 @@ bench/results/service_load.json (``--quick``: service_load_quick.json).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import secrets
 import shutil
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import OUT_HELP, table
+from bench.record import BenchRun, display
 from bench.service_load_fault import DELIVERY, fault_runs
 from bench.service_load_http import (
     deliver,
@@ -61,7 +60,6 @@ from bench.service_load_http import (
 from bench.service_load_ray import submit_to_running
 from bench.service_load_server import bench_server, job_tokens
 
-RESULTS = Path(__file__).parent / "results"
 PAGE = 50
 """``GET /v1/jobs``'s default limit."""
 TARGET_EVENTS_PER_S = 1000
@@ -83,7 +81,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--fault-events", type=int, default=None, help="events per fault run")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per load, at most")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     a = ap.parse_args()
     defaults = (200, 1000, 2, 3, 200) if a.quick else (1000, 5000, 4, 20, 300)
     for name, value in zip(
@@ -142,9 +140,10 @@ def secs(x: float | None) -> str:
 
 
 def print_http(a: argparse.Namespace, r: dict[str, Any]) -> None:
-    t = Table(title=f"1. GET /v1/jobs (page of {PAGE}) with {a.jobs:,} jobs stored")
-    for col in ("clients", "requests", "errors", "p50", "p99", "max", "requests/s"):
-        t.add_column(col, justify="right")
+    t = table(
+        f"1. GET /v1/jobs (page of {PAGE}) with {a.jobs:,} jobs stored",
+        ("clients", "requests", "errors", "p50", "p99", "max", "requests/s"),
+    )
     for n, s in r["list"].items():
         row = (s["requests"], s["errors"], f"{s['p50_ms']:.1f} ms", f"{s['p99_ms']:.1f} ms")
         t.add_row(n, *map(str, row), f"{s['max_ms']:.1f} ms", f"{s['per_s']:,.0f}")
@@ -186,17 +185,16 @@ def print_http(a: argparse.Namespace, r: dict[str, Any]) -> None:
 
 def one_row(title: str, cells: dict[str, Any]) -> None:
     """A table of one row: the cells' keys are its columns."""
-    t = Table(title=title)
-    for col in cells:
-        t.add_column(col, justify="right")
+    t = table(title, list(cells))
     t.add_row(*map(str, cells.values()))
     console.print(t)
 
 
 def print_ray(r: dict[str, Any]) -> None:
-    t = Table(title="3. submit to running, real Ray Jobs (pipeplan serve, embedded 1-node cluster)")
-    for col in ("job", "state", "POST answered", "seen running", "started_at - created_at", "done"):
-        t.add_column(col, justify="right")
+    t = table(
+        "3. submit to running, real Ray Jobs (pipeplan serve, embedded 1-node cluster)",
+        ("job", "state", "POST answered", "seen running", "started_at - created_at", "done"),
+    )
     for i, j in enumerate(r.get("jobs", [])):
         t.add_row(
             str(i),
@@ -224,10 +222,11 @@ def print_ray(r: dict[str, Any]) -> None:
 
 
 def print_fault(r: dict[str, Any]) -> None:
-    t = Table(title=f"4. restart scenario x{r['totals']['runs']} (SIGKILL, restart, same db)")
     cols = ("run", "events", "sent at kill", "acked at kill", "retries", "down", "stored")
-    for col in (*cols, "lost", "doubled", "jobs acked", "jobs lost", "state"):
-        t.add_column(col, justify="right")
+    t = table(
+        f"4. restart scenario x{r['totals']['runs']} (SIGKILL, restart, same db)",
+        (*cols, "lost", "doubled", "jobs acked", "jobs lost", "state"),
+    )
     keys: tuple[str, ...] = ("events_sent", "emitted_at_kill", "acked_at_kill", "retries")
     keys += ("down_s", "events_stored", "events_lost", "events_doubled", "jobs_acked", "jobs_lost")
     for i, x in enumerate(r["runs"]):
@@ -315,15 +314,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     a = parse_args()
-    load0, t0 = os.getloadavg(), time.perf_counter()
-    date = datetime.now(UTC).isoformat(timespec="seconds")
+    bench = BenchRun("service_load_quick" if a.quick else "service_load")
+    t0 = time.perf_counter()
     res = run(a)
     s = summary(res)
     print_summary(s)
     out = {
-        "date": date,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-        "loadavg_before_after": [list(load0), list(os.getloadavg())],
         "wall_s": time.perf_counter() - t0,
         "parameters": parameters(a),
         "targets": {
@@ -335,11 +331,7 @@ def main() -> None:
         "summary": s,
         **res,
     }
-    path = a.out or RESULTS / ("service_load_quick.json" if a.quick else "service_load.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    root = RESULTS.parent.parent
-    print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path.name}")
+    print(f"wrote {display(bench.write(out, out=a.out))}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ divide the batch), a population of 10,000 random plans on the cloud-mix style cl
 below. ``batch_eval`` is timed two ways in the same run: vectorised over the plans and, per
 stage, over the microbatches (TiDGAP's two levels, the default), and walking the microbatch
 indices one at a time (``over_microbatches=False``, the evaluator before issue #16). Each
-time is the best of ``REPEATS``. Prints a table and writes bench/results/simulator_speed.json.
+time is the best of ``REPEATS``. Prints a table and writes
+``bench/results/simulator_speed/<UTC date-time>.json`` (:mod:`bench.record`).
 
     .venv/bin/python -m bench.simulator_speed
 """
@@ -14,24 +15,20 @@ time is the best of ``REPEATS``. Prints a table and writes bench/results/simulat
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import table
+from bench.record import BenchRun, display
 from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
 from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Schedule
 from pipeplan.core.profile import LayerProfile, ModelProfile
 
-RESULTS = Path(__file__).parent / "results"
 LAYERS, STAGES, BATCH, MICRO = 50, 4, 64, 8
 POPULATION, LOOP_SAMPLE, REPEATS = 10_000, 300, 7
 
@@ -130,6 +127,7 @@ def measure(
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help
+    bench = BenchRun("simulator_speed")
     rng = np.random.default_rng(0)
     prof, c = synthetic_profile(rng), cluster()
     evs = (BatchEvaluator(prof, c), BatchEvaluator(prof, c, over_microbatches=False))
@@ -143,22 +141,16 @@ def main() -> None:
     ]:
         pop = random_population(rng, len(c.device_ids), equal, sizes)
         rows[label] = measure(evs, pop, schedule, c, prof)
-    table = Table(
-        title=f"batch_eval vs simulate loop — {LAYERS} layers, S={STAGES}, B={BATCH}, "
-        f"population {POPULATION:,} (loop timed on {LOOP_SAMPLE}; best of {REPEATS})"
+    columns = ("case", "batch_eval plans/s", "per-microbatch walk plans/s", "loop plans/s",
+               "speed-up", "max rel diff")  # fmt: skip
+    t = table(
+        f"batch_eval vs simulate loop — {LAYERS} layers, S={STAGES}, B={BATCH}, "
+        f"population {POPULATION:,} (loop timed on {LOOP_SAMPLE}; best of {REPEATS})",
+        columns,
+        left=("case",),
     )
-    columns = (
-        "case",
-        "batch_eval plans/s",
-        "per-microbatch walk plans/s",
-        "loop plans/s",
-        "speed-up",
-        "max rel diff",
-    )
-    for col in columns:
-        table.add_column(col, justify="right" if col != "case" else "left")
     for label, r in rows.items():
-        table.add_row(
+        t.add_row(
             label,
             f"{r['vectorised_plans_per_s']:,.0f}",
             f"{r['per_microbatch_plans_per_s']:,.0f}",
@@ -166,10 +158,8 @@ def main() -> None:
             f"{r['speedup']:.0f}x",
             f"{r['max_rel_diff']:.1e}",
         )
-    Console().print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    Console().print(t)
     out = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "layers": LAYERS,
         "stages": STAGES,
         "global_batch": BATCH,
@@ -177,13 +167,10 @@ def main() -> None:
         "population": POPULATION,
         "loop_sample": LOOP_SAMPLE,
         "repeats": REPEATS,
-        "load_average": list(os.getloadavg()),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
         "targets": {"plans_per_s": 1_000_000, "speedup": 50},
         "cases": rows,
     }
-    (RESULTS / "simulator_speed.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS / 'simulator_speed.json'}")
+    print(f"wrote {display(bench.write(out))}")
 
 
 if __name__ == "__main__":

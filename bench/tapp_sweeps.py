@@ -26,9 +26,9 @@ local cluster, digits data) for that model at the points of ``--measure-points``
     .venv/bin/python -m bench.tapp_sweeps                      # predicted, 3 models (~2 min)
     .venv/bin/python -m bench.tapp_sweeps --measure alexnet    # + measured AlexNet points
 
-Writes bench/results/tapp_sweeps.json and one PNG per sweep (tapp_sweeps_batch.png,
-tapp_sweeps_power.png): throughput against the swept value, lines predicted, markers
-measured.
+Writes ``bench/results/tapp_sweeps/<UTC date-time>.json`` (:mod:`bench.record`) and beside
+it one PNG per sweep (``<UTC date-time>_batch.png``, ``<UTC date-time>_power.png``):
+throughput against the swept value, lines predicted, markers measured.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,10 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import OUT_HELP, ms, table
 from bench.fidelity import describe
+from bench.record import BenchRun, display
 from bench.tapp_table import CLUSTER, MODELS, OPTIMIZER, pipe_torch
 from pipeplan.agents import Budget, Objective, Problem, make_planner
 from pipeplan.agents.baselines.every_device import bsp_all
@@ -63,7 +63,6 @@ from pipeplan.executor.model import timing_loss
 from pipeplan.executor.pipeline import RunConfig, run
 from pipeplan.models.profiler import profile_model
 
-RESULTS = Path(__file__).parent / "results"
 METHODS = ("Planned", "BSP", "Pipe-Torch")
 BASE_TYPE = "cpu"
 """The profile's timings on this machine's core, before any emulated slowdown."""
@@ -178,21 +177,16 @@ def measure_point(
         )
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.0f}"
-
-
 def print_sweep(docs: dict[str, list[dict[str, Any]]], sweep: str, label: str, c: Any) -> None:
-    t = Table(
-        title=f"TAPP sweep: {label} (batch time ms, predicted / measured; EMULATED)",
-        title_justify="left",
+    t = table(
+        f"TAPP sweep: {label} (batch time ms, predicted / measured; EMULATED)",
+        ("model", label, *METHODS, "Planned vs BSP", "Planned stages"),
+        left=("model",),
     )
-    for col in ("model", label, *METHODS, "Planned vs BSP", "Planned stages"):
-        t.add_column(col, justify="left" if col == "model" else "right")
     for model, points in docs.items():
         for p in (p for p in points if p["sweep"] == sweep):
             r = p["rows"]
-            cells = [f"{_ms(r[m]['predicted_s'])} / {_ms(r[m]['measured_s'])}" for m in METHODS]
+            cells = [f"{ms(r[m]['predicted_s'])} / {ms(r[m]['measured_s'])}" for m in METHODS]
             pb, pp = r["BSP"], r["Planned"]
             pred = pb["predicted_s"] / pp["predicted_s"]
             meas = (
@@ -249,8 +243,9 @@ def main() -> None:
     )
     ap.add_argument("--train-steps", type=int, default=3, help="measured steps per plan")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(RESULTS / "tapp_sweeps.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     a = ap.parse_args()
+    bench = BenchRun("tapp_sweeps")
     models = a.models.split(",")
     unknown = [m for m in [*models, *([a.measure] if a.measure else [])] if m not in MODELS]
     if unknown:
@@ -291,7 +286,7 @@ def main() -> None:
                     measured_points.append(name)
     for sweep, what in (("batch", "global batch"), ("power", f"{fastest} flops x")):
         print_sweep(docs, sweep, what, console)
-    out = Path(a.out)
+    out = Path(a.out) if a.out else bench.path()
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = {}
     for sweep, what in (("batch", "global batch"), ("power", f"{fastest} flops x")):
@@ -319,8 +314,9 @@ def main() -> None:
         "wall_s": wall,
         "models": docs,
     }
-    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    console.print(f"wall {wall / 60:.1f} min; wrote {out}, {pngs['batch']}, {pngs['power']}")
+    bench.write(doc, out=out, indent=1)
+    wrote = ", ".join(display(p) for p in (out, pngs["batch"], pngs["power"]))
+    console.print(f"wall {wall / 60:.1f} min; wrote {wrote}")
 
 
 if __name__ == "__main__":

@@ -51,18 +51,18 @@ plan is predicted again under the calibration (:mod:`executor.calibrate`) fitted
 other models' runs (``held-out model``) and to every other plan's (``held-out plan``), each
 also fitted blind to the measured updates (``... without 8u``: the spec's update bandwidth
 kept), so the table shows what the fitted update bandwidth (rule 8u) is worth where plans
-replicate hundreds of MB of weights on one host (:func:`bench.fidelity.held_out`).
+replicate hundreds of MB of weights on one host (:func:`bench.common.held_out`).
 
     .venv/bin/python -m bench.tapp_table            # 3 models, dp + brute + tapp, 12 steps
     .venv/bin/python -m bench.tapp_table --quick    # 3 models, dp + brute, 4 steps
 (either also searches ``genetic`` with two stages or more, for the Pipelined row)
-Writes bench/results/tapp_table.json (``--quick``: tapp_table_quick.json).
+Writes ``bench/results/tapp_table/<UTC date-time>.json`` (``--quick``: under
+``bench/results/tapp_table_quick/``; :mod:`bench.record`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -70,21 +70,27 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from bench.fidelity import (
+from bench.common import (
     BLIND,
     ModelCase,
     Observed,
+    fmt,
+    held_out,
+    model_keys,
+    table,
+    verdict,
+    without_updates,
+)
+from bench.fidelity import (
     add_cluster_options,
     bsp_all,
     describe,
     fastest_first,
-    held_out,
     profile_sizes,
     stage_breakdown,
-    without_updates,
 )
+from bench.record import BenchRun, display
 from pipeplan.agents import Budget, Objective, Problem, make_planner
 from pipeplan.agents.baselines import every_device
 from pipeplan.agents.problem import ProblemError
@@ -99,17 +105,16 @@ from pipeplan.executor.emulation import EMULATED_NOTE
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.measure import Measurement
 from pipeplan.executor.measured_profile import measure_profile
-from pipeplan.executor.model import ModelSource, OptimizerConfig
+from pipeplan.executor.model import OptimizerConfig
 from pipeplan.executor.pipeline import RunConfig, run
 
-RESULTS = Path(__file__).parent / "results"
 CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "local-pipeline.yaml"
 TARGET = 1.3
 """Planned must be measured at least this many times faster than BSP."""
 MODELS: dict[str, ModelCase] = {
-    "alexnet": ModelCase("AlexNet@224", ModelSource("alexnet", 224), 32),
-    "vgg16": ModelCase("VGG-16@32", ModelSource("vgg16", 32), 32),
-    "inception_v3": ModelCase("Inception-V3@75", ModelSource("inception_v3", 75), 32),
+    "alexnet": ModelCase("AlexNet@224", "alexnet", 224, 32),
+    "vgg16": ModelCase("VGG-16@32", "vgg16", 32, 32),
+    "inception_v3": ModelCase("Inception-V3@75", "inception_v3", 75, 32),
 }
 METHODS = ("SingleCPU", "Pipe-Torch", "BSP", "Planned", "Pipelined")
 PIPELINED = "genetic"
@@ -382,10 +387,7 @@ def calibrate_rows(
             )
             for k, e in row["calibrated_rel_error"].items():
                 errors.setdefault(k, []).append(abs(e))
-    return {
-        k: {"median": statistics.median(v), "max": max(v), "plans": len(v)}
-        for k, v in errors.items()
-    }
+    return {k: verdict(v) for k, v in errors.items()}
 
 
 def print_calibrated(
@@ -393,10 +395,11 @@ def print_calibrated(
 ) -> None:
     """Each measured plan's error uncalibrated and under each held-out calibration."""
     kinds = [k for k in verdicts if k != "uncalibrated"]
-    t = Table(title="error (predicted - measured) / measured, calibrations fitted on other plans",
-              title_justify="left")  # fmt: skip
-    for c in ("model", "method", "uncalibrated", *kinds):
-        t.add_column(c, justify="left" if c in ("model", "method") else "right")
+    t = table(
+        "error (predicted - measured) / measured, calibrations fitted on other plans",
+        ("model", "method", "uncalibrated", *kinds),
+        left=("model", "method"),
+    )
     for d in docs:
         for r in d["rows"]:
             if r["measured_s"] is None or r["same_plan_as"]:
@@ -405,28 +408,23 @@ def print_calibrated(
             t.add_row(
                 d["model"],
                 r["method"],
-                _f(100 * relative_error(r["predicted_s"], r["measured_s"]), "+.1f") + "%",
-                *(_f(cal.get(k, math.nan) * 100, "+.1f") + "%" for k in kinds),
+                fmt(100 * relative_error(r["predicted_s"], r["measured_s"]), "+.1f") + "%",
+                *(fmt(cal.get(k, math.nan) * 100, "+.1f") + "%" for k in kinds),
             )
     console.print(t)
     for k, v in verdicts.items():
         console.print(f"{k}: median |error| {v['median']:.1%}, worst {v['max']:.1%}")
 
 
-def _f(x: float | None, spec: str) -> str:
-    return "-" if x is None or not math.isfinite(x) else format(x, spec)
-
-
 def print_table(docs: list[dict[str, Any]], steps: int, cluster: str, console: Any) -> None:
-    t = Table(
-        title=f"TAPP table on {cluster}, EMULATED (single-step time; accuracy after {steps} "
-        "steps on digits)",
-        title_justify="left",
-    )
     cols = ("model", "method", "plan", "step ms", "± std", "predicted ms", "speed-up vs BSP",
             "vs SingleCPU", "comm fraction", "train acc", "loss")  # fmt: skip
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("model", "method", "plan") else "right")
+    t = table(
+        f"TAPP table on {cluster}, EMULATED (single-step time; accuracy after {steps} "
+        "steps on digits)",
+        cols,
+        left=("model", "method", "plan"),
+    )
     for d in docs:
         for r in d["rows"]:
             by = {"Planned": d["planned_by"], "Pipelined": d["pipelined_by"]}.get(r["method"])
@@ -435,14 +433,14 @@ def print_table(docs: list[dict[str, Any]], steps: int, cluster: str, console: A
                 d["model"],
                 method,
                 r["describe"] + (f" = {r['same_plan_as']}" if r["same_plan_as"] else ""),
-                _f(r["measured_s"] and r["measured_s"] * 1e3, ".0f"),
-                _f(r["measured_std_s"] and r["measured_std_s"] * 1e3, ".0f"),
-                _f(r["predicted_s"] * 1e3, ".0f"),
-                _f(r["speedup_vs_bsp"], ".2f") + "x",
-                _f(r["speedup_vs_single"], ".2f") + "x",
-                _f(r["comm_fraction"], ".3f"),
-                _f(r["accuracy"], ".3f"),
-                _f(r["loss"], ".3f"),
+                fmt(r["measured_s"] and r["measured_s"] * 1e3, ".0f"),
+                fmt(r["measured_std_s"] and r["measured_std_s"] * 1e3, ".0f"),
+                fmt(r["predicted_s"] * 1e3, ".0f"),
+                fmt(r["speedup_vs_bsp"], ".2f") + "x",
+                fmt(r["speedup_vs_single"], ".2f") + "x",
+                fmt(r["comm_fraction"], ".3f"),
+                fmt(r["accuracy"], ".3f"),
+                fmt(r["loss"], ".3f"),
             )
         t.add_section()
     console.print(t)
@@ -450,10 +448,10 @@ def print_table(docs: list[dict[str, Any]], steps: int, cluster: str, console: A
         c = d["claim"]
         console.print(
             f"{d['model']}: planned has {c['stages']} stage(s), measured "
-            f"{_f(c['measured_speedup_vs_bsp'], '.2f')}x faster than BSP (target {TARGET}x): "
+            f"{fmt(c['measured_speedup_vs_bsp'], '.2f')}x faster than BSP (target {TARGET}x): "
             + ("met" if c["met"] else "NOT met")
             + f"; pipelined has {c['pipelined_stages']} stages, measured "
-            f"{_f(c['pipelined_measured_speedup_vs_bsp'], '.2f')}x: "
+            f"{fmt(c['pipelined_measured_speedup_vs_bsp'], '.2f')}x: "
             + ("met" if c["pipelined_met"] else "NOT met")
         )
 
@@ -478,11 +476,8 @@ def main() -> None:
         a.planners, a.train_steps, a.repeats = "dp,brute", 4, 3
     if a.train_steps <= a.warmup:
         ap.error("--train-steps must exceed --warmup")
-    models = a.models.split(",")
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
-    out = Path(a.out or RESULTS / ("tapp_table_quick.json" if a.quick else "tapp_table.json"))
+    models = model_keys(ap, a.models, known=MODELS)
+    bench = BenchRun("tapp_table_quick" if a.quick else "tapp_table")
     spec = ClusterSpec.load(a.cluster)
     console = Console(width=170)
     console.print(f"[bold]{EMULATED_NOTE}[/bold]")
@@ -514,7 +509,6 @@ def main() -> None:
     print_calibrated(docs, verdicts, console)
     wall = time.perf_counter() - t0
     console.print(f"wall {wall / 60:.1f} min")
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "note": EMULATED_NOTE,
         "cluster": spec.to_dict(),
@@ -538,8 +532,8 @@ def main() -> None:
         "calibrated": verdicts,
         "models": docs,
     }
-    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    console.print(f"wrote {out}")
+    out = bench.write(doc, out=Path(a.out) if a.out else None, indent=1)
+    console.print(f"wrote {display(out)}")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,15 @@ unequal microbatches trade on; a purely per-sample profile makes the microbatch 
 only through fill, drain and latencies). Batch 64, objective time. Every number is the cost
 model's (simulated); none is measured here.
 
-Prints a table per preset and writes bench/results/umpipe_sweep.json and .png.
+Prints a table per preset and writes ``bench/results/umpipe_sweep/<UTC date-time>.json`` and
+``.png`` beside it (:mod:`bench.record`).
 
 ``--measure 2,4,6`` instead runs a small GPT of those depths (width 256, sequence 32) on the
 local emulated cluster (``local-hetero``, EMULATED): its profile measured there
 (:func:`executor.measured_profile.measure_profile`), then DGAP's GPipe plan, the best equal
 GPipe and 1F1B plans (``dp``) and the re-chosen-microbatch ones, each predicted and run
-for real (:func:`executor.pipeline.run`); writes bench/results/umpipe_sweep_measured.json.
+for real (:func:`executor.pipeline.run`); writes
+``bench/results/umpipe_sweep_measured/<UTC date-time>.json``.
 
     .venv/bin/python -m bench.umpipe_sweep [--depths 1-14] [--presets cloud-mix,tapp-paper]
     .venv/bin/python -m bench.umpipe_sweep --measure 2,4,6
@@ -37,17 +39,15 @@ for real (:func:`executor.pipeline.run`); writes bench/results/umpipe_sweep_meas
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.common import table
 from bench.instances import cluster, weight_reads
+from bench.record import BenchRun, display
 from pipeplan.agents import Budget, Problem
 from pipeplan.agents.compare import Entry, run_entry
 from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
@@ -57,7 +57,6 @@ from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import ModelProfile
 from pipeplan.models import profiler, zoo
 
-RESULTS = Path(__file__).parent / "results"
 BATCH, SEQUENCE, SEED = 64, 64, 0
 PRESETS = ("cloud-mix", "tapp-paper")
 Doc = dict[str, Any]
@@ -149,22 +148,16 @@ def microbatches(plan: Doc | None) -> str:
 
 
 def print_table(preset: str, rows: dict[int, Doc], console: Console) -> None:
-    table = Table(title=f"GPT depth sweep on {preset}: batch time (ms, simulated), B={BATCH}")
-    for col in (
-        "depth",
-        "layers",
-        "DGAP unequal (GPipe)",
-        "DGAP unequal (1F1B)",
-        "best equal GPipe",
-        "best equal 1F1B",
-        "DGAP gain over best equal",
-        "refined GPipe (gain)",
-        "refined 1F1B (gain)",
-        "refined GPipe microbatches",
-    ):
-        table.add_column(col, justify="left" if col.endswith("microbatches") else "right")
+    cols = ("depth", "layers", "DGAP unequal (GPipe)", "DGAP unequal (1F1B)", "best equal GPipe",
+            "best equal 1F1B", "DGAP gain over best equal", "refined GPipe (gain)",
+            "refined 1F1B (gain)", "refined GPipe microbatches")  # fmt: skip
+    t = table(
+        f"GPT depth sweep on {preset}: batch time (ms, simulated), B={BATCH}",
+        cols,
+        left=("refined GPipe microbatches",),
+    )
     for depth, r in rows.items():
-        table.add_row(
+        t.add_row(
             str(depth),
             str(r["layers"]),
             f"{r['dgap']['batch_time_s'] * 1e3:.2f}",
@@ -176,7 +169,7 @@ def print_table(preset: str, rows: dict[int, Doc], console: Console) -> None:
             f"{r['refined-1f1b']['batch_time_s'] * 1e3:.2f} ({r['refined_1f1b_gain']:+.1%})",
             microbatches(r["refined"]["plan"]),
         )
-    console.print(table)
+    console.print(t)
 
 
 def plot(doc: Doc, path: Path) -> None:
@@ -278,15 +271,12 @@ def main() -> None:
     a = ap.parse_args()
     console = Console(width=180)
     if a.measure:
+        bench = BenchRun("umpipe_sweep_measured")
         measured = measure_depths(parse_depths(a.measure), a.evaluations, console)
-        measured.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=list(os.getloadavg()))
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "umpipe_sweep_measured.json").write_text(json.dumps(measured, indent=2) + "\n")
-        print(f"wrote {RESULTS / 'umpipe_sweep_measured.json'}")
+        print(f"wrote {display(bench.write(measured))}")
         return
+    bench = BenchRun("umpipe_sweep")
     doc: Doc = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "load_average": list(os.getloadavg()),
         "global_batch": BATCH,
         "sequence": SEQUENCE,
         "evaluations": a.evaluations,
@@ -301,10 +291,9 @@ def main() -> None:
         rows = {d: sweep_one(profiles[d], preset, a.evaluations, a.equal_genetic) for d in depths}
         doc["presets"][preset] = {str(d): r for d, r in rows.items()}
         print_table(preset, rows, console)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "umpipe_sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot(doc, RESULTS / "umpipe_sweep.png")
-    print(f"wrote {RESULTS / 'umpipe_sweep.json'} and .png")
+    out = bench.write(doc)
+    plot(doc, out.with_suffix(".png"))
+    print(f"wrote {display(out)} and .png")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,11 @@ number ``memory_bandwidth_gbps`` of ``examples/clusters/local-hetero.yaml`` shou
 its emulated devices are this machine's CPU; the emulation does not slow the update).
 
     .venv/bin/python -m bench.update_bandwidth          # ~1 min
-Writes bench/results/update_bandwidth.json.
+Writes ``bench/results/update_bandwidth/<UTC date-time>.json`` (:mod:`bench.record`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,10 +21,10 @@ from typing import Any
 
 import torch
 
-from bench.fidelity import MODELS, model_keys
+from bench.common import MODELS, model_args, table
+from bench.record import BenchRun, display
 from pipeplan.executor.model import OptimizerConfig
 
-RESULTS = Path(__file__).parent / "results"
 OPTIMIZERS = {
     "sgd": OptimizerConfig(),
     "sgd+momentum": OptimizerConfig(momentum=0.9),
@@ -50,16 +48,9 @@ def step_seconds(params: list[torch.nn.Parameter], config: OptimizerConfig, repe
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", default=str(RESULTS / "update_bandwidth.json"))
-    a = ap.parse_args()
-    keys = model_keys(ap, a.models)
-    if a.repeats < 1:
-        ap.error(f"--repeats: must be >= 1, got {a.repeats}")
+    a, keys = model_args(__doc__, repeats=7)
+    bench = BenchRun("update_bandwidth")
     from rich.console import Console
-    from rich.table import Table
 
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
@@ -79,11 +70,13 @@ def main() -> None:
                     "rule8_bandwidth_gbps": 4 * size / t / 1e9,
                 }
             )
-    table = Table(title="optimizer step: rule 8's 4 x params / time", title_justify="left")
-    for col in ("model", "optimizer", "params MB", "step ms", "4 x params / step, GB/s"):
-        table.add_column(col, justify="left" if col in ("model", "optimizer") else "right")
+    shown = table(
+        "optimizer step: rule 8's 4 x params / time",
+        ("model", "optimizer", "params MB", "step ms", "4 x params / step, GB/s"),
+        left=("model", "optimizer"),
+    )
     for r in rows:
-        table.add_row(
+        shown.add_row(
             r["model"],
             r["optimizer"],
             f"{r['params_mb']:.0f}",
@@ -91,17 +84,15 @@ def main() -> None:
             f"{r['rule8_bandwidth_gbps']:.1f}",
         )
     console = Console(width=120)
-    console.print(table)
+    console.print(shown)
     sgd = [r["rule8_bandwidth_gbps"] for r in rows if r["optimizer"] == "sgd"]
     console.print(
         f"plain SGD (the executor's default): median {statistics.median(sgd):.1f} GB/s "
         f"(range {min(sgd):.1f}-{max(sgd):.1f})"
     )
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"threads": 1, "repeats": a.repeats, "rows": rows}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    console.print(f"wrote {out}")
+    out = bench.write(doc, out=Path(a.out) if a.out else None, indent=1)
+    console.print(f"wrote {display(out)}")
 
 
 if __name__ == "__main__":

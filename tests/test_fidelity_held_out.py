@@ -1,5 +1,6 @@
-"""bench.fidelity's held-out calibrations: each plan is predicted by fits that never saw its
-runs (no Ray: the "measurements" are the cost model's answers under a known calibration)."""
+"""bench.fidelity's held-out calibrations (bench.common): each plan is predicted by fits that
+never saw its runs (no Ray: the "measurements" are the cost model's answers under a known
+calibration)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 
 import pytest
 
-from bench.fidelity import HELD_OUT, Observed, Result, held_out, profile_noise
+from bench.common import HELD_OUT, Observed, held_out
+from bench.fidelity import Result, profile_noise
 from pipeplan.core.costmodel import simulate
 from tests.calibration_cases import TRUTH, cluster, plans, profile
 from tests.executor.test_calibrate import observe

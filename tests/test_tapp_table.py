@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from bench.fidelity import Observed
+from bench.common import BLIND, Observed
 from bench.tapp_table import (
-    BLIND,
     PIPELINED,
     best_candidate,
     calibrate_rows,
