@@ -1,18 +1,23 @@
-"""Rich tables and text lines for estimates, plans and comparisons; units shown to people
-are ms, MB and GB."""
+"""Rich tables and text lines for estimates, plans, comparisons and a measured search's
+document; units shown to people are ms, MB and GB. Neither torch nor Ray: the CLI's
+``simulate`` and its client commands draw with it (:mod:`service.render_runs` has the
+tables of real runs)."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from pipeplan.agents.compare import Row, describe, exact_reference, ratios
 from pipeplan.agents.problem import Objective, Problem
 from pipeplan.core.costmodel import Estimate
-from pipeplan.service.tasks.plan import Planned
+
+if TYPE_CHECKING:
+    from pipeplan.service.tasks.plan import Planned
 
 NOTE_WIDTH = 48
 """Of the comparison table's note column."""
@@ -83,6 +88,36 @@ def search_line(planned: Planned) -> str:
     return (
         f"search          {r.evaluations} evaluations in {r.wall_time_s:.2f} s ({r.planner}{how})"
     )
+
+
+def pct(predicted: float, measured: float) -> str:
+    """The relative error of a prediction, ``+12.3%`` (``-`` when nothing was measured):
+    ``(predicted - measured) / measured``, as :func:`executor.measure.relative_error`."""
+    e = (predicted - measured) / measured if measured else math.nan
+    return "-" if not math.isfinite(e) else f"{e:+.1%}"
+
+
+def measured_lines(measured: dict[str, Any], predicted_s: float) -> list[str]:
+    """What a measured search ran, for people, from its document
+    (:meth:`~service.tasks.search.MeasuredSearch.to_dict`: the local command and a
+    service job's ``--wait`` print the same lines); ``predicted_s`` is the cost model's
+    batch time of the best plan."""
+    best = measured.get("best")
+    failed = [r for r in measured.get("evaluated", []) if r.get("error")]
+    lines = []
+    if isinstance(best, dict):
+        t, std = best["batch_time_s"], best["batch_time_std_s"]
+        flag = " EMULATED" if best.get("emulated") else ""
+        lines.append(
+            f"measured        {t * 1e3:.3f} ms/batch (mean of {best['steps']} runs, "
+            f"std {std * 1e3:.2f}){flag}; cost model {predicted_s * 1e3:.3f} ms "
+            f"({pct(predicted_s, t)})"
+        )
+    lines.append(
+        f"runs            {measured.get('runs')} plans run on the cluster, {len(failed)} "
+        f"refused or failed, {measured.get('pipelines_started')} sets of stage actors started"
+    )
+    return lines
 
 
 # --- compare ------------------------------------------------------------------------------

@@ -1,23 +1,16 @@
-"""Rich tables and text lines for real runs: a run beside its prediction, a measured
-search, the demo. Every number from an emulated cluster is marked EMULATED."""
+"""Rich tables and text lines for real runs: a run beside its prediction, the demo (a
+measured search's lines are :func:`service.render.measured_lines`). Every number from an
+emulated cluster is marked EMULATED."""
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 from rich.table import Table
 
 from pipeplan.core.plan import Plan
-from pipeplan.executor.measure import Comparison, relative_error
+from pipeplan.executor.measure import Comparison
 from pipeplan.executor.measured_reward import plan_key
+from pipeplan.service.render import pct
 from pipeplan.service.tasks.demo import REFERENCE, Demo, DemoRow
-
-
-def pct(predicted: float, measured: float) -> str:
-    """The relative error of a prediction, ``+12.3%`` (``-`` when nothing was measured)."""
-    e = relative_error(predicted, measured)
-    return "-" if not math.isfinite(e) else f"{e:+.1%}"
 
 
 def run_table(c: Comparison) -> Table:
@@ -51,29 +44,6 @@ def run_lines(c: Comparison, data: str) -> list[str]:
         f"training        loss {m.losses[0]:.4f} -> {m.losses[-1]:.4f}, accuracy "
         f"{m.accuracies[-1]:.3f} ({data} data, {m.steps} steps after {m.warmup} warm-up)",
     ]
-
-
-def measured_lines(measured: dict[str, Any], predicted_s: float) -> list[str]:
-    """What a measured search ran, for people, from its document
-    (:meth:`~service.tasks.search.MeasuredSearch.to_dict`: the local command and a
-    service job's ``--wait`` print the same lines); ``predicted_s`` is the cost model's
-    batch time of the best plan."""
-    best = measured.get("best")
-    failed = [r for r in measured.get("evaluated", []) if r.get("error")]
-    lines = []
-    if isinstance(best, dict):
-        t, std = best["batch_time_s"], best["batch_time_std_s"]
-        flag = " EMULATED" if best.get("emulated") else ""
-        lines.append(
-            f"measured        {t * 1e3:.3f} ms/batch (mean of {best['steps']} runs, "
-            f"std {std * 1e3:.2f}){flag}; cost model {predicted_s * 1e3:.3f} ms "
-            f"({pct(predicted_s, t)})"
-        )
-    lines.append(
-        f"runs            {measured.get('runs')} plans run on the cluster, {len(failed)} "
-        f"refused or failed, {measured.get('pipelines_started')} sets of stage actors started"
-    )
-    return lines
 
 
 def describe_plan(plan: Plan) -> str:

@@ -13,10 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from pipeplan.service.tasks.compare import CompareRequest
-from pipeplan.service.tasks.plan import PlanRequest
-from pipeplan.service.tasks.profile import ProfileRequest
-from pipeplan.service.tasks.run import RunRequest
+from pipeplan.service.tasks.requests import CompareRequest, PlanRequest, ProfileRequest, RunRequest
 
 
 class JobKind(StrEnum):

@@ -37,19 +37,23 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.pipeline import RunConfig
 from pipeplan.models import zoo
 from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
-from pipeplan.service.tasks.common import (
+from pipeplan.service.tasks.live import model_source
+from pipeplan.service.tasks.requests import (
+    CompareRequest,
+    PlanRequest,
     ProblemRequest,
+    ProfileRequest,
     RequestError,
+    Reward,
+    RunRequest,
+    check_plan_fields,
     check_problem_fields,
     cluster_spec,
+    measured_budget,
+    planner_names,
+    planner_options,
     problem_of,
 )
-from pipeplan.service.tasks.compare import CompareRequest, planner_names
-from pipeplan.service.tasks.live import model_source
-from pipeplan.service.tasks.plan import PlanRequest, Reward, check_plan_fields, planner_options
-from pipeplan.service.tasks.profile import ProfileRequest
-from pipeplan.service.tasks.run import RunRequest
-from pipeplan.service.tasks.search import measured_budget
 from pipeplan.service.tasks.simulate import SimulateRequest
 
 # DESIGN.md's limits are core.limits', checked here on the raw documents before the core

@@ -27,8 +27,8 @@ from pipeplan.core._io import read_document
 from pipeplan.core.errors import PipeplanError
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.service.render import format_value
-from pipeplan.service.tasks.common import ClusterRef, Document
 from pipeplan.service.tasks.progress import Reporter
+from pipeplan.service.tasks.requests import ClusterRef, Document
 
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])

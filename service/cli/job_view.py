@@ -26,8 +26,15 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.service.api.schemas import Event, EventType, Job, JobKind, JobPage
 from pipeplan.service.cli.console import err, out
 from pipeplan.service.client import EventCallback
-from pipeplan.service.render import NOTE_WIDTH, estimate_table, format_value, shorten, totals_lines
-from pipeplan.service.render_runs import measured_lines, pct
+from pipeplan.service.render import (
+    NOTE_WIDTH,
+    estimate_table,
+    format_value,
+    measured_lines,
+    pct,
+    shorten,
+    totals_lines,
+)
 
 Document = dict[str, Any]
 

@@ -10,6 +10,7 @@ import typer
 from pipeplan.core.profile import ModelProfile
 from pipeplan.models import zoo
 from pipeplan.service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
+from pipeplan.service.cli.options import EmulatedClusterOpt, MeasureOpt
 from pipeplan.service.tasks.profile import (
     PipedreamRequest,
     ProfileRequest,
@@ -17,21 +18,6 @@ from pipeplan.service.tasks.profile import (
     profile,
 )
 
-ClusterOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="measure here and derive timings for every device type of this EMULATED "
-        "cluster by its slowdown (fastest flops / type flops)"
-    ),
-]
-MeasureOpt = Annotated[
-    bool,
-    typer.Option(
-        "--measure",
-        help="with --cluster: start that cluster and time every layer on each of its "
-        "device types through actors pinned to them (emulated types include the slowdown)",
-    ),
-]
 AddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -71,7 +57,7 @@ def profile_command(
         str | None,
         typer.Option(help="measure layer times on this machine under this device-type name"),
     ] = None,
-    cluster: ClusterOpt = None,
+    cluster: EmulatedClusterOpt = None,
     pipedream: Annotated[Path | None, typer.Option(help="import a PipeDream graph.txt")] = None,
     batch_size: Annotated[
         int | None, typer.Option(help="minibatch the PipeDream profile was taken at")

@@ -14,7 +14,7 @@ from rich.table import Table
 from pipeplan.agents.problem import Objective
 from pipeplan.core.plan import Schedule
 from pipeplan.service.cli.console import ConsoleReporter, clean_errors, echo_json, out, say
-from pipeplan.service.cli.plan import (
+from pipeplan.service.cli.options import (
     BatchOpt,
     BudgetOpt,
     ClusterOpt,

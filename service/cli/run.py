@@ -22,6 +22,7 @@ from pipeplan.service.cli.console import (
     echo_json,
     out,
 )
+from pipeplan.service.cli.options import DataOpt, RunProfileOpt
 from pipeplan.service.render_runs import run_lines, run_table
 from pipeplan.service.tasks.run import DataKind, RunRequest, run
 
@@ -33,14 +34,6 @@ ClusterOpt = Annotated[
         "--address cluster",
     ),
 ]
-ProfileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--profile",
-        help="profile.json of a zoo model (its name and input size pick the model); "
-        "default: measure one on the cluster first",
-    ),
-]
 AddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -48,9 +41,6 @@ AddressOpt = Annotated[
         help="run on a running Ray cluster: HOST:PORT, or 'auto' for the one `pipeplan "
         "cluster up` started (default: start a local cluster for --cluster, stop it after)",
     ),
-]
-DataOpt = Annotated[
-    DataKind, typer.Option(help="synthetic tensors, or scikit-learn's digits (images)")
 ]
 
 
@@ -62,7 +52,7 @@ def run_command(
     input_size: Annotated[
         int | None, typer.Option(help="input height/width (or tokens) for --model")
     ] = None,
-    profile: ProfileOpt = None,
+    profile: RunProfileOpt = None,
     steps: Annotated[int, typer.Option(help="measured training steps")] = 5,
     warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,
     data: DataOpt = DataKind.SYNTHETIC,

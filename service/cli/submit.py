@@ -25,16 +25,18 @@ from pipeplan.agents.problem import Objective
 from pipeplan.core._io import read_document
 from pipeplan.core.plan import Schedule
 from pipeplan.service.api.schemas import JobKind, JobState
-from pipeplan.service.cli import plan as local_plan
-from pipeplan.service.cli import profile as local_profile
-from pipeplan.service.cli import run as local_run
+from pipeplan.service.cli import options as opts
 from pipeplan.service.cli.console import CliError, cluster_ref, document, echo_json, say
 from pipeplan.service.cli.job_view import job_progress, render_result
 from pipeplan.service.cli.jobs import JsonOpt, NameOpt, ServerOpt, TokenOpt, connect, served
-from pipeplan.service.tasks.compare import CompareRequest
-from pipeplan.service.tasks.plan import PlanRequest, Reward
-from pipeplan.service.tasks.profile import ProfileRequest
-from pipeplan.service.tasks.run import DataKind, RunRequest
+from pipeplan.service.tasks.requests import (
+    CompareRequest,
+    DataKind,
+    PlanRequest,
+    ProfileRequest,
+    Reward,
+    RunRequest,
+)
 
 Document = dict[str, Any]
 
@@ -137,22 +139,22 @@ def submit_plan(
     ctx: typer.Context,
     cluster: ClusterOpt = None,
     planner: PlannerOpt = None,
-    model: local_plan.ModelOpt = None,
-    profile: local_plan.ProfileOpt = None,
-    input_size: local_plan.InputSizeOpt = None,
-    objective: local_plan.ObjectiveOpt = Objective.TIME,
-    min_throughput: local_plan.MinThroughputOpt = None,
-    batch: local_plan.BatchOpt = 64,
-    schedule: local_plan.ScheduleOpt = Schedule.GPIPE,
-    microbatches: local_plan.MicrobatchesOpt = None,
-    seed: local_plan.SeedOpt = 0,
-    budget: local_plan.BudgetOpt = None,
-    seconds: local_plan.SecondsOpt = None,
-    option: local_plan.OptionOpt = None,
-    workers: local_plan.WorkersOpt = None,
-    iterations: local_plan.IterationsOpt = None,
-    reward: local_plan.RewardOpt = Reward.SIMULATED,
-    repeats: local_plan.RepeatsOpt = 3,
+    model: opts.ModelOpt = None,
+    profile: opts.ProfileOpt = None,
+    input_size: opts.InputSizeOpt = None,
+    objective: opts.ObjectiveOpt = Objective.TIME,
+    min_throughput: opts.MinThroughputOpt = None,
+    batch: opts.BatchOpt = 64,
+    schedule: opts.ScheduleOpt = Schedule.GPIPE,
+    microbatches: opts.MicrobatchesOpt = None,
+    seed: opts.SeedOpt = 0,
+    budget: opts.BudgetOpt = None,
+    seconds: opts.SecondsOpt = None,
+    option: opts.OptionOpt = None,
+    workers: opts.WorkersOpt = None,
+    iterations: opts.IterationsOpt = None,
+    reward: opts.RewardOpt = Reward.SIMULATED,
+    repeats: opts.RepeatsOpt = 3,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -165,10 +167,10 @@ def submit_plan(
     def build() -> PlanRequest:
         who = require("--planner", planner)
         where = require("--cluster", cluster)
-        flags = local_plan.ProblemFlags(where, model, profile, input_size, objective,
+        flags = opts.ProblemFlags(where, model, profile, input_size, objective,
             min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
-        options = local_plan.parse_options(who, option or [], workers, iterations)
-        how = local_plan.reward_for_workers(who, reward, workers)
+        options = opts.parse_options(who, option or [], workers, iterations)
+        how = opts.reward_for_workers(who, reward, workers)
         return PlanRequest(
             **flags.fields(), planner=who, options=options, reward=how, repeats=repeats,
             workers=workers if how is Reward.PARALLEL else None,
@@ -183,18 +185,18 @@ def submit_plan(
 def submit_compare(
     ctx: typer.Context,
     cluster: ClusterOpt = None,
-    planners: local_plan.PlannersOpt = None,
-    model: local_plan.ModelOpt = None,
-    profile: local_plan.ProfileOpt = None,
-    input_size: local_plan.InputSizeOpt = None,
-    objective: local_plan.ObjectiveOpt = Objective.TIME,
-    min_throughput: local_plan.MinThroughputOpt = None,
-    batch: local_plan.BatchOpt = 64,
-    schedule: local_plan.ScheduleOpt = Schedule.GPIPE,
-    microbatches: local_plan.MicrobatchesOpt = None,
-    seed: local_plan.SeedOpt = 0,
-    budget: local_plan.BudgetOpt = None,
-    seconds: local_plan.SecondsOpt = None,
+    planners: opts.PlannersOpt = None,
+    model: opts.ModelOpt = None,
+    profile: opts.ProfileOpt = None,
+    input_size: opts.InputSizeOpt = None,
+    objective: opts.ObjectiveOpt = Objective.TIME,
+    min_throughput: opts.MinThroughputOpt = None,
+    batch: opts.BatchOpt = 64,
+    schedule: opts.ScheduleOpt = Schedule.GPIPE,
+    microbatches: opts.MicrobatchesOpt = None,
+    seed: opts.SeedOpt = 0,
+    budget: opts.BudgetOpt = None,
+    seconds: opts.SecondsOpt = None,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -206,7 +208,7 @@ def submit_compare(
 
     def build() -> CompareRequest:
         where = require("--cluster", cluster)
-        flags = local_plan.ProblemFlags(where, model, profile, input_size, objective,
+        flags = opts.ProblemFlags(where, model, profile, input_size, objective,
             min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
         names = None if planners is None else planners.split(",")
         return CompareRequest(**flags.fields(), planners=names)
@@ -220,9 +222,9 @@ def submit_compare(
 def submit_profile(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="zoo model name")] = None,
-    input_size: local_plan.InputSizeOpt = None,
-    cluster: local_profile.ClusterOpt = None,
-    measure: local_profile.MeasureOpt = False,
+    input_size: opts.InputSizeOpt = None,
+    cluster: opts.EmulatedClusterOpt = None,
+    measure: opts.MeasureOpt = False,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -250,12 +252,12 @@ def submit_run(
     ctx: typer.Context,
     plan: Annotated[Path | None, typer.Option("--plan", help="plan.json to run")] = None,
     cluster: ClusterOpt = None,
-    model: local_plan.ModelOpt = None,
-    input_size: local_plan.InputSizeOpt = None,
-    profile: local_run.ProfileOpt = None,
+    model: opts.ModelOpt = None,
+    input_size: opts.InputSizeOpt = None,
+    profile: opts.RunProfileOpt = None,
     steps: Annotated[int, typer.Option(help="measured training steps")] = 5,
     warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,
-    data: local_run.DataOpt = DataKind.SYNTHETIC,
+    data: opts.DataOpt = DataKind.SYNTHETIC,
     seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = 0,
     spec: SpecOpt = None,
     name: NameOpt = None,

@@ -1,71 +1,46 @@
 """What every use-case shares: the request base, clusters by document or preset name, and
-the planning problem a request describes.
+the planning problem a request describes, its zoo model profiled.
 
-Requests are pydantic models (the REST API takes them as they are): unknown fields are
-refused, types are checked by pydantic, and the values by the core, whose errors name the
-field and the value (:class:`~core.errors.PipeplanError`), so the CLI and the API give the
-same one-line messages.
+The requests and their checks live in :mod:`service.tasks.requests` (neither torch nor Ray:
+the CLI's client commands and the API import that module); this one adds what builds a
+problem, which profiles a zoo model with torch, and names the rest as it always did.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
-
-from pipeplan.agents.problem import Budget, Objective, Problem
-from pipeplan.core.cluster import ClusterSpec
-from pipeplan.core.errors import PipeplanError
-from pipeplan.core.plan import Schedule
+from pipeplan.agents.problem import Budget, Problem
 from pipeplan.core.profile import ModelProfile
 from pipeplan.models import profiler, zoo
 from pipeplan.service.tasks.progress import Reporter
+from pipeplan.service.tasks.requests import (
+    PRESETS_DIR,
+    BudgetRequest,
+    ClusterRef,
+    Document,
+    ProblemRequest,
+    Request,
+    RequestError,
+    check_problem_fields,
+    cluster_spec,
+    presets,
+    problem_of,
+)
 
-Document = dict[str, Any]
-"""A profile, cluster or plan document (DESIGN.md, "Data formats")."""
-ClusterRef = str | Document
-"""A cluster document, or the name of a preset in examples/clusters."""
-
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"
-
-
-class RequestError(PipeplanError):
-    """A request that cannot be served as asked; the message names the field and the value."""
-
-
-class Request(BaseModel):
-    """Base of every request: frozen, and unknown fields are an error."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BudgetRequest(Request):
-    """Most plan evaluations and search seconds; ``None``: the use-case's default."""
-
-    evaluations: int | None = None
-    seconds: float | None = None
-
-    def resolve(self, default: Budget) -> Budget:
-        """The budget, each missing limit taken from ``default``."""
-        return Budget(
-            evaluations=default.evaluations if self.evaluations is None else self.evaluations,
-            seconds=default.seconds if self.seconds is None else self.seconds,
-        )
-
-
-def presets() -> list[str]:
-    """The names of the cluster presets."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-
-
-def cluster_spec(ref: ClusterRef) -> ClusterSpec:
-    """The cluster a request names: its document, or a preset by name."""
-    if isinstance(ref, str):
-        if ref not in presets():
-            raise RequestError(f"cluster: unknown preset {ref!r} (one of {', '.join(presets())})")
-        return ClusterSpec.load(PRESETS_DIR / f"{ref}.yaml")
-    return ClusterSpec.from_dict(ref)
+__all__ = [
+    "PRESETS_DIR",
+    "BudgetRequest",
+    "ClusterRef",
+    "Document",
+    "ProblemRequest",
+    "Request",
+    "RequestError",
+    "build_problem",
+    "check_problem_fields",
+    "cluster_spec",
+    "presets",
+    "problem_of",
+    "zoo_profile",
+]
 
 
 def zoo_profile(model: str, input_size: int | None, reporter: Reporter) -> ModelProfile:
@@ -73,38 +48,6 @@ def zoo_profile(model: str, input_size: int | None, reporter: Reporter) -> Model
     with reporter.step(f"profiling {model} (analytic)"):
         module, example = zoo.build(model, input_size)
         return profiler.profile_model(module, example, name=model, device_type=None)
-
-
-class ProblemRequest(Request):
-    """A planning problem: a model (zoo ``model`` or a ``profile`` document), a cluster,
-    an objective and the batch to plan for."""
-
-    cluster: ClusterRef
-    model: str | None = None
-    input_size: int | None = None
-    profile: Document | None = None
-    objective: Objective = Objective.TIME
-    min_throughput: float | None = None
-    batch: int = 64
-    schedule: Schedule = Schedule.GPIPE
-    microbatches: int | None = None
-    seed: int = 0
-    budget: BudgetRequest = BudgetRequest()
-
-
-def check_problem_fields(request: ProblemRequest) -> None:
-    """The request's own checks, before the cluster is read or a model profiled."""
-    if (request.model is None) == (request.profile is None):
-        raise RequestError(
-            "model, profile: give exactly one of model (a zoo name) or profile (a document)"
-        )
-    if request.input_size is not None and request.model is None:
-        raise RequestError("input_size: only applies with model")
-    if request.objective is Objective.COST and request.min_throughput is None:
-        raise RequestError(
-            "min_throughput: required with objective cost (samples/s to reach; "
-            "0 asks for the cheapest plan per sample at any speed)"
-        )
 
 
 def build_problem(
@@ -120,20 +63,3 @@ def build_problem(
     else:
         prof = ModelProfile.from_dict(request.profile)
     return problem_of(request, prof, spec, budget)
-
-
-def problem_of(
-    request: ProblemRequest, profile: ModelProfile, cluster: ClusterSpec, budget: Budget
-) -> Problem:
-    """The request's problem on ``profile`` and ``cluster`` (checked by :class:`Problem`)."""
-    return Problem(
-        profile=profile,
-        cluster=cluster,
-        objective=request.objective,
-        global_batch=request.batch,
-        schedule=request.schedule,
-        microbatches=request.microbatches,
-        min_throughput=request.min_throughput,
-        seed=request.seed,
-        budget=budget,
-    )

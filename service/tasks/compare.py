@@ -7,18 +7,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.agents.compare import Entry, Row, comparison_doc, default_planners, run_comparison
+from pipeplan.agents.compare import Entry, Row, comparison_doc, run_comparison
 from pipeplan.agents.problem import PlanResult, Problem, ProblemError
-from pipeplan.agents.registry import PLANNERS, make_planner, planner_class
-from pipeplan.service.tasks.common import ProblemRequest, RequestError, build_problem
+from pipeplan.agents.registry import make_planner, planner_class
+from pipeplan.service.tasks.common import build_problem
 from pipeplan.service.tasks.live import ray_for_search
 from pipeplan.service.tasks.progress import QUIET, Reporter
+from pipeplan.service.tasks.requests import CompareRequest, planner_names
 
-
-class CompareRequest(ProblemRequest):
-    """A problem and the planners to run on it (default: every classical baseline)."""
-
-    planners: list[str] | None = None
+__all__ = ["CompareRequest", "Compared", "compare", "planner_names"]
 
 
 @dataclass(frozen=True)
@@ -31,17 +28,6 @@ class Compared:
     def to_dict(self) -> dict[str, Any]:
         """What ``pipeplan compare --json`` prints."""
         return comparison_doc(self.problem, self.rows)
-
-
-def planner_names(requested: list[str] | None) -> list[str]:
-    """The planners to run, in order, each once; unknown names are an error."""
-    names = default_planners() if requested is None else [n.strip() for n in requested]
-    names = [n for n in names if n]
-    unknown = [n for n in names if n not in PLANNERS]
-    if unknown or not names:
-        what = f"unknown planner {unknown[0]!r}" if unknown else "no planner named"
-        raise RequestError(f"planners: {what} (one of {', '.join(PLANNERS)})")
-    return list(dict.fromkeys(names))
 
 
 def compare(

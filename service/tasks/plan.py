@@ -12,45 +12,34 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pipeplan.agents.problem import Objective, PlanResult, Problem
 from pipeplan.agents.provision.rental import Rental, rental
-from pipeplan.agents.registry import PLANNERS, make_planner, planner_class
+from pipeplan.agents.registry import make_planner
 from pipeplan.executor.parallel_reward import ParallelReward
-from pipeplan.service.tasks.common import ProblemRequest, RequestError, build_problem
+from pipeplan.service.tasks.common import build_problem
 from pipeplan.service.tasks.live import ray_for_search
 from pipeplan.service.tasks.progress import QUIET, Reporter
-from pipeplan.service.tasks.search import (
-    MEASURED_PLANNERS,
-    MeasuredSearch,
-    SearchSettings,
+from pipeplan.service.tasks.requests import (
+    PlanRequest,
+    Reward,
+    check_plan_fields,
     measured_budget,
-    search,
+    planner_options,
+    uses_ray,
 )
+from pipeplan.service.tasks.search import MeasuredSearch, SearchSettings, search
 
-
-class Reward(StrEnum):
-    """Where a plan's value comes from: the cost model (in this process, or split over
-    ``workers`` Ray tasks), or a run on the cluster."""
-
-    SIMULATED = "simulated"
-    PARALLEL = "parallel"
-    MEASURED = "measured"
-
-
-class PlanRequest(ProblemRequest):
-    """A problem, the planner to search it with, and where the rewards come from."""
-
-    planner: str
-    options: dict[str, Any] = {}
-    reward: Reward = Reward.SIMULATED
-    workers: int | None = None
-    repeats: int = 3
-    warmup: int = 1
-    address: str | None = None
-    concurrent: bool | None = None
+__all__ = [
+    "PlanRequest",
+    "Planned",
+    "Reward",
+    "check_plan_fields",
+    "plan",
+    "planner_options",
+    "uses_ray",
+]
 
 
 @dataclass(frozen=True)
@@ -85,44 +74,6 @@ class Planned:
             doc["reward"] = Reward.MEASURED.value
             doc["measured"] = self.measured.to_dict()
         return doc
-
-
-def planner_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Options as the planners' frozen configs take them: JSON lists become tuples."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-
-
-def check_plan_fields(request: PlanRequest) -> None:
-    """The checks that need no cluster and no profile."""
-    if request.planner not in PLANNERS:
-        raise RequestError(
-            f"planner: unknown planner {request.planner!r} (one of {', '.join(PLANNERS)})"
-        )
-    if request.reward is Reward.MEASURED and request.planner not in MEASURED_PLANNERS:
-        raise RequestError(
-            f"reward: measured applies to {' and '.join(MEASURED_PLANNERS)} (learned planners "
-            f"that spend few evaluations), not {request.planner!r}"
-        )
-    if (request.reward is Reward.PARALLEL) != (request.workers is not None):
-        raise RequestError(
-            f"workers: goes with reward parallel (got workers {request.workers!r}, "
-            f"reward {request.reward.value!r})"
-        )
-    if request.concurrent is not None and request.reward is not Reward.MEASURED:
-        raise RequestError(f"concurrent: goes with reward measured, not {request.reward.value!r}")
-    if request.workers is not None and request.workers < 1:
-        raise RequestError(f"workers: must be >= 1, got {request.workers}")
-    if request.address is not None and not uses_ray(request):
-        raise RequestError(
-            "address: only applies where the search uses a Ray cluster (reward measured or "
-            f"parallel, or planner ppo), not {request.planner!r} with reward "
-            f"{request.reward.value!r}"
-        )
-
-
-def uses_ray(request: PlanRequest) -> bool:
-    """Whether the search runs on a Ray cluster (its workers, or its measured runs)."""
-    return request.reward is not Reward.SIMULATED or planner_class(request.planner).needs_ray
 
 
 def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:

@@ -20,20 +20,10 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.emulation import emulated_timings
 from pipeplan.executor.model import timing_loss
 from pipeplan.models import layer_timing, profiler, zoo
-from pipeplan.service.tasks.common import ClusterRef, Request, RequestError, cluster_spec
+from pipeplan.service.tasks.common import Request, RequestError, cluster_spec
 from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
 from pipeplan.service.tasks.progress import QUIET, Reporter
-
-
-class ProfileRequest(Request):
-    """A zoo model to profile, and where its layer times come from (module docstring)."""
-
-    model: str
-    input_size: int | None = None
-    device_type: str | None = None
-    cluster: ClusterRef | None = None
-    measure: bool = False
-    address: str | None = None
+from pipeplan.service.tasks.requests import ProfileRequest
 
 
 class PipedreamRequest(Request):

@@ -14,7 +14,6 @@ its observation, so that a service job's run feeds the cluster's calibration.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -29,33 +28,13 @@ from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pinning import check_feasible
 from pipeplan.executor.pipeline import RunConfig
 from pipeplan.executor.pipeline import run as run_plan
-from pipeplan.service.tasks.common import ClusterRef, Document, Request, cluster_spec
+from pipeplan.service.tasks.common import cluster_spec
 from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
 from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
 from pipeplan.service.tasks.progress import QUIET, Reporter
+from pipeplan.service.tasks.requests import DataKind, RunRequest
 
-
-class DataKind(StrEnum):
-    """The training data: synthetic tensors, or scikit-learn's digits (images)."""
-
-    SYNTHETIC = "synthetic"
-    DIGITS = "digits"
-
-
-class RunRequest(Request):
-    """A plan to run, the model, the cluster (spec to start, or spec of ``address``)."""
-
-    plan: Document
-    cluster: ClusterRef | None = None
-    model: str | None = None
-    input_size: int | None = None
-    profile: Document | None = None
-    steps: int = 5
-    warmup: int = 1
-    data: DataKind = DataKind.SYNTHETIC
-    seed: int = 0
-    timeout_s: float = 300.0
-    address: str | None = None
+__all__ = ["DataKind", "RunRequest", "measured_run", "plan_types", "run"]
 
 
 def plan_types(plan: Plan) -> list[str]:

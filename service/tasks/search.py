@@ -5,7 +5,7 @@
 Every plan the planner samples runs on a cluster, ``repeats`` steps after ``warmup``,
 averaged, and is valued by the problem's objective; one cluster and, where stages repeat,
 the same actors serve the whole search. Each evaluation takes seconds, so the defaults are
-small: at most :data:`MEASURED_BUDGET` evaluations or :data:`MEASURED_SECONDS` seconds, and
+small: at most :func:`~service.tasks.requests.measured_budget` (16 evaluations or 900 s), and
 TAPP samples :data:`MEASURED_ITERATIONS` iterations of :data:`MEASURED_BATCH_SIZE` plans.
 PPO trains on the cost model inside its env and spends the measured runs on the plans it
 finds (:mod:`agents.rllib_ppo`); it runs on the same cluster as the measured plans.
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeplan.agents.problem import Budget, PlanResult, Problem
+from pipeplan.agents.problem import PlanResult, Problem
 from pipeplan.agents.registry import make_planner
 from pipeplan.agents.rewards import Population, plans_of
 from pipeplan.core.cluster import ClusterSpec
@@ -36,16 +36,8 @@ from pipeplan.service.tasks.live import live_cluster, model_source
 from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
 from pipeplan.service.tasks.progress import Reporter
 
-MEASURED_PLANNERS = ("tapp", "ppo")
 MEASURED_ITERATIONS = 3
 MEASURED_BATCH_SIZE = 4
-MEASURED_BUDGET = 16
-MEASURED_SECONDS = 900.0
-
-
-def measured_budget() -> Budget:
-    """The default budget of a measured search (module docstring)."""
-    return Budget(evaluations=MEASURED_BUDGET, seconds=MEASURED_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -102,7 +94,7 @@ def search(
     settings: SearchSettings,
     reporter: Reporter,
 ) -> MeasuredSearch:
-    """``planner`` (one of :data:`MEASURED_PLANNERS`) rewarded by measured batch times."""
+    """``planner`` (tapp or ppo) rewarded by measured batch times."""
     if planner == "tapp":
         options = {"iterations": MEASURED_ITERATIONS, "batch_size": MEASURED_BATCH_SIZE, **options}
     make_planner(planner, **options)  # bad options fail here, before the cluster starts

@@ -13,7 +13,13 @@ from pipeplan.core.costmodel import simulate as run_simulation
 from pipeplan.core.errors import FormatError
 from pipeplan.core.plan import Plan, Schedule, Stage, uniform_stages
 from pipeplan.core.profile import ModelProfile
-from pipeplan.service.tasks.common import ClusterRef, Document, Request, RequestError, cluster_spec
+from pipeplan.service.tasks.requests import (
+    ClusterRef,
+    Document,
+    Request,
+    RequestError,
+    cluster_spec,
+)
 
 
 class UniformPlan(Request):

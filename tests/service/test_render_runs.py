@@ -3,7 +3,7 @@ job's ``--wait`` print them alike."""
 
 from __future__ import annotations
 
-from pipeplan.service.render_runs import measured_lines
+from pipeplan.service.render import measured_lines
 
 BEST = {"batch_time_s": 0.0125, "batch_time_std_s": 0.0004, "steps": 3, "emulated": True}
 
