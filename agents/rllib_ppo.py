@@ -81,7 +81,7 @@ an episode is a few steps per stage, so a train batch of 1,000 steps holds ~120 
 needed to leave the local optimum that 40 iterations of 500 steps stopped at (the defaults
 come from a handful of such runs; entropy and learning-rate changes did not help there).
 That bench reports how far PPO alone lands from the exact answer and after how many
-evaluations (``bench/results/ppo_quality.json``).
+evaluations (``bench/results/ppo_quality/``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ stage's op list. The formulas are :mod:`core.rules`' and the per-layer tables
 population), the env and the planners cost a plan the same way. Rule 2b charges a
 replica's backward for adding into the step's gradients on every microbatch but its first:
 a profile times a backward into fresh gradients (:mod:`models.profiler`), and the
-accumulating one is slower (see ``bench/results/grad_accumulation.json``).
+accumulating one is slower (see ``bench/results/grad_accumulation/``).
 
 Calibration (issue #18, :mod:`core.calibration`): when the cluster spec has a
 ``calibration:`` block, four terms join the contract, and a spec without it (or with every

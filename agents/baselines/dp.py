@@ -18,7 +18,7 @@ separate directions and carry the same bytes with equal microbatches):
   (the "F + B + boundary transfer" stage time). Not a bound; it shuns chatty cuts.
 
 Each model has its exact optimum; both are run by default and the simulation chooses among
-their candidates (either model wins some instances: ``bench/results/plan_quality.json``).
+their candidates (either model wins some instances: ``bench/results/plan_quality/``).
 
 Link classes follow the cost model: a stage whose replicas span nodes all-reduces over the
 inter-node class, and two consecutive stages talk intra-node only when both sit on one and the

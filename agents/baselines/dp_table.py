@@ -18,7 +18,7 @@ Complexity, per model: ``(L+1) P G Q k`` table entries, ``P = prod over classes 
 ``G = nodes + 2``, ``Q = min(L, devices) + 1``, ``k`` microbatch sizes; for each layer ``i``
 and each replica choice (``C = sum over types of prod over its nodes (count + 1) - 1``) one
 numpy operation over ``O(L P G Q k)`` entries: ``O(L^2 C P G Q k)`` time, ``16 (L+1) P G Q k``
-bytes. Refused beyond ``max_states`` entries (timings: ``bench/results/plan_quality.json``).
+bytes. Refused beyond ``max_states`` entries (timings: ``bench/results/plan_quality/``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ nearly deterministic: sample it at ``temperature=4`` or so to spend the budget o
 plans. With few updates, sample small batches (``batch_size=16``: about 12 updates within
 200 evaluations, against 3 at the default 64). How close that gets on unseen models is
 measured by ``bench/rl_quality.py`` (generalisation section of
-``bench/results/rl_quality.json``).
+``bench/results/rl_quality/``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ The entropy of a plan is the sum over the heads of the mean entropy per decision
 entropy weight means the same for 20 or 300 layers). ``sample_plans(..., given=sample)``
 replays the decisions of earlier plans instead of drawing them: their log-probabilities and
 entropies under the current policy (the trainer's elite). How many evaluations these
-features save is measured by ``bench/rl_quality.py`` (bench/results/rl_quality.json).
+features save is measured by ``bench/rl_quality.py`` (bench/results/rl_quality/).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class TAPPConfig:
     """Hyper-parameters of TAPP's joint REINFORCE (the ``tapp`` planner's options)."""
 
     batch_size: int = 64
-    """plans sampled per iteration (64 rather than 32: see bench/results/rl_quality.json)"""
+    """plans sampled per iteration (64 rather than 32: see bench/results/rl_quality/)"""
     learning_rate: float = 3e-3
     """Adam step size, shared by both networks"""
     hidden: int = 64
@@ -91,7 +91,7 @@ class TAPPConfig:
     elite: int = 8
     """replay the best this many distinct plans seen in every update (their decisions, their
     cached rewards; no evaluation): self-imitation of the elite (0: off; its effect is in
-    bench/results/rl_quality.json)"""
+    bench/results/rl_quality/)"""
 
     def __post_init__(self) -> None:
         positive = (

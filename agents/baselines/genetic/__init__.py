@@ -13,7 +13,7 @@
   the planner's two phases (equal microbatches, then unequal ones).
 
 Quality against ``brute`` and ``dp``, search time and evaluations: ``bench/plan_quality.py``
-(results in ``bench/results/plan_quality.json``).
+(results in ``bench/results/plan_quality/``).
 """
 
 from pipeplan.agents.baselines.genetic.context import GeneticConfig

@@ -13,7 +13,7 @@ when ``search.exhausted()``.
 Two phases when unequal microbatches are allowed: the islands first evolve with equal
 microbatches (until ``patience``, or half the problem's budget), then the same populations
 go on with per-stage sizes. Searching the larger space from the start lost to the equal
-search on some instances (``bench/plan_quality.py``, bench/results/plan_quality.json);
+search on some instances (``bench/plan_quality.py``, bench/results/plan_quality/);
 widening a converged equal population keeps the equal optimum found and spends the rest on
 what unequal sizes add.
 """
