@@ -59,6 +59,7 @@ from pipeplan.executor.partition import partition
 from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
 from pipeplan.executor.stage import StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
+from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
 from pipeplan.executor.transport import GroupSpec, backend_for
 from pipeplan.executor.waiting import wait_all
 
@@ -88,6 +89,10 @@ class RunConfig:
     """Longest wait for one step, or for one request to the actors."""
     start_timeout_s: float = 180.0
     """Longest wait for every actor to be placed and built."""
+    engine: Engine = "pipeplan"
+    """Who runs each stage's operations: pipeplan's schedule runner (every plan), or
+    PyTorch's pipeline schedules (equal microbatches, no replicas:
+    :mod:`executor.torch_engine`)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0:
@@ -96,6 +101,8 @@ class RunConfig:
             )
         if not (self.timeout_s > 0 and self.start_timeout_s > 0):
             raise PlanError("run: timeouts must be > 0")
+        if self.engine not in ENGINES:
+            raise PlanError(f"run.engine: {self.engine!r} is not one of {list(ENGINES)}")
 
 
 def _layout(plan: Plan) -> Layout:
@@ -224,14 +231,23 @@ class Pipeline:
         if not self.workers:
             raise ExecutorError("pipeline: not started (use it as a context manager)")
 
-    @staticmethod
-    def _check_model(model: ModelSource, plan: Plan) -> str:
-        """Cut the model once here, so a bad cut is refused before any actor is touched;
-        returns the name of its input."""
+    def _check_model(self, model: ModelSource, plan: Plan) -> str:
+        """Cut the model once here, so a bad cut (or a plan the engine cannot run) is
+        refused before any actor is touched; returns the name of its input."""
         built, example = model.build()
         cut = partition(built, example, (0, *(s.end for s in plan.stages)))
         if len(cut.model_inputs) != 1:
             raise PlanError(f"model {model.name!r}: the executor feeds exactly one input")
+        if self.config.engine == "torch-pipelining":
+            emulated = self.config.emulate and any(
+                v != 1.0 for v in device_slowdowns(self.cluster, plan.devices).values()
+            )
+            why = unsupported(plan, cut.meta, emulated)
+            if why is not None:
+                raise PlanError(
+                    f"engine torch-pipelining cannot run this plan: {why}; "
+                    "engine pipeplan runs every plan"
+                )
         return cut.model_inputs[0]
 
     def _launch(self, spec: WorkerSpec, nodes: Sequence[LiveNode]) -> WorkerHandle:
@@ -265,6 +281,7 @@ class Pipeline:
                     schedule=self.plan.schedule,
                     accelerators=kinds,
                     timeout_s=self.config.timeout_s,
+                    engine=self.config.engine,
                 )
                 for k, device in enumerate(stage.devices)
             ]

@@ -84,9 +84,12 @@ from pipeplan.executor.model import (
 )
 from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
 from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs, numpy_dtype
+from pipeplan.executor.torch_engine import Engine, StageModule, TorchStage
 from pipeplan.executor.transport import GroupSpec, Link
 
-OpKind = Literal["F", "B", "G", "U"]
+OpKind = Literal["F", "B", "G", "U", "S"]
+"""Forward, backward, all-reduce, update; ``S``: a whole step run by PyTorch's pipeline
+schedule (:mod:`executor.torch_engine`), which times no single operation."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class WorkerSpec:
     """The accelerator of every stage replica of the plan (where each message lives)."""
     timeout_s: float = 300.0
     """Longest wait for one message or collective (the process group's timeout)."""
+    engine: Engine = "pipeplan"
+    """Who runs the stage's operations: pipeplan's schedule runner, or PyTorch's pipeline
+    schedules (:mod:`executor.torch_engine`)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,7 @@ class StageWorker:
         self.subgroup: Any = None
         self.store: Any = None
         self.socket: socket.socket | None = None
+        self.torch_stage: TorchStage | None = None
         self._build(spec)
 
     def _build(self, spec: WorkerSpec) -> None:
@@ -282,6 +289,17 @@ class StageWorker:
             )
             sizes = [b for b, _ in spec.shape]
             self.order: list[Op] = stage_orders(spec.schedule, sizes, spec.global_batch)[spec.stage]
+        self.torch_stage = None
+        if self.group is not None and spec.engine == "torch-pipelining":
+            self._torch_stage()
+
+    def _torch_stage(self) -> None:
+        """PyTorch's stage and schedule over this worker's slice (the group must exist)."""
+        spec = self.spec
+        module = StageModule(self.graph, self.attrs, self.meta, self.last).to(self.device)
+        self.torch_stage = TorchStage(
+            module, spec.stage, len(spec.shape), self.device, spec.schedule, spec.microbatches
+        )
 
     def reset(self, spec: WorkerSpec) -> WorkerInfo:
         """Start over with fresh weights (and possibly another batch size or slowdown), in the
@@ -313,6 +331,8 @@ class StageWorker:
         """Join the run's process group (every worker at once); returns the rank."""
         self.subgroup = transport.join(group, self.store)
         self.group = group
+        if self.spec.engine == "torch-pipelining":
+            self._torch_stage()
         return group.rank
 
     def leave_group(self) -> None:
@@ -334,11 +354,15 @@ class StageWorker:
         try:
             if self.group is None:
                 raise RuntimeError("run_step before join_group")
-            records: list[OpRecord] = []
             losses: dict[str, Any] = {"loss_sum": 0.0, "predictions": 0, "correct": 0}
+            if self.torch_stage is not None:
+                return self._torch_step(step, inputs, labels, losses)
+            records: list[OpRecord] = []
             self._pending: list[tuple[Any, torch.Tensor]] = []
             self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
             self._losses: dict[int, torch.Tensor] = {}
+            operation = "posting receives"
+            self._prepost(step)
             for kind, j in self.order:
                 operation = f"{kind}{j}"
                 if kind == "F":
@@ -360,25 +384,85 @@ class StageWorker:
                 spec.stage, spec.replica, spec.device, spec.node, operation, traceback.format_exc()
             )
 
+    def _torch_step(
+        self,
+        step: int,
+        inputs: Payload | None,
+        labels: np.ndarray | None,
+        losses: dict[str, Any],
+    ) -> StepOutput:
+        """One step on PyTorch's schedule: one ``S`` record for the forwards and backwards,
+        then the update; the last stage's loss terms from the merged logits."""
+        assert self.torch_stage is not None
+        x = y = None
+        if self.spec.stage == 0:
+            if inputs is None:
+                raise ValueError("the first stage's step needs the batch's inputs")
+            x = torch.from_numpy(np.array(inputs[self.graph.inputs[0]])).to(self.device)
+        if self.last:
+            if labels is None:
+                raise ValueError("the last stage's step needs the batch's labels")
+            y = torch.from_numpy(np.array(labels)).to(self.device)
+        clock = Clock.now()
+        logits = self.torch_stage.step(x, y)
+        synchronize(self.device)
+        records = [self._record("S", step, -1, clock)]
+        if logits is not None and y is not None:
+            terms = loss_terms(logits, y)
+            losses.update(
+                loss_sum=float(terms.loss_sum),
+                predictions=terms.predictions,
+                correct=terms.correct,
+            )
+        records.append(self._update(step))
+        return StepOutput(tuple(records), losses if self.last else None)
+
     def _rank(self, endpoint: tuple[int, int, int]) -> int:
         assert self.group is not None
         return self.group.ranks[endpoint[0]][endpoint[2]]
+
+    def _post(self, link: Link, names: Sequence[str], step: int, j: int, backward: bool) -> Any:
+        """Post the receive of ``link``'s message into operation ``j``."""
+        metas = [self.meta[n] for n in names]
+        device = transport.wire_device(self.device, self._accelerator(link.peer))
+        size = transport.buffer_size(metas, link.rows, [True] * len(metas) if backward else None)
+        message_tag = transport.tag(link.peer[1], j, backward, step)
+        buffer = transport.recv_buffer(size, device)
+        return transport.irecv(buffer, self._rank(link.peer), message_tag)
+
+    def _prepost(self, step: int) -> None:
+        """Post, before the step's first operation, every receive that travels in host
+        memory (gloo), so a message is taken in while this stage still computes earlier
+        operations. Receives between two GPUs are posted as their operation comes: NCCL runs
+        a pair's operations in the order they were posted, and a gradient's receive posted
+        ahead of this stage's own sends would wait for itself."""
+        self._posted: dict[tuple[str, int], list[Any]] = {}
+        k = self.spec.replica
+        for kind, j in self.order:
+            if kind == "F" and self.spec.stage > 0:
+                links, names, backward = self.wiring.forward_in[(j, k)], self.wiring.received, False
+            elif kind == "B" and not self.last:
+                links, names, backward = self.wiring.backward_in[(j, k)], self.wiring.grads_in, True
+            else:
+                continue
+            if all(
+                transport.wire_device(self.device, self._accelerator(link.peer)).type == "cpu"
+                for link in links
+            ):
+                self._posted[(kind, j)] = [
+                    self._post(link, names, step, j, backward) for link in links
+                ]
 
     def _receive(
         self, links: Sequence[Link], names: Sequence[str], step: int, j: int, backward: bool
     ) -> list[list[torch.Tensor | None]]:
         """Every message of ``links`` into this operation (microbatch ``j``): the tensors of
         ``names`` in each (gradients with their presence bytes)."""
+        posted = self._posted.pop(("B" if backward else "F", j), None)
+        if posted is None:
+            posted = [self._post(link, names, step, j, backward) for link in links]
+        buffers = transport.wait_all(posted, self.spec.timeout_s)
         metas = [self.meta[n] for n in names]
-        posted = []
-        for link in links:
-            device = transport.wire_device(self.device, self._accelerator(link.peer))
-            rows = link.rows
-            size = transport.buffer_size(metas, rows, [True] * len(metas) if backward else None)
-            message_tag = transport.tag(link.peer[1], j, backward, step)
-            posted.append((transport.recv_buffer(size, device), self._rank(link.peer), message_tag))
-        timeout = self.spec.timeout_s
-        buffers = transport.recv_all(posted, timeout)
         return [
             transport.unpack(b, metas, link.rows, flags=backward)
             for b, link in zip(buffers, links, strict=True)

@@ -208,17 +208,30 @@ def isend(buffer: torch.Tensor, rank: int, message_tag: int) -> Any:
     return dist.isend(buffer, rank, tag=message_tag)
 
 
+Posted = tuple[torch.Tensor, Any]
+"""A receive under way: its buffer and its work."""
+
+
+def irecv(buffer: torch.Tensor, rank: int, message_tag: int) -> Posted:
+    """Post a receive into ``buffer``."""
+    work = dist.irecv(buffer, rank, tag=message_tag)
+    assert work is not None  # None only for a rank outside the group
+    return buffer, work
+
+
+def wait_all(posted: Sequence[Posted], timeout_s: float) -> list[torch.Tensor]:
+    """Wait for every receive (at most ``timeout_s`` each); returns the buffers, filled."""
+    timeout = dt.timedelta(seconds=timeout_s)
+    for _, work in posted:
+        work.wait(timeout)
+    return [buffer for buffer, _ in posted]
+
+
 def recv_all(
     posted: Sequence[tuple[torch.Tensor, int, int]], timeout_s: float
 ) -> list[torch.Tensor]:
-    """Post every ``(buffer, rank, tag)`` receive at once, then wait for each (at most
-    ``timeout_s``); returns the buffers, filled."""
-    works = [dist.irecv(buffer, rank, tag=t) for buffer, rank, t in posted]
-    timeout = dt.timedelta(seconds=timeout_s)
-    for work in works:
-        assert work is not None  # None only for a rank outside the group
-        work.wait(timeout)
-    return [buffer for buffer, _, _ in posted]
+    """Post every ``(buffer, rank, tag)`` receive at once, then wait for each."""
+    return wait_all([irecv(*p) for p in posted], timeout_s)
 
 
 def all_reduce_sum(flat: torch.Tensor, group: dist.ProcessGroup) -> None:

@@ -1,6 +1,8 @@
 """Failures on a small 2-node cluster of its own: a worker's exception comes back once with
 its traceback; a node removed mid-run ends the run with an error naming stage, device and
-node, and leaves no actor alive. Also runs :func:`executor.pipeline.run` end to end."""
+node, and leaves no actor alive. Also runs :func:`executor.pipeline.run` end to end, and a
+plan on PyTorch's pipeline schedules (``engine="torch-pipelining"``) against single-process
+training."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import pytest
 import torch
 
 from pipeplan.core.cluster import ClusterSpec, Node
-from pipeplan.core.plan import Plan, Stage
+from pipeplan.core.errors import PlanError
+from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.executor import runtime
+from pipeplan.executor.data import digits_batches
 from pipeplan.executor.errors import StageFailedError
 from pipeplan.executor.local_cluster import LocalCluster
-from pipeplan.executor.model import ModelSource
+from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pipeline import Pipeline, RunConfig, run
 
 pytestmark = pytest.mark.ray
@@ -74,6 +78,29 @@ def test_worker_exception_comes_back_with_its_traceback(cluster: LocalCluster) -
     assert (e.stage, e.replica, e.device, e.node) == (1, 0, "n1/slow:0", "n1")
     assert "operation F0 raised" in str(e) and "Traceback" in e.traceback
     assert "cross_entropy" in e.traceback
+    assert wait_no_workers() == 0
+
+
+@pytest.mark.timeout(150)
+def test_torch_pipelining_trains_as_one_process_and_refuses_what_it_cannot_run(
+    cluster: LocalCluster,
+) -> None:
+    optimizer = OptimizerConfig(lr=0.05, momentum=0.9)
+    config = RunConfig(
+        emulate=False, deterministic=True, optimizer=optimizer, engine="torch-pipelining"
+    )
+    with pytest.raises(PlanError, match=r"torch-pipelining cannot run this plan: unequal"):
+        Pipeline(PLAN, DIGITS, SPEC, config).start()  # refused before any actor starts
+    assert stage_workers_alive() == 0
+    plan = Plan(16, (Stage((0, 3), ("n0/fast:0",), 4), PLAN.stages[1]), Schedule.ONE_F_ONE_B)
+    batches = digits_batches(DIGITS.build()[1], 16, 3, seed=4)
+    with Pipeline(plan, DIGITS, SPEC, config) as pipe:
+        results = [pipe.step(x, y) for x, y in batches]
+        params = pipe.parameters()
+    ref = train_single_process(DIGITS, batches, optimizer, deterministic=True)
+    for got, want in zip(results, ref.losses, strict=True):
+        assert got.loss == pytest.approx(want, abs=1e-5)
+    assert max(float((params[n] - ref.parameters[n]).abs().max()) for n in params) < 1e-5
     assert wait_no_workers() == 0
 
 

@@ -22,6 +22,7 @@ from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig, train_s
 from pipeplan.executor.partition import ValueMeta, count_layers
 from pipeplan.executor.payloads import concat_gradients, concat_inputs
 from pipeplan.executor.stage import Failure, StageWorker, StepOutput, WorkerSpec
+from pipeplan.executor.torch_engine import Engine, unsupported
 from pipeplan.executor.transport import GroupSpec
 
 F32 = ValueMeta("batched", torch.float32, (2,))
@@ -107,7 +108,11 @@ STEPS = 3
 
 
 def _specs(
-    batch: int, micro: Sequence[int], replicas: Sequence[int], schedule: Schedule
+    batch: int,
+    micro: Sequence[int],
+    replicas: Sequence[int],
+    schedule: Schedule,
+    engine: Engine = "pipeplan",
 ) -> list[WorkerSpec]:
     bounds = (0, 3, 5, count_layers(DIGITS.build()[0]))
     shape = tuple(zip(micro, replicas, strict=True))
@@ -126,6 +131,8 @@ def _specs(
             shape=shape,
             schedule=schedule,
             timeout_s=60,
+            microbatches=-(-batch // micro[s]),
+            engine=engine,
         )
         for s, r in enumerate(replicas)
         for k in range(r)
@@ -158,11 +165,15 @@ def _worker(
 
 
 def run_in_processes(
-    batch: int, micro: Sequence[int], replicas: Sequence[int], schedule: Schedule
+    batch: int,
+    micro: Sequence[int],
+    replicas: Sequence[int],
+    schedule: Schedule,
+    engine: Engine = "pipeplan",
 ) -> tuple[dict[int, Any], list[Batch]]:
     """Train ``STEPS`` digits batches on one process per stage replica; every rank's
     parameters and step outputs."""
-    specs = _specs(batch, micro, replicas, schedule)
+    specs = _specs(batch, micro, replicas, schedule, engine)
     _, example = DIGITS.build()
     batches = digits_batches(example, batch, STEPS, seed=1)
     ranks, r = [], 0
@@ -198,17 +209,23 @@ def run_in_processes(
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("batch", "micro", "replicas", "schedule"),
+    ("batch", "micro", "replicas", "schedule", "engine"),
     [
-        (12, (4, 6, 3), (1, 1, 2), Schedule.GPIPE),  # unequal, uneven replica shares
-        (14, (4, 6, 3), (1, 2, 1), Schedule.GPIPE),  # remainders, a replicated middle stage
-        (16, (4, 4, 4), (1, 1, 2), Schedule.ONE_F_ONE_B),
+        (12, (4, 6, 3), (1, 1, 2), Schedule.GPIPE, "pipeplan"),  # unequal, uneven shares
+        (14, (4, 6, 3), (1, 2, 1), Schedule.GPIPE, "pipeplan"),  # remainders, middle replicas
+        (16, (4, 4, 4), (1, 1, 2), Schedule.ONE_F_ONE_B, "pipeplan"),
+        (16, (4, 4, 4), (1, 1, 1), Schedule.GPIPE, "torch-pipelining"),
+        (16, (4, 4, 4), (1, 1, 1), Schedule.ONE_F_ONE_B, "torch-pipelining"),
     ],
 )
 def test_stage_processes_train_exactly_as_one_process(
-    batch: int, micro: tuple[int, ...], replicas: tuple[int, ...], schedule: Schedule
+    batch: int,
+    micro: tuple[int, ...],
+    replicas: tuple[int, ...],
+    schedule: Schedule,
+    engine: Engine,
 ) -> None:
-    results, batches = run_in_processes(batch, micro, replicas, schedule)
+    results, batches = run_in_processes(batch, micro, replicas, schedule, engine)
     ref = train_single_process(
         DIGITS, batches, OptimizerConfig(lr=0.05, momentum=0.9), deterministic=True
     )
@@ -229,6 +246,9 @@ def test_stage_processes_train_exactly_as_one_process(
         got = sum(x["loss_sum"] for x in terms) / sum(x["predictions"] for x in terms)
         assert got == pytest.approx(want, abs=1e-5)
     kinds = [r.kind for r in results[rank - 1][1][0].records]
+    if engine == "torch-pipelining":  # PyTorch's schedule times the step as a whole
+        assert kinds == ["S", "U"]
+        return
     assert kinds.count("F") == kinds.count("B") == -(-batch // micro[-1])
     assert ("G" in kinds) == (replicas[-1] > 1) and kinds[-1] == "U"
 
@@ -239,6 +259,27 @@ def test_a_worker_hands_back_its_failure_naming_the_operation() -> None:
     before = worker.run_step(0, None, None)
     assert isinstance(before, Failure) and "before join_group" in before.traceback
     worker.group = GroupSpec("127.0.0.1", 0, 2, ((0,), (1,), (2,)), "gloo", 1.0)
-    failed = worker.run_step(0, None, None)
+    failed = worker.run_step(0, None, None)  # joined in appearance only: no group to post on
     assert isinstance(failed, Failure)
-    assert (failed.stage, failed.device, failed.operation) == (2, "n2/cpu:0", "F0")
+    assert (failed.stage, failed.device, failed.operation) == (2, "n2/cpu:0", "posting receives")
+    assert "process group" in failed.traceback.lower()
+
+
+def test_torch_pipelining_refuses_what_it_cannot_express_naming_it() -> None:
+    from pipeplan.core.plan import Plan, Stage
+
+    def plan(
+        micro: tuple[int, int], devices: tuple[str, ...] = ("n1/b:0",), batch: int = 16
+    ) -> Plan:
+        return Plan(batch, (Stage((0, 3), ("n0/a:0",), micro[0]), Stage((3, 8), devices, micro[1])))
+
+    tensor = {"x": F32}
+    assert unsupported(plan((4, 4)), tensor, emulated=False) is None
+    assert unsupported(plan((4, 8)), tensor, False) == "unequal microbatches [4, 8]"
+    assert "does not divide" in str(unsupported(plan((5, 5), batch=16), tensor, False))
+    assert unsupported(plan((4, 4), ("n1/b:0", "n1/b:1")), tensor, False) == "replicated stages [1]"
+    constant = {"x": F32, "n": ValueMeta("constant", constant=3)}
+    assert "constants crossing a stage boundary ['n']" in str(
+        unsupported(plan((4, 4)), constant, False)
+    )
+    assert "emulation" in str(unsupported(plan((4, 4)), tensor, True))

@@ -1,0 +1,373 @@
+"""The stage runtime on torch.distributed against the object-ref runtime it replaced.
+
+Two measurements, each engine in the same run:
+
+1. **Step time per plan.** On ``local-pipeline`` and ``local-hetero``, for AlexNet@224, a
+   small GPT (2 layers, d_model 256, context 32) and VGG-16@32: a two-stage plan under GPipe
+   and under 1F1B, and the same cut with its second stage replicated on two devices. Each
+   plan trains ``--warmup`` + ``--steps`` batches of synthetic data without emulation (the
+   emulated sleeps would add the same seconds to both engines and hide the transport); the
+   table gives the mean step time of each engine and their ratio (old / new: above 1 means
+   the new runtime is faster).
+2. **One transfer.** Two probe actors on two Ray nodes pass one tensor of 0.5, 4 and 64 MB:
+   the old way (the sender returns it as a numpy array, the receiver takes the object ref as
+   an argument: Ray's object store) and the new way (``isend``/``irecv`` over a gloo process
+   group). Each is timed from the driver, the median of ``--repeats``.
+
+The **old** engine is the object-ref runtime as it was at ``--baseline`` (a commit before the
+torch.distributed runtime): the bench checks it out into a temporary git worktree and runs
+the same plan code there, in a subprocess whose ``PYTHONPATH`` points at that tree (its
+packages were still top-level ``core``, ``executor``, ...). The **new** engine is this
+checkout. Each engine gets its own local Ray cluster per preset, started and stopped here.
+
+    .venv/bin/python -m bench.runtime            # ~15 minutes on a 2-core machine
+    .venv/bin/python -m bench.runtime --quick    # AlexNet and the GPT on local-hetero only
+
+Prints a table and writes ``bench/results/runtime/<UTC date-time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "a8ba6fc"
+"""The last commit of the object-ref runtime (its ring all-reduce passed by the driver)."""
+CLUSTERS = ("local-pipeline", "local-hetero")
+GPT_OPTIONS = {"n_layer": 2, "d_model": 256, "n_head": 4, "n_ctx": 32, "vocab_size": 4096}
+MODELS: dict[str, dict[str, Any]] = {
+    "alexnet@224": {"name": "alexnet", "input_size": 224, "batch": 32, "micro": 8},
+    "gpt-2L@32": {"name": "gpt", "input_size": 32, "batch": 16, "micro": 4, "options": GPT_OPTIONS},
+    "vgg16@32": {"name": "vgg16", "input_size": 32, "batch": 16, "micro": 4},
+}
+DEVICES = {  # (first stage, second stage, the second stage replicated)
+    "local-pipeline": ("n0/fast:0", "n1/mid:0", ("n1/mid:1", "n1/mid:2")),
+    "local-hetero": ("n0/fast:0", "n1/mid:0", ("n2/slow:0", "n2/slow:1")),
+}
+SIZES_MB = (0.5, 4.0, 64.0)
+
+
+# --- the worker side: runs in either tree ------------------------------------------------------
+
+
+def _modules(prefix: str) -> dict[str, Any]:
+    names = {
+        "cluster": "core.cluster",
+        "plan": "core.plan",
+        "local": "executor.local_cluster",
+        "model": "executor.model",
+        "pipeline": "executor.pipeline",
+        "partition": "executor.partition",
+    }
+    return {k: importlib.import_module(prefix + v) for k, v in names.items()}
+
+
+def _plans(m: dict[str, Any], cluster: str, layers: int, case: dict[str, Any]) -> list[Any]:
+    Plan, Stage, Schedule = m["plan"].Plan, m["plan"].Stage, m["plan"].Schedule
+    first, second, pair = DEVICES[cluster]
+    cut, batch, micro = layers // 2, case["batch"], case["micro"]
+
+    def two(devices: tuple[str, ...], schedule: Any) -> Any:
+        return Plan(
+            batch,
+            (Stage((0, cut), (first,), micro), Stage((cut, layers), devices, micro)),
+            schedule,
+        )
+
+    return [
+        ("gpipe", two((second,), Schedule.GPIPE)),
+        ("1f1b", two((second,), Schedule.ONE_F_ONE_B)),
+        ("replicated", two(pair, Schedule.GPIPE)),
+    ]
+
+
+def worker(prefix: str, cluster: str, models: list[str], steps: int, warmup: int) -> list[dict]:
+    """Every plan of ``models`` on ``cluster`` with this tree's engine; a row per plan."""
+    m = _modules(prefix)
+    spec = m["cluster"].ClusterSpec.load(ROOT / "examples" / "clusters" / f"{cluster}.yaml")
+    config = m["pipeline"].RunConfig(
+        steps=steps, warmup=warmup, emulate=False, data="synthetic", timeout_s=600
+    )
+    rows = []
+    with m["local"].LocalCluster(spec, object_store_mb=300):
+        for key in models:
+            case = MODELS[key]
+            source = m["model"].ModelSource(
+                case["name"], case["input_size"], options=case.get("options", {})
+            )
+            layers = m["partition"].count_layers(source.build()[0])
+            for label, plan in _plans(m, cluster, layers, case):
+                meas = m["pipeline"].run(plan, source, spec, config)
+                rows.append(
+                    {
+                        "cluster": cluster,
+                        "model": key,
+                        "plan": label,
+                        "step_s": meas.batch_time_s,
+                        "steps_s": list(meas.batch_times_s),
+                        "transfer_s": sum(st.transfer_s for st in meas.stages),
+                        "allreduce_s": sum(st.allreduce_s for st in meas.stages),
+                    }
+                )
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def transfer_probe(prefix: str, repeats: int) -> list[dict]:
+    """One transfer between two Ray nodes, the old way and the new way (module docstring)."""
+    import numpy as np
+    import ray
+    import torch
+
+    m = _modules(prefix)
+    spec = m["cluster"].ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    transport = importlib.import_module("pipeplan.executor.transport")
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def __init__(self) -> None:
+            torch.set_num_threads(1)
+            self.sock: Any = None
+            self.store: Any = None
+
+        def emit(self, n: int) -> np.ndarray:
+            return np.ones(n, dtype=np.uint8)
+
+        def take(self, array: np.ndarray) -> int:
+            return int(torch.from_numpy(np.asarray(array)).numel())
+
+        def open(self) -> tuple[str, int]:
+            self.sock = transport.listen("127.0.0.1")
+            self.store = transport.open_store(self.sock, 2, 60.0)
+            return tuple(self.sock.getsockname()[:2])  # type: ignore[return-value]
+
+        def join(self, address: str, port: int, rank: int) -> int:
+            group = transport.GroupSpec(address, port, rank, ((0,), (1,)), "gloo", 60.0)
+            transport.join(group, self.store)
+            return rank
+
+        def send(self, n: int) -> int:
+            buffer = torch.ones(n, dtype=torch.uint8)
+            transport.isend(buffer, 1, 0).wait()
+            return n
+
+        def recv(self, n: int) -> int:
+            (buffer,) = transport.recv_all([(torch.empty(n, dtype=torch.uint8), 0, 0)], 60.0)
+            return int(buffer.numel())
+
+    node = importlib.import_module(prefix + "executor.live_cluster").node_resource
+    rows = []
+    with m["local"].LocalCluster(spec, object_store_mb=300):
+        a = Probe.options(resources={node("n0"): 0.001}).remote()
+        b = Probe.options(resources={node("n1"): 0.001}).remote()
+        address, port = ray.get(a.open.remote())
+        ray.get([a.join.remote(address, port, 0), b.join.remote(address, port, 1)])
+        for mb in SIZES_MB:
+            n = int(mb * 2**20)
+            old, new = [], []
+            for _ in range(repeats + 1):  # the first of each is a warm-up
+                t0 = time.perf_counter()
+                ray.get(b.take.remote(a.emit.remote(n)))
+                old.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                ray.get([a.send.remote(n), b.recv.remote(n)])
+                new.append(time.perf_counter() - t0)
+            rows.append(
+                {
+                    "mb": mb,
+                    "object_ref_s": statistics.median(old[1:]),
+                    "gloo_s": statistics.median(new[1:]),
+                }
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+# --- the driver side ---------------------------------------------------------------------------
+
+
+def _engine(tree: Path, prefix: str, what: str, args: list[str], env: dict[str, str]) -> list[dict]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        what,
+        "--prefix",
+        prefix,
+        "--out",
+        str(out),
+        *args,
+    ]
+    subprocess.run(cmd, cwd=tree, env=env, check=True)
+    rows: list[dict] = json.loads(out.read_text())
+    out.unlink()
+    return rows
+
+
+def _baseline_tree(rev: str, where: Path) -> Path:
+    tree = where / "baseline"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), rev],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return tree
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per plan")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5, help="transfers per size and engine")
+    ap.add_argument("--baseline", default=BASELINE, help="commit of the object-ref runtime")
+    ap.add_argument("--quick", action="store_true", help="AlexNet and the GPT on local-hetero")
+    ap.add_argument("--worker", choices=["plans", "transfer"], help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", default="pipeplan.", help=argparse.SUPPRESS)
+    ap.add_argument("--cluster", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        sys.path.insert(0, os.getcwd())
+        if a.worker == "plans":
+            rows = worker(a.prefix, a.cluster, a.models.split(","), a.steps, a.warmup)
+        else:
+            rows = transfer_probe(a.prefix, a.repeats)
+        Path(a.out).write_text(json.dumps(rows))
+        return
+    drive(a)
+
+
+def drive(a: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bench.record import BenchRun
+
+    run = BenchRun("runtime_quick" if a.quick else "runtime")
+    clusters = ("local-hetero",) if a.quick else CLUSTERS
+    models = ["alexnet@224", "gpt-2L@32"] if a.quick else list(MODELS)
+    console = Console(width=140)
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree = _baseline_tree(a.baseline, Path(tmp))
+        try:
+            env_old = {**os.environ, "PYTHONPATH": str(old_tree)}
+            env_new = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            common = ["--steps", str(a.steps), "--warmup", str(a.warmup)]
+            rows: dict[str, list[dict]] = {"old": [], "new": []}
+            for cluster in clusters:
+                args = [*common, "--cluster", cluster, "--models", ",".join(models)]
+                for engine, tree, prefix, env in (
+                    ("old", old_tree, "", env_old),
+                    ("new", ROOT, "pipeplan.", env_new),
+                ):
+                    console.print(f"[bold]{cluster}[/bold]: {engine} runtime")
+                    rows[engine] += _engine(tree, prefix, "plans", args, env)
+            console.print("[bold]transfers[/bold] (old and new, one cluster)")
+            transfers = _engine(
+                ROOT, "pipeplan.", "transfer", ["--repeats", str(a.repeats)], env_new
+            )
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=False
+            )
+    plans = []
+    for old, new in zip(rows["old"], rows["new"], strict=True):
+        assert (old["cluster"], old["model"], old["plan"]) == (
+            new["cluster"],
+            new["model"],
+            new["plan"],
+        )
+        plans.append(
+            {
+                "cluster": old["cluster"],
+                "model": old["model"],
+                "plan": old["plan"],
+                "old_step_s": old["step_s"],
+                "new_step_s": new["step_s"],
+                "ratio_old_over_new": old["step_s"] / new["step_s"],
+                "old_transfer_s": old["transfer_s"],
+                "new_transfer_s": new["transfer_s"],
+                "old_allreduce_s": old["allreduce_s"],
+                "new_allreduce_s": new["allreduce_s"],
+                "old_steps_s": old["steps_s"],
+                "new_steps_s": new["steps_s"],
+            }
+        )
+    table = Table(
+        title="step time: object-ref runtime (old) vs torch.distributed (new), no emulation"
+    )
+    for col in ("cluster", "model", "plan", "old ms", "new ms", "old/new", "xfer old", "xfer new"):
+        table.add_column(
+            col, justify="right" if "ms" in col or "/" in col or "xfer" in col else "left"
+        )
+    for p in plans:
+        table.add_row(
+            p["cluster"],
+            p["model"],
+            p["plan"],
+            f"{p['old_step_s'] * 1e3:.0f}",
+            f"{p['new_step_s'] * 1e3:.0f}",
+            f"{p['ratio_old_over_new']:.2f}x",
+            f"{p['old_transfer_s'] * 1e3:.0f}",
+            f"{p['new_transfer_s'] * 1e3:.0f}",
+        )
+    console.print(table)
+    xt = Table(title="one transfer between two Ray nodes (median)")
+    for col in ("MB", "object ref ms", "gloo ms", "ratio"):
+        xt.add_column(col, justify="right")
+    for t in transfers:
+        ratio = t["object_ref_s"] / t["gloo_s"]
+        xt.add_row(
+            f"{t['mb']:g}",
+            f"{t['object_ref_s'] * 1e3:.1f}",
+            f"{t['gloo_s'] * 1e3:.1f}",
+            f"{ratio:.1f}x",
+        )
+    console.print(xt)
+    ratios = [p["ratio_old_over_new"] for p in plans]
+    summary = {
+        "plans": len(plans),
+        "ratio_min": min(ratios),
+        "ratio_median": statistics.median(ratios),
+        "ratio_max": max(ratios),
+        "new_slower_on": [
+            f"{p['cluster']} {p['model']} {p['plan']}"
+            for p in plans
+            if p["ratio_old_over_new"] < 1.0
+        ],
+    }
+    console.print(
+        f"old/new step time over {len(plans)} plans: min {summary['ratio_min']:.2f}x, "
+        f"median {summary['ratio_median']:.2f}x, max {summary['ratio_max']:.2f}x; "
+        f"new slower on: {summary['new_slower_on'] or 'none'}"
+    )
+    path = run.write(
+        {
+            "baseline": a.baseline,
+            "steps": a.steps,
+            "warmup": a.warmup,
+            "emulate": False,
+            "summary": summary,
+            "plans": plans,
+            "transfers": transfers,
+        }
+    )
+    console.print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
