@@ -3,12 +3,18 @@
 - ``core`` imports neither torch nor Ray, nor any other package of the project;
 - Ray is imported only in ``executor/`` and the RLlib adapter ``agents/rllib_ppo.py``;
 - arrows point one way: ``service -> agents, executor, envs -> core``, ``models`` beside core;
-- no import cycle between files, and no import placed inside a function.
+- no import cycle between files; an import placed inside a function only for torch
+  (torchvision), Ray or RLlib, the heavy libraries a light command or the API process must
+  not load (DESIGN.md, "Import name and start-up"): every other import is at the top;
+- so ``pipeplan``'s light commands start without torch or Ray, and the API without torch
+  (checked in a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "models", "envs", "agents", "executor", "service")
 RAY_ALLOWED = ("executor/", "agents/rllib_ppo.py")
+HEAVY = ("torch", "torchvision", "ray")
+"""The libraries a function may import (``ray.rllib`` is RLlib): every other import is at
+the top of its file."""
 MAY_IMPORT = {  # package -> the project packages it may import
     "core": set(),
     "models": {"core"},
@@ -44,10 +53,17 @@ def _module_name(path: Path) -> str:
 def _imports(path: Path) -> Iterator[tuple[str, ast.AST, bool]]:
     """(imported module, node, inside a function) for every import of the file; relative
     imports resolved; ``if TYPE_CHECKING:`` blocks skipped."""
-    tree = ast.parse(path.read_text(), str(path))
     package = (
         _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
     )
+    yield from _imports_in(path.read_text(), package, str(path))
+
+
+def _imports_in(
+    source: str, package: str, filename: str = "<source>"
+) -> Iterator[tuple[str, ast.AST, bool]]:
+    """:func:`_imports` of ``source``, a module of ``package``."""
+    tree = ast.parse(source, filename)
 
     def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, ast.AST, bool]]:
         for child in ast.iter_child_nodes(node):
@@ -110,16 +126,59 @@ def test_packages_import_only_downwards() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_inside_a_function() -> None:
+def test_only_torch_ray_and_rllib_are_imported_inside_a_function() -> None:
     bad = sorted(
         {
-            f"{p.relative_to(ROOT)}:{node.lineno}"  # type: ignore[attr-defined]
+            f"{p.relative_to(ROOT)}:{node.lineno} imports {name}"  # type: ignore[attr-defined]
             for p in _files()
-            for _, node, inside in _imports(p)
-            if inside
+            for name, node, inside in _imports(p)
+            if inside and _top(name) not in HEAVY
         }
     )
     assert not bad, f"{len(bad)} imports inside functions:\n" + "\n".join(bad)
+
+
+def test_the_function_level_import_rule_reads_the_source() -> None:
+    source = (
+        "import json\n"
+        "def f():\n"
+        "    import torch\n"
+        "    from ray.rllib.algorithms.ppo import PPOConfig\n"
+        "    import yaml\n"
+        "    from pipeplan.models import zoo\n"
+    )
+    imports = list(_imports_in(source, "pipeplan.service"))
+    assert {name for name, _, inside in imports if inside and _top(name) not in HEAVY} == {
+        "yaml",
+        "pipeplan.models",
+        "pipeplan.models.zoo",
+    }
+    assert {name for name, _, inside in imports if not inside} == {"json"}
+
+
+def _loaded(statement: str) -> set[str]:
+    """The heavy libraries in ``sys.modules`` after ``statement``, in a fresh interpreter."""
+    probe = f"{statement}; import sys; print(' '.join(m for m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    return set(done.stdout.split()) & {*HEAVY, "ray.rllib"}
+
+
+def test_the_command_line_imports_neither_torch_nor_ray() -> None:
+    assert _loaded("import pipeplan.service.cli") == set()
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pipeplan.service.cli.simulate",  # simulate, validate
+        "pipeplan.service.cli.submit",
+        "pipeplan.service.cli.jobs",
+    ],
+)
+def test_the_light_commands_import_neither_torch_nor_ray(module: str) -> None:
+    assert _loaded(f"import {module}") == set()
 
 
 def _graph() -> dict[str, set[str]]:
