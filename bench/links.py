@@ -5,24 +5,22 @@ all-reduce ``2 (r-1)`` such sends of ``params / r`` bytes (rule 8), with one lat
 bandwidth per link class (``inter_node``, ``intra_node``). This benchmark measures those sends
 the way the executor makes them and fits the two numbers per class.
 
-A probe actor on the sending device returns a numpy array of ``S`` bytes (a stage's payload
-is a dict of numpy arrays, :mod:`executor.payloads`) and notes when its method body ended; an
-actor on the receiving device, called with that result before it exists (as
-:mod:`executor.submit` chains a stage's operations), notes when its own method body began.
-The difference is the send: serialisation into the sender's object store, the pull into the
-receiver's (between Ray nodes), the dispatch of the waiting call. Sizes from 64 KB (a
-microbatch's activations) to 256 MB (a ring chunk of VGG-16 on two replicas), each sent
-``--repeats`` times; the fit minimises the relative errors of the medians (weighted linear
-least squares), so a 64 KB send counts as much as a 256 MB one.
+A probe actor on the sending device and one on the receiving device join a gloo process group
+as a run's stage actors do (:mod:`executor.transport`); the receiver posts its receive, the
+sender notes when it posts its send of ``S`` bytes and the receiver when the bytes have
+arrived. The difference is the send as a stage makes it. Sizes from 64 KB (a microbatch's
+activations) to 256 MB (a ring chunk of VGG-16 on two replicas), each sent ``--repeats``
+times; the fit minimises the relative errors of the medians (weighted linear least squares),
+so a 64 KB send counts as much as a 256 MB one.
 
 Both clocks are this machine's (``time.time()`` in two processes): the local cluster's nodes
 are processes of one machine.
 
-A ring all-reduce sends differently: every replica sends a chunk to the next one at the same
-time, ``2 (r-1)`` rounds in a row, and adds what it receives into its own chunk
-(as gloo's and NCCL's rings do). The ring part runs that with ``r`` probe actors (all the cluster's
-devices, as BSP; and the devices of its largest node) and times the rounds from the driver:
-per round, against the spec's ``latency + chunk / bandwidth`` for the link class the cost model
+An all-reduce sends differently: in a ring every replica sends a chunk to the next one at the
+same time, ``2 (r-1)`` rounds in a row. The ring part runs ``dist.all_reduce`` (gloo's, as a
+replicated stage does) over ``r`` probe actors (all the cluster's devices, as BSP; and the
+devices of its largest node) on ``r`` chunks and divides its time by the rounds: per round,
+against the spec's ``latency + chunk / bandwidth`` for the link class the cost model
 gives those devices. On one machine the replicas' concurrent sends share its cores and its
 loopback, so a round is not a lone send. Last, the bench fits one line per class to what a
 plan sends: lone sends up to 8 MB (activations) and the ring's rounds together.
@@ -45,11 +43,13 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from rich.console import Console
 
 from bench.common import OUT_HELP, table
 from bench.record import BenchRun, display, load_average
 from pipeplan.core.cluster import ClusterSpec, Link
+from pipeplan.executor import transport
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.pinning import actor_options
@@ -61,37 +61,55 @@ RING_CHUNKS_KB = (4096, 16384, 65536, 131072)
 """Ring chunks: params / r, e.g. ResNet-50 (25 MB) to VGG-16 (138 MB) on four replicas."""
 ACTIVATION_MAX = 8 * 2**20
 """Lone sends up to this size count as activations in the combined fit."""
-STORE_MB = 2400  # as bench.fidelity: a 256 MB payload and its copy fit without spilling
+STORE_MB = 300  # payloads travel over the process group, not through the object store
 
 
 @ray.remote
 class Probe:
-    """One end of a measured send."""
+    """One rank of a measured process group (as the stage actors form one)."""
 
-    @ray.method(num_returns=2)
-    def make(self, n_bytes: int) -> tuple[float, np.ndarray]:
-        data = np.ones(n_bytes // 4, dtype=np.float32)
-        return time.time(), data
+    def open(self, world: int) -> tuple[str, int]:
+        self.sock = transport.listen(ray.util.get_node_ip_address())
+        self.store = transport.open_store(self.sock, world, 120.0)
+        address, port = self.sock.getsockname()[:2]
+        return str(address), int(port)
 
-    def take(self, data: np.ndarray) -> tuple[float, int]:
-        return time.time(), int(data.nbytes)
+    def join(self, address: str, port: int, rank: int, world: int) -> int:
+        spec = transport.GroupSpec(address, port, rank, (tuple(range(world)),), "gloo", 120.0)
+        transport.join(spec, getattr(self, "store", None))
+        return rank
+
+    def send(self, n_bytes: int, dst: int) -> float:
+        """Post a send of ``n_bytes``; the moment it was posted (a stage's op end)."""
+        buffer = torch.ones(n_bytes, dtype=torch.uint8)
+        posted = time.time()
+        transport.isend(buffer, dst, 0).wait()
+        return posted
+
+    def recv(self, n_bytes: int, src: int) -> tuple[float, int]:
+        """Receive ``n_bytes`` (posted ahead, as a stage does); the moment it arrived."""
+        (got,) = transport.recv_all([(torch.empty(n_bytes, dtype=torch.uint8), src, 0)], 120.0)
+        return time.time(), int(got.numel())
+
+    def all_reduce(self, n_floats: int) -> tuple[float, float]:
+        """One all-reduce of ``n_floats`` after a barrier: its start and end."""
+        flat = torch.ones(n_floats, dtype=torch.float32)
+        torch.distributed.barrier()
+        t0 = time.time()
+        torch.distributed.all_reduce(flat)
+        return t0, time.time()
+
+    def leave(self) -> None:
+        transport.leave()
 
 
-@ray.remote
-class RingProbe:
-    """One replica of a measured ring all-reduce: adds each chunk it receives into its own and
-    passes its own on, as a ring all-reduce does."""
-
-    def start(self, n_bytes: int) -> np.ndarray:
-        self.chunk = np.ones(n_bytes // 4, dtype=np.float32)
-        return self.chunk
-
-    def step(self, received: np.ndarray) -> np.ndarray:
-        np.add(self.chunk, received, out=self.chunk)
-        return self.chunk
-
-    def free(self) -> None:
-        self.chunk = np.empty(0, dtype=np.float32)
+def group(devices: list[str]) -> list[Any]:
+    """One probe actor per device, joined in one gloo group (rank = position)."""
+    nodes = live_nodes()
+    actors = [Probe.options(**actor_options(d, nodes)).remote() for d in devices]  # type: ignore[attr-defined]
+    address, port = ray.get(actors[0].open.remote(len(actors)))
+    ray.get([a.join.remote(address, port, r, len(actors)) for r, a in enumerate(actors)])
+    return actors
 
 
 @dataclass(frozen=True)
@@ -123,28 +141,25 @@ def spec_fit(link: Link) -> Fit:
 
 
 def measure_pair(src: str, dst: str, repeats: int) -> dict[int, list[float]]:
-    """Seconds of each send from device ``src`` to device ``dst``, per size in bytes."""
-    nodes = live_nodes()
-    sender = Probe.options(**actor_options(src, nodes)).remote()  # type: ignore[attr-defined]
-    receiver = Probe.options(**actor_options(dst, nodes)).remote()  # type: ignore[attr-defined]
+    """Seconds of each send from device ``src`` to device ``dst``, per size in bytes: from the
+    moment the sender posts it to the moment the receiver has it."""
+    sender, receiver = group([src, dst])
     out: dict[int, list[float]] = {}
     try:
-        ray.get([sender.make.remote(1024)[0], receiver.take.remote(np.ones(4))])  # warm both
         for kb in SIZES_KB:
             n = kb * 1024
             times = []
-            for _ in range(repeats + 1):  # the first of each size warms the stores
-                end, made = sender.make.remote(n)
-                started, got = ray.get(receiver.take.remote(made))
-                ended = ray.get(end)
-                if got != n:
-                    raise RuntimeError(f"links: sent {n} bytes, received {got}")
-                times.append(started - ended)
-                del end, made
+            for _ in range(repeats + 1):  # the first of each size warms the connection
+                got = receiver.recv.remote(n, 0)
+                posted = ray.get(sender.send.remote(n, 1))
+                arrived, size = ray.get(got)
+                if size != n:
+                    raise RuntimeError(f"links: sent {n} bytes, received {size}")
+                times.append(arrived - posted)
             out[n] = times[1:]
     finally:
-        ray.kill(sender)
-        ray.kill(receiver)
+        for a in (sender, receiver):
+            ray.kill(a)
     return out
 
 
@@ -154,31 +169,20 @@ def rounds(replicas: int) -> int:
 
 
 def measure_ring(devices: list[str], repeats: int) -> dict[int, list[float]]:
-    """Seconds per round of a ring all-reduce over ``devices``, per chunk size in bytes: all
-    ``2 (r-1)`` rounds timed from the driver (every replica's last chunk made), divided by
-    the rounds."""
-    nodes = live_nodes()
-    actors = [
-        RingProbe.options(**actor_options(d, nodes)).remote()  # type: ignore[attr-defined]
-        for d in devices
-    ]
+    """Seconds per round of an all-reduce over ``devices`` (gloo's, as the replicas of a
+    stage run it), per chunk size in bytes: ``all_reduce`` of ``r`` chunks, from the latest
+    start to the latest end over the replicas, divided by its ``2 (r-1)`` rounds."""
+    actors = group(devices)
     r = len(actors)
     out: dict[int, list[float]] = {}
     try:
         for kb in RING_CHUNKS_KB:
             n = kb * 1024
             times = []
-            for _ in range(repeats + 1):  # the first of each size warms the stores
-                sends = [a.start.remote(n) for a in actors]
-                ray.wait(sends, num_returns=r, fetch_local=False)
-                t0 = time.perf_counter()
-                for _ in range(rounds(r)):
-                    received = [sends[(k - 1) % r] for k in range(r)]
-                    sends = [a.step.remote(c) for a, c in zip(actors, received, strict=True)]
-                ray.wait(sends, num_returns=r, fetch_local=False)
-                times.append((time.perf_counter() - t0) / rounds(r))
-                del sends, received
-                ray.get([a.free.remote() for a in actors])
+            for _ in range(repeats + 1):  # the first of each size warms the connections
+                spans = ray.get([a.all_reduce.remote(n * r // 4) for a in actors])
+                start, end = max(t0 for t0, _ in spans), max(t1 for _, t1 in spans)
+                times.append((end - start) / rounds(r))
             out[n] = times[1:]
     finally:
         for a in actors:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from pipeplan.core.cluster import ClusterSpec, Node
@@ -105,13 +106,45 @@ def test_torch_pipelining_trains_as_one_process_and_refuses_what_it_cannot_run(
 
 
 @pytest.mark.timeout(150)
+def test_a_killed_stage_actor_ends_the_run_at_once_naming_it(cluster: LocalCluster) -> None:
+    """Its neighbour waits on a receive that will never come; the driver does not wait for the
+    process group's timeout (60 s here): the dead actor's step fails at once, and the run's
+    other actors are killed with it."""
+
+    config = RunConfig(emulate=False, timeout_s=60)
+    x, y = torch.randn(16, 1, 8, 8), torch.randint(10, (16,))
+    with Pipeline(PLAN, DIGITS, SPEC, config) as pipe:
+        pipe.step(x, y)
+        killer = threading.Timer(0.3, ray.kill, args=(pipe.workers[1][0].actor,))
+        killer.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(StageFailedError) as err:
+                while time.monotonic() - started < 60:
+                    pipe.step(x, y)
+        finally:
+            killer.join()
+        took = time.monotonic() - started
+    e = err.value
+    assert (e.stage, e.device, e.node) == (1, "n1/slow:0", "n1") and "died" in str(e)
+    assert took < 30, f"the run took {took:.0f} s to end"
+    assert wait_no_workers() == 0
+
+
+@pytest.mark.timeout(150)
 def test_node_removed_mid_run_names_stage_device_node(cluster: LocalCluster) -> None:
     config = RunConfig(emulate=True, timeout_s=60)
     x, y = torch.randn(16, 1, 8, 8), torch.randint(10, (16,))
     started = time.monotonic()
+    killer_started: list[float] = []
+
+    def remove_n1() -> None:
+        killer_started.append(time.monotonic())
+        cluster.remove_node("n1")
+
     with pytest.raises(StageFailedError) as err, Pipeline(PLAN, DIGITS, SPEC, config) as pipe:
         pipe.step(x, y)
-        killer = threading.Timer(0.5, cluster.remove_node, args=("n1",))
+        killer = threading.Timer(0.5, remove_n1)
         killer.start()
         try:
             while time.monotonic() - started < 100:
@@ -120,6 +153,7 @@ def test_node_removed_mid_run_names_stage_device_node(cluster: LocalCluster) -> 
             killer.join()
     e = err.value
     print(str(e)[:700])
+    assert time.monotonic() - killer_started[0] < 30, "the run took 30 s or more to end"
     assert (e.stage, e.device, e.node) == (1, "n1/slow:0", "n1")
     assert "died" in str(e) and "stage 1 replica 0 on device n1/slow:0 (node n1)" in str(e)
     assert wait_no_workers() == 0
