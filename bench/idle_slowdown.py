@@ -2,9 +2,10 @@
 emulated device sleeps between them), and with pauses while
 :class:`executor.local.keep_awake.KeepAwake` keeps the cores busy at idle priority.
 
-One process, no Ray: the GPT of ``bench.fidelity`` cut in two stages (real
-:class:`executor.stage.StageWorker` code), GPipe order, 4 microbatches of 4. Each row is the
-median CPU time of every forward and backward over the profile's prediction for it: a
+One process, no Ray: the GPT of ``bench.fidelity`` as one stage (real
+:class:`executor.stage.StageWorker` code, its operations called one by one so that a pause
+can go between them), GPipe order, 4 microbatches of 4. Each row is the median CPU time of
+every forward and backward over the profile's prediction for it: a
 profile timed back to back, and one whose whole-model calls each start after the same pause
 (``profile_model(pause_s=...)``, what :func:`executor.measured_profile.measure_profile` does
 for an emulated cluster), both taken in the row's conditions (``KeepAwake`` or not).
@@ -27,24 +28,21 @@ from bench.common import MODELS, table
 from bench.record import BenchRun, display
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.local.keep_awake import KeepAwake
-from pipeplan.executor.microbatch import Piece
 from pipeplan.executor.model import OptimizerConfig, timing_loss
-from pipeplan.executor.partition import partition
+from pipeplan.executor.partition import count_layers, partition
 from pipeplan.executor.pipeline import RunConfig, make_batches
 from pipeplan.executor.stage import Failure, StageWorker, WorkerSpec
 from pipeplan.models.profiler import profile_model
 
-BOUNDS = (0, 15, 30)
 MICRO, COUNT = 4, 4
 
 
-def checked(result: tuple[Any, Any]) -> tuple[Any, Any]:
-    """A stage operation's ``(record, payload)``; a failed operation (a
-    :class:`executor.stage.Failure`) raises as the pipeline driver does, with its traceback."""
-    record, payload = result
+def checked(record: Any) -> Any:
+    """A stage operation's record; a failed operation (a :class:`executor.stage.Failure`)
+    raises as the pipeline driver does, with its traceback."""
     if isinstance(record, Failure):
         raise record.error("idle_slowdown")
-    return record, payload
+    return record
 
 
 def run(pause_s: float, steps: int) -> dict[str, list[float]]:
@@ -60,45 +58,37 @@ def run(pause_s: float, steps: int) -> dict[str, list[float]]:
         for pause in dict.fromkeys((0.0, pause_s))
     }
     batch = MICRO * COUNT
-    spec = [
-        WorkerSpec(s, 0, f"n0/cpu:{s}", "n0", BOUNDS, batch, case.source, OptimizerConfig())
-        for s in (0, 1)
-    ]
-    workers = [StageWorker(w) for w in spec]
-    name = partition(model, example, BOUNDS).model_inputs[0]
+    bounds = (0, count_layers(model))
+    spec = WorkerSpec(
+        0, 0, "n0/cpu:0", "n0", bounds, batch, case.source, OptimizerConfig(),
+        microbatches=COUNT, shape=((MICRO, 1),),
+    )  # fmt: skip
+    worker = StageWorker(spec)
+    name = partition(model, example, bounds).model_inputs[0]
 
-    def predicted(prof: ModelProfile, s: int, kind: str) -> float:
-        t = [prof.layers[i].timings["cpu"] for i in range(BOUNDS[s], BOUNDS[s + 1])]
+    def predicted(prof: ModelProfile, kind: str) -> float:
+        t = [prof.layers[i].timings["cpu"] for i in range(*bounds)]
         return sum(x.forward(MICRO) if kind == "F" else x.backward(MICRO) for x in t)
 
     ratios: dict[str, list[float]] = {k: [] for k in profiles}
     for step, (x, y) in enumerate(make_batches(case.source, batch, steps + 2, RunConfig())):
-        outs = []
+        worker.begin_step()
+        losses: dict[str, Any] = {"loss_sum": 0.0, "predictions": 0, "correct": 0}
+        forwards = []
         for j in range(COUNT):
-            rows = Piece(-1, 0, 0, j * MICRO, (j + 1) * MICRO, True)
-            f0, act = checked(workers[0].forward(step, j, [rows], None, {name: x.numpy()}))
-            f1, _ = checked(
-                workers[1].forward(step, j, [Piece(0, j, 0, 0, MICRO, True)], rows, act, y.numpy())
-            )
-            outs.append((f0, f1))
+            forwards.append(worker._forward(step, j, {name: x.numpy()}, y.numpy(), losses))
             time.sleep(pause_s)
         for j in range(COUNT):
-            b1, grad = checked(workers[1].backward(step, j, []))
-            time.sleep(pause_s)
-            b0, _ = checked(workers[0].backward(step, j, [Piece(1, j, 0, 0, MICRO, True)], grad))
+            backward = worker._backward(step, j)
             time.sleep(pause_s)
             if step < 2:
                 continue
-            f0, f1 = outs[j]
             for key, prof in profiles.items():
                 ratios[key] += [
-                    f0.cpu_s / predicted(prof, 0, "F"),
-                    f1.cpu_s / predicted(prof, 1, "F"),
-                    b0.cpu_s / predicted(prof, 0, "B"),
-                    b1.cpu_s / predicted(prof, 1, "B"),
+                    forwards[j].cpu_s / predicted(prof, "F"),
+                    backward.cpu_s / predicted(prof, "B"),
                 ]
-        for w in workers:
-            checked(w.update(step))
+        worker._update(step)
     return ratios
 
 

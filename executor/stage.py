@@ -358,9 +358,7 @@ class StageWorker:
             if self.torch_stage is not None:
                 return self._torch_step(step, inputs, labels, losses)
             records: list[OpRecord] = []
-            self._pending: list[tuple[Any, torch.Tensor]] = []
-            self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
-            self._losses: dict[int, torch.Tensor] = {}
+            self.begin_step()
             operation = "posting receives"
             self._prepost(step)
             for kind, j in self.order:
@@ -383,6 +381,15 @@ class StageWorker:
             return Failure(
                 spec.stage, spec.replica, spec.device, spec.node, operation, traceback.format_exc()
             )
+
+    def begin_step(self) -> None:
+        """Clear the per-step state: sends under way, saved activations, losses. (A driver
+        calls :meth:`run_step`; a one-stage worker's operations may also be called one by
+        one after this, as ``bench.idle_slowdown`` does to pause between them.)"""
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+        self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
+        self._losses: dict[int, torch.Tensor] = {}
+        self._posted: dict[tuple[str, int], list[Any]] = {}
 
     def _torch_step(
         self,
@@ -436,7 +443,6 @@ class StageWorker:
         operations. Receives between two GPUs are posted as their operation comes: NCCL runs
         a pair's operations in the order they were posted, and a gradient's receive posted
         ahead of this stage's own sends would wait for itself."""
-        self._posted: dict[tuple[str, int], list[Any]] = {}
         k = self.spec.replica
         for kind, j in self.order:
             if kind == "F" and self.spec.stage > 0:

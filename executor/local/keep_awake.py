@@ -4,7 +4,7 @@ An emulated device sleeps most of each operation (:mod:`executor.emulation`), so
 go idle many times a second, and a core that has just left idle runs the next computation
 slower than the profile (timed back to back) predicts; a real device does not pay that.
 ``bench/idle_slowdown.py`` measures the effect and this remedy (figures in
-``bench/results/idle_slowdown.json`` and the README): on this machine the effect is real and
+``bench/results/idle_slowdown/`` and the README): on this machine the effect is real and
 the remedy helps most of the time, not always.
 
 :class:`KeepAwake` starts one spinner process per core under ``SCHED_IDLE``, Linux's
