@@ -15,13 +15,13 @@ model's definition (rule 10); updates and the replicas' gradient exchange are no
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeplan.core.costmodel import Estimate
+from pipeplan.core.held_out import relative_error
 from pipeplan.core.plan import Plan
 from pipeplan.executor import metrics
 from pipeplan.executor.emulation import EMULATED_NOTE
@@ -249,11 +249,6 @@ def _stage(plan: Plan, s: int, rows: list[dict[str, float]]) -> StageMeasurement
         cpu_s=mean("cpu"),
         allreduce_s=mean("allreduce"),
     )
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    """``(predicted - measured) / measured`` (nan when nothing was measured)."""
-    return (predicted - measured) / measured if measured else math.nan
 
 
 def publish_errors(estimate: Estimate, measurement: Measurement, source: str) -> None:
