@@ -8,11 +8,14 @@ Neither torch nor Ray: the client commands (``submit ...``) build their requests
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass
+from dataclasses import fields as dataclass_fields
+from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
@@ -20,6 +23,10 @@ from pipeplan.agents.problem import Budget, Objective
 from pipeplan.core.plan import Schedule
 from pipeplan.service.cli.console import CliError, cluster_ref, document
 from pipeplan.service.tasks.requests import DataKind, Reward
+
+F = TypeVar("F", bound=Callable[..., Any])
+REQUIRED = inspect.Parameter.empty
+"""The default of an option with none: typer makes it required."""
 
 # --- the problem ------------------------------------------------------------------------------
 
@@ -55,22 +62,25 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tab
 
 @dataclass(frozen=True)
 class ProblemFlags:
-    """The flags a planning command describes a problem with, as a request's fields."""
+    """The options a planning command describes its problem with, declared once: each
+    field's annotation is its typer option and its default the option's. A command takes
+    them as one parameter ``problem: ProblemFlags`` under :func:`problem_options`."""
 
-    cluster: str
-    model: str | None
-    profile: Path | None
-    input_size: int | None
-    objective: Objective
-    min_throughput: float | None
-    batch: int
-    schedule: Schedule
-    microbatches: int | None
-    seed: int
-    budget: int | None
-    seconds: float | None
+    cluster: ClusterOpt
+    model: ModelOpt = None
+    profile: ProfileOpt = None
+    input_size: InputSizeOpt = None
+    objective: ObjectiveOpt = Objective.TIME
+    min_throughput: MinThroughputOpt = None
+    batch: BatchOpt = 64
+    schedule: ScheduleOpt = Schedule.GPIPE
+    microbatches: MicrobatchesOpt = None
+    seed: SeedOpt = 0
+    budget: BudgetOpt = None
+    seconds: SecondsOpt = None
 
     def fields(self) -> dict[str, Any]:
+        """The problem's fields of a request."""
         return {
             "cluster": cluster_ref(self.cluster),
             "model": self.model,
@@ -84,6 +94,53 @@ class ProblemFlags:
             "seed": self.seed,
             "budget": {"evaluations": self.budget, "seconds": self.seconds},
         }
+
+
+def problem_options(
+    *,
+    declare: Mapping[str, tuple[Any, Any]] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> Callable[[F], F]:
+    """A command that takes ``problem: ProblemFlags`` gets :class:`ProblemFlags`' options in
+    its signature, where ``problem`` is (typer reads the signature), and is called with them
+    as one ``ProblemFlags``.
+
+    ``declare``: field -> ``(annotation, default)`` for an option a command declares its own
+    way (``submit``'s optional ``--cluster``, ``provision``'s required ``--min-throughput``;
+    :data:`REQUIRED` for no default); ``fixed``: field -> the value of an option the command
+    does not have (``provision``'s objective)."""
+    declared, given = dict(declare or {}), dict(fixed or {})
+    hints = get_type_hints(ProblemFlags, include_extras=True)
+    options = []
+    for f in dataclass_fields(ProblemFlags):
+        if f.name in given:
+            continue
+        own = (hints[f.name], REQUIRED if f.default is MISSING else f.default)
+        annotation, default = declared.get(f.name, own)
+        kind = inspect.Parameter.KEYWORD_ONLY
+        options.append(inspect.Parameter(f.name, kind, annotation=annotation, default=default))
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command)
+        command_hints = get_type_hints(command, include_extras=True)
+        params: list[inspect.Parameter] = []
+        for p in signature.parameters.values():
+            if p.name == "problem":
+                params += options
+            else:
+                kind = inspect.Parameter.KEYWORD_ONLY
+                params.append(p.replace(kind=kind, annotation=command_hints[p.name]))
+
+        @wraps(command)
+        def with_problem(**kwargs: Any) -> Any:
+            values = {o.name: kwargs.pop(o.name) for o in options}
+            return command(problem=ProblemFlags(**values, **given), **kwargs)
+
+        with_problem.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_problem.__annotations__ = {p.name: p.annotation for p in params}
+        return with_problem  # type: ignore[return-value]
+
+    return decorate
 
 
 # --- a search ---------------------------------------------------------------------------------

@@ -16,33 +16,20 @@ from typing import Annotated
 import typer
 
 from pipeplan.agents.compare import describe
-from pipeplan.agents.problem import Objective
 from pipeplan.agents.registry import PLANNERS
-from pipeplan.core.plan import Schedule
 from pipeplan.service.charts import draw_comparison, draw_curve
 from pipeplan.service.cli.console import ConsoleReporter, clean_errors, debug, echo_json, out, say
 from pipeplan.service.cli.options import (
-    BatchOpt,
-    BudgetOpt,
-    ClusterOpt,
-    InputSizeOpt,
     IterationsOpt,
     JsonOpt,
-    MicrobatchesOpt,
-    MinThroughputOpt,
-    ModelOpt,
-    ObjectiveOpt,
     OptionOpt,
     PlannersOpt,
     ProblemFlags,
-    ProfileOpt,
     RepeatsOpt,
     RewardOpt,
-    ScheduleOpt,
-    SecondsOpt,
-    SeedOpt,
     WorkersOpt,
     parse_options,
+    problem_options,
     reward_for_workers,
 )
 from pipeplan.service.render import (
@@ -86,20 +73,10 @@ def _render_plan(done: Planned) -> None:
 
 
 @clean_errors
+@problem_options()
 def plan_command(
-    cluster: ClusterOpt,
     planner: PlannerOpt,
-    model: ModelOpt = None,
-    profile: ProfileOpt = None,
-    input_size: InputSizeOpt = None,
-    objective: ObjectiveOpt = Objective.TIME,
-    min_throughput: MinThroughputOpt = None,
-    batch: BatchOpt = 64,
-    schedule: ScheduleOpt = Schedule.GPIPE,
-    microbatches: MicrobatchesOpt = None,
-    seed: SeedOpt = 0,
-    budget: BudgetOpt = None,
-    seconds: SecondsOpt = None,
+    problem: ProblemFlags,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
     option: OptionOpt = None,
@@ -111,15 +88,13 @@ def plan_command(
     address: AddressOpt = None,
 ) -> None:
     """Search a plan with one planner; print its per-stage estimate."""
-    flags = ProblemFlags(cluster, model, profile, input_size, objective, min_throughput,
-                         batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
     options = parse_options(planner, option or [], workers, iterations)
     reward = reward_for_workers(planner, reward, workers)
     request = PlanRequest(
-        **flags.fields(), planner=planner, options=options, reward=reward, repeats=repeats,
+        **problem.fields(), planner=planner, options=options, reward=reward, repeats=repeats,
         address=address, workers=workers if reward is Reward.PARALLEL else None,
     )  # fmt: skip
-    done = plan(request, ConsoleReporter(objective))
+    done = plan(request, ConsoleReporter(problem.objective))
     if curve is not None:
         draw_curve(done.result, done.problem, curve)
         say(f"wrote {curve}")
@@ -133,29 +108,17 @@ def plan_command(
 
 
 @clean_errors
+@problem_options()
 def compare_command(
-    cluster: ClusterOpt,
+    problem: ProblemFlags,
     planners: PlannersOpt = None,
-    model: ModelOpt = None,
-    profile: ProfileOpt = None,
-    input_size: InputSizeOpt = None,
-    objective: ObjectiveOpt = Objective.TIME,
-    min_throughput: MinThroughputOpt = None,
-    batch: BatchOpt = 64,
-    schedule: ScheduleOpt = Schedule.GPIPE,
-    microbatches: MicrobatchesOpt = None,
-    seed: SeedOpt = 0,
-    budget: BudgetOpt = None,
-    seconds: SecondsOpt = None,
     as_json: JsonOpt = False,
     chart: ChartOpt = None,
 ) -> None:
     """Run several planners on one problem; one table of their plans side by side."""
-    flags = ProblemFlags(cluster, model, profile, input_size, objective, min_throughput,
-                         batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
     names = None if planners is None else planners.split(",")
-    request = CompareRequest(**flags.fields(), planners=names)
-    done = compare(request, ConsoleReporter(objective), catch_bugs=not debug())
+    request = CompareRequest(**problem.fields(), planners=names)
+    done = compare(request, ConsoleReporter(problem.objective), catch_bugs=not debug())
     if chart is not None:
         draw_comparison(done.problem, done.rows, chart)
         say(f"wrote {chart}")

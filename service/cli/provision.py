@@ -12,23 +12,14 @@ from matplotlib.figure import Figure
 from rich.table import Table
 
 from pipeplan.agents.problem import Objective
-from pipeplan.core.plan import Schedule
 from pipeplan.service.cli.console import ConsoleReporter, clean_errors, echo_json, out, say
 from pipeplan.service.cli.options import (
-    BatchOpt,
-    BudgetOpt,
-    ClusterOpt,
-    InputSizeOpt,
+    REQUIRED,
     JsonOpt,
-    MicrobatchesOpt,
-    ModelOpt,
     OptionOpt,
     ProblemFlags,
-    ProfileOpt,
-    ScheduleOpt,
-    SecondsOpt,
-    SeedOpt,
     parse_options,
+    problem_options,
 )
 from pipeplan.service.render import estimate_table, rental_lines, totals_lines
 from pipeplan.service.tasks.provision import FrontPoint, Provisioned, ProvisionRequest, provision
@@ -95,19 +86,12 @@ def draw_front(points: tuple[FrontPoint, ...], path: Path) -> None:
 
 
 @clean_errors
+@problem_options(
+    declare={"min_throughput": (TargetOpt, REQUIRED)}, fixed={"objective": Objective.COST}
+)
 def provision_command(
-    cluster: ClusterOpt,
-    min_throughput: TargetOpt,
-    model: ModelOpt = None,
-    profile: ProfileOpt = None,
-    input_size: InputSizeOpt = None,
+    problem: ProblemFlags,
     planner: PlannerOpt = "provision_dp",
-    batch: BatchOpt = 64,
-    schedule: ScheduleOpt = Schedule.GPIPE,
-    microbatches: MicrobatchesOpt = None,
-    seed: SeedOpt = 0,
-    budget: BudgetOpt = None,
-    seconds: SecondsOpt = None,
     targets: TargetsOpt = 8,
     spread: SpreadOpt = 4.0,
     option: OptionOpt = None,
@@ -115,11 +99,9 @@ def provision_command(
     as_json: JsonOpt = False,
 ) -> None:
     """What to rent from a catalogue to reach a throughput, and the price/throughput front."""
-    flags = ProblemFlags(cluster, model, profile, input_size, Objective.COST, min_throughput,
-                         batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
     request = ProvisionRequest(
-        **flags.fields(), planner=planner, options=parse_options(planner, option or [], None, None),
-        targets=targets, spread=spread,
+        **problem.fields(), planner=planner,
+        options=parse_options(planner, option or [], None, None), targets=targets, spread=spread,
     )  # fmt: skip
     done = provision(request, ConsoleReporter(Objective.COST))
     if out_png is not None:
@@ -129,7 +111,9 @@ def provision_command(
         echo_json(done.to_dict())
         return
     est = done.planned.result.estimate
-    out().print(estimate_table(est, f"{planner}: plan at >= {min_throughput:,.1f} samples/s"))
+    out().print(
+        estimate_table(est, f"{planner}: plan at >= {problem.min_throughput:,.1f} samples/s")
+    )
     out().print(rental_table(done))
     for line in [*totals_lines(est), *rental_lines(done.planned)]:
         typer.echo(line)

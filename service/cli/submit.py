@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,14 +21,13 @@ import typer
 from pydantic import BaseModel
 from typer._click.core import ParameterSource
 
-from pipeplan.agents.problem import Objective
 from pipeplan.core._io import read_document
-from pipeplan.core.plan import Schedule
 from pipeplan.service.api.schemas import JobKind, JobState
 from pipeplan.service.cli import options as opts
 from pipeplan.service.cli.console import CliError, cluster_ref, document, echo_json, say
 from pipeplan.service.cli.job_view import job_progress, render_result
 from pipeplan.service.cli.jobs import JsonOpt, NameOpt, ServerOpt, TokenOpt, connect, served
+from pipeplan.service.cli.options import ProblemFlags
 from pipeplan.service.tasks.requests import (
     CompareRequest,
     DataKind,
@@ -133,23 +132,23 @@ submit_app = typer.Typer(
 )
 
 
+# --cluster optional here: --spec may give the whole request instead
+OPTIONAL_CLUSTER = {"cluster": (ClusterOpt, None)}
+
+
+def problem_fields(problem: ProblemFlags) -> dict[str, Any]:
+    """The problem's fields of a request; ``--cluster`` is required without ``--spec``."""
+    return replace(problem, cluster=require("--cluster", problem.cluster)).fields()
+
+
 @submit_app.command("plan")
 @served
+@opts.problem_options(declare=OPTIONAL_CLUSTER)
 def submit_plan(
     ctx: typer.Context,
-    cluster: ClusterOpt = None,
+    *,
     planner: PlannerOpt = None,
-    model: opts.ModelOpt = None,
-    profile: opts.ProfileOpt = None,
-    input_size: opts.InputSizeOpt = None,
-    objective: opts.ObjectiveOpt = Objective.TIME,
-    min_throughput: opts.MinThroughputOpt = None,
-    batch: opts.BatchOpt = 64,
-    schedule: opts.ScheduleOpt = Schedule.GPIPE,
-    microbatches: opts.MicrobatchesOpt = None,
-    seed: opts.SeedOpt = 0,
-    budget: opts.BudgetOpt = None,
-    seconds: opts.SecondsOpt = None,
+    problem: ProblemFlags,
     option: opts.OptionOpt = None,
     workers: opts.WorkersOpt = None,
     iterations: opts.IterationsOpt = None,
@@ -166,13 +165,11 @@ def submit_plan(
 
     def build() -> PlanRequest:
         who = require("--planner", planner)
-        where = require("--cluster", cluster)
-        flags = opts.ProblemFlags(where, model, profile, input_size, objective,
-            min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
+        fields = problem_fields(problem)
         options = opts.parse_options(who, option or [], workers, iterations)
         how = opts.reward_for_workers(who, reward, workers)
         return PlanRequest(
-            **flags.fields(), planner=who, options=options, reward=how, repeats=repeats,
+            **fields, planner=who, options=options, reward=how, repeats=repeats,
             workers=workers if how is Reward.PARALLEL else None,
         )  # fmt: skip
 
@@ -182,21 +179,12 @@ def submit_plan(
 
 @submit_app.command("compare")
 @served
+@opts.problem_options(declare=OPTIONAL_CLUSTER)
 def submit_compare(
     ctx: typer.Context,
-    cluster: ClusterOpt = None,
+    *,
     planners: opts.PlannersOpt = None,
-    model: opts.ModelOpt = None,
-    profile: opts.ProfileOpt = None,
-    input_size: opts.InputSizeOpt = None,
-    objective: opts.ObjectiveOpt = Objective.TIME,
-    min_throughput: opts.MinThroughputOpt = None,
-    batch: opts.BatchOpt = 64,
-    schedule: opts.ScheduleOpt = Schedule.GPIPE,
-    microbatches: opts.MicrobatchesOpt = None,
-    seed: opts.SeedOpt = 0,
-    budget: opts.BudgetOpt = None,
-    seconds: opts.SecondsOpt = None,
+    problem: ProblemFlags,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -207,11 +195,8 @@ def submit_compare(
     """A `pipeplan compare` job: several planners on one problem."""
 
     def build() -> CompareRequest:
-        where = require("--cluster", cluster)
-        flags = opts.ProblemFlags(where, model, profile, input_size, objective,
-            min_throughput, batch, schedule, microbatches, seed, budget, seconds)  # fmt: skip
         names = None if planners is None else planners.split(",")
-        return CompareRequest(**flags.fields(), planners=names)
+        return CompareRequest(**problem_fields(problem), planners=names)
 
     doc = request_spec(ctx, spec, build)
     submit_job(JobKind.COMPARE, doc, Submitting(server, token, name, wait, as_json))
