@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
@@ -55,7 +55,7 @@ from pipeplan.executor.live_cluster import LiveNode, live_nodes
 from pipeplan.executor.measure import Measurement, Placement, StepResult, summarise, transfers
 from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
-from pipeplan.executor.partition import partition
+from pipeplan.executor.partition import ValueMeta, partition
 from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
 from pipeplan.executor.stage import StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
@@ -238,16 +238,7 @@ class Pipeline:
         cut = partition(built, example, (0, *(s.end for s in plan.stages)))
         if len(cut.model_inputs) != 1:
             raise PlanError(f"model {model.name!r}: the executor feeds exactly one input")
-        if self.config.engine == "torch-pipelining":
-            emulated = self.config.emulate and any(
-                v != 1.0 for v in device_slowdowns(self.cluster, plan.devices).values()
-            )
-            why = unsupported(plan, cut.meta, emulated)
-            if why is not None:
-                raise PlanError(
-                    f"engine torch-pipelining cannot run this plan: {why}; "
-                    "engine pipeplan runs every plan"
-                )
+        check_engine(plan, self.cluster, self.config, cut.meta)
         return cut.model_inputs[0]
 
     def _launch(self, spec: WorkerSpec, nodes: Sequence[LiveNode]) -> WorkerHandle:
@@ -417,6 +408,26 @@ class Pipeline:
         for s in range(len(self.workers)):
             out.update(self.stage_parameters(s))
         return out
+
+
+def check_engine(
+    plan: Plan,
+    cluster: ClusterSpec | None,
+    config: RunConfig,
+    meta: Mapping[str, ValueMeta] | None = None,
+) -> None:
+    """Refuse a plan the chosen engine cannot run: before any cluster starts, what the plan
+    and the spec tell; with the cut's ``meta`` (:meth:`Pipeline.start`), a constant crossing
+    a cut too."""
+    if config.engine != "torch-pipelining":
+        return
+    slowdowns = device_slowdowns(cluster, plan.devices) if cluster is not None else {}
+    emulated = config.emulate and any(v != 1.0 for v in slowdowns.values())
+    why = unsupported(plan, meta or {}, emulated)
+    if why is not None:
+        raise PlanError(
+            f"engine torch-pipelining cannot run this plan: {why}; engine pipeplan runs every plan"
+        )
 
 
 def make_batches(

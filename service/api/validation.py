@@ -34,7 +34,7 @@ from pipeplan.core.limits import (
 )
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.pipeline import RunConfig
+from pipeplan.executor.pipeline import RunConfig, check_engine
 from pipeplan.models import zoo
 from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
 from pipeplan.service.tasks.live import model_source
@@ -218,16 +218,19 @@ def _check_run(request: RunRequest) -> None:
     prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
     model_source(request.model, request.input_size, prof, request.seed)
     check_model(request.model, request.input_size)
-    RunConfig(
+    config = RunConfig(
         steps=request.steps,
         warmup=request.warmup,
         data=request.data.value,
         seed=request.seed,
         timeout_s=request.timeout_s,
+        engine=request.engine.value,
+        emulate=request.emulate,
     )
     spec = cluster_spec(request.cluster) if request.cluster is not None else None
     if spec is not None or prof is not None:
         plan.validate(prof, spec)
+    check_engine(plan, spec, config)
 
 
 CHECKS: dict[JobKind, Callable[[Any], None]] = {

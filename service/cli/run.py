@@ -24,7 +24,7 @@ from pipeplan.service.cli.console import (
 )
 from pipeplan.service.cli.options import DataOpt, RunProfileOpt
 from pipeplan.service.render_runs import run_lines, run_table
-from pipeplan.service.tasks.run import DataKind, RunRequest, run
+from pipeplan.service.tasks.run import DataKind, EngineKind, RunRequest, run
 
 ClusterOpt = Annotated[
     str | None,
@@ -59,6 +59,17 @@ def run_command(
     seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = 0,
     timeout: Annotated[float, typer.Option(help="longest wait for one step, seconds")] = 300.0,
     address: AddressOpt = None,
+    engine: Annotated[
+        EngineKind,
+        typer.Option(
+            help="who runs each stage's operations: pipeplan's runner (every plan) or "
+            "torch.distributed.pipelining (equal microbatches, one device per stage)"
+        ),
+    ] = EngineKind.PIPEPLAN,
+    emulate: Annotated[
+        bool,
+        typer.Option(help="emulate slower device types on an emulated cluster (sleeps)"),
+    ] = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="print prediction, measurement and error as JSON")
     ] = False,
@@ -76,6 +87,8 @@ def run_command(
         seed=seed,
         timeout_s=timeout,
         address=address,
+        engine=engine,
+        emulate=emulate,
     )
     result = run(request, ConsoleReporter())
     if as_json:

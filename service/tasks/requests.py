@@ -242,6 +242,14 @@ class DataKind(StrEnum):
     DIGITS = "digits"
 
 
+class EngineKind(StrEnum):
+    """Who runs each stage's operations: pipeplan's schedule runner (every plan), or
+    PyTorch's ``torch.distributed.pipelining`` schedules (equal microbatches, no replicas)."""
+
+    PIPEPLAN = "pipeplan"
+    TORCH_PIPELINING = "torch-pipelining"
+
+
 class RunRequest(Request):
     """A plan to run, the model, the cluster (spec to start, or spec of ``address``)."""
 
@@ -256,3 +264,5 @@ class RunRequest(Request):
     seed: int = 0
     timeout_s: float = 300.0
     address: str | None = None
+    engine: EngineKind = EngineKind.PIPEPLAN
+    emulate: bool = True

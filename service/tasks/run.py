@@ -26,15 +26,15 @@ from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.measure import Comparison, Measurement, publish_errors
 from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pinning import check_feasible
-from pipeplan.executor.pipeline import RunConfig
+from pipeplan.executor.pipeline import RunConfig, check_engine
 from pipeplan.executor.pipeline import run as run_plan
 from pipeplan.service.tasks.common import cluster_spec
 from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
 from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
 from pipeplan.service.tasks.progress import QUIET, Reporter
-from pipeplan.service.tasks.requests import DataKind, RunRequest
+from pipeplan.service.tasks.requests import DataKind, EngineKind, RunRequest
 
-__all__ = ["DataKind", "RunRequest", "measured_run", "plan_types", "run"]
+__all__ = ["DataKind", "EngineKind", "RunRequest", "measured_run", "plan_types", "run"]
 
 
 def plan_types(plan: Plan) -> list[str]:
@@ -79,10 +79,13 @@ def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
         data=request.data.value,
         seed=request.seed,
         timeout_s=request.timeout_s,
+        engine=request.engine.value,
+        emulate=request.emulate,
     )  # checks steps, warmup and timeout before anything starts
     spec = cluster_spec(request.cluster) if request.cluster is not None else None
     if spec is not None or prof is not None:  # refuse a plan that cannot be, before Ray
         plan.validate(prof, spec)
+    check_engine(plan, spec, config)
     with live_cluster(spec, request.address, reporter) as live:
         plan.validate(None, live)
         check_feasible(plan, live_nodes())  # the executor's check, before any actor

@@ -183,6 +183,23 @@ BAD_SPECS = [
     ),
     ("profile", {"model": "alexnet", "address": "auto"}, "address: only applies with measure"),
     ("run", {"plan": {"global_batch": 8}, "model": "alexnet", "cluster": CLUSTER}, "stages"),
+    (
+        "run",
+        {
+            "plan": {
+                "global_batch": 8,
+                "stages": [
+                    {"layers": [0, 3], "devices": ["n0/fast:0"], "microbatch": 4},
+                    {"layers": [3, 8], "devices": ["n1/mid:0"], "microbatch": 8},
+                ],
+            },
+            "model": "digits_cnn",
+            "cluster": "local-hetero",
+            "engine": "torch-pipelining",
+            "emulate": False,
+        },
+        "engine torch-pipelining cannot run this plan: unequal microbatches [4, 8]",
+    ),
     ("plan", {k: v for k, v in SPEC.items() if k != "planner"}, "spec.planner: Field required"),
 ]
 
