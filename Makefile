@@ -1,6 +1,8 @@
 # pipeplan: `make demo` runs the main job end to end (start the local emulated cluster, measure a
 # profile, plan with exact/learned planners and baselines, run them for real, print the table,
-# draw the Gantt chart, stop the cluster: ~3 minutes); `make test` runs the tests.
+# draw the Gantt chart, stop the cluster: ~3 minutes); `make test` runs the tests (all of them),
+# `make test-fast` those that start no Ray cluster, build no RLlib algorithm, drive no browser
+# and are not marked slow (pytest -m; under 2 minutes on 2 cores).
 # Both create .venv when it is missing and install the project into it. `make serve` runs the
 # service (pipeplan serve: REST API on 127.0.0.1:8321, jobs as Ray Jobs on an embedded
 # local-hetero cluster, stopped with it; SERVE_ARGS adds flags, e.g. --port 8400).
@@ -14,7 +16,7 @@ BATCH ?= 32
 CLUSTER ?= examples/clusters/local-pipeline.yaml
 SERVE_ARGS ?=
 
-.PHONY: install test demo serve lint bench clean
+.PHONY: install test test-fast demo serve lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +28,9 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not ray and not rllib and not browser and not slow"
 
 demo: install
 	$(VENV)/bin/pipeplan demo --model $(MODEL) --input-size $(INPUT_SIZE) --cluster $(CLUSTER) \

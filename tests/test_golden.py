@@ -38,7 +38,9 @@ def stored() -> dict[str, Any]:
     return json.loads(golden.GOLDEN.read_text())
 
 
-@pytest.mark.parametrize("part", ["estimates", "episodes", "planners"])
+@pytest.mark.parametrize(
+    "part", ["estimates", "episodes", pytest.param("planners", marks=pytest.mark.slow)]
+)
 def test_results_match_the_golden_snapshot(stored: dict[str, Any], part: str) -> None:
     got = json.loads(json.dumps(getattr(golden, part)()))
     problems: list[str] = []

@@ -150,6 +150,7 @@ def tiny_problems(draw: st.DrawFn, unequal: bool = False) -> Problem:
 # --- brute ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.integers(1, 3), min_size=1, max_size=4),

@@ -101,6 +101,7 @@ def brute_force(p: Problem) -> float:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", list(Schedule))
 @pytest.mark.parametrize("tp", [0.0, 40.0, 120.0])
 def test_provision_dp_is_exact_against_brute_force(tp: float, schedule: Schedule) -> None:

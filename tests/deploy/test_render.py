@@ -278,6 +278,7 @@ def test_any_type_names_render_or_are_refused_naming_the_type(names: list[str]) 
     check_rendered(DeployRenderRequest(spec=doc), rendered)
 
 
+@pytest.mark.slow
 def test_a_large_spec_renders_quickly() -> None:
     types = {f"gpu_{k}": {"accelerator": "cuda"} for k in range(64)}
     nodes = [{"name": f"n{i}", "devices": {f"gpu_{i % 64}": 8}} for i in range(512)]

@@ -44,6 +44,7 @@ WAIT_S = 15.0
 T = TypeVar("T")
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.timeout(180),
     pytest.mark.skipif(
