@@ -181,6 +181,17 @@ def test_the_light_commands_import_neither_torch_nor_ray(module: str) -> None:
     assert _loaded(f"import {module}") == set()
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="not yet: the API checks a run job against executor.pipeline (RunConfig), and "
+    "the dashboard's plan panel profiles zoo models; executor.pipeline, models.zoo and "
+    "models.profiler import torch at the top",
+)
+def test_the_api_process_starts_without_torch() -> None:
+    assert _loaded("import pipeplan.service.api.app") & {"torch", "torchvision"} == set()
+
+
 def _graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in _files()}
     graph: dict[str, set[str]] = {m: set() for m in files}
