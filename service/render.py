@@ -15,6 +15,7 @@ from rich.table import Table
 from pipeplan.agents.compare import Row, describe, exact_reference, ratios
 from pipeplan.agents.problem import Objective, Problem
 from pipeplan.core.costmodel import Estimate
+from pipeplan.core.held_out import relative_error
 
 if TYPE_CHECKING:
     from pipeplan.service.tasks.plan import Planned
@@ -91,9 +92,8 @@ def search_line(planned: Planned) -> str:
 
 
 def pct(predicted: float, measured: float) -> str:
-    """The relative error of a prediction, ``+12.3%`` (``-`` when nothing was measured):
-    ``(predicted - measured) / measured``, as :func:`executor.measure.relative_error`."""
-    e = (predicted - measured) / measured if measured else math.nan
+    """The relative error of a prediction, ``+12.3%`` (``-`` when nothing was measured)."""
+    e = relative_error(predicted, measured)
     return "-" if not math.isfinite(e) else f"{e:+.1%}"
 
 
