@@ -16,15 +16,20 @@ BATCH ?= 32
 CLUSTER ?= examples/clusters/local-pipeline.yaml
 SERVE_ARGS ?=
 
-.PHONY: install test test-fast demo serve lint bench clean
+.PHONY: install lock test test-fast demo serve lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+# requirements.lock pins every package `make` installs (a reproducible environment);
+# `make lock` writes it anew from the venv after pyproject.toml's ranges change.
+$(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
+
+lock: install
+	$(PY) -m pip freeze --exclude-editable | grep -v '^pip==' > requirements.lock
 
 test: install
 	$(PY) -m pytest -q
