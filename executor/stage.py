@@ -247,6 +247,12 @@ class StageWorker:
         self.store: Any = None
         self.socket: socket.socket | None = None
         self.torch_stage: TorchStage | None = None
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+        """Sends under way (work, buffer): waited for at the end of the step."""
+        self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
+        self._losses: dict[int, torch.Tensor] = {}
+        self._posted: dict[tuple[str, int], list[Any]] = {}
+        self._flat: torch.Tensor | None = None
         self._build(spec)
 
     def _build(self, spec: WorkerSpec) -> None:
@@ -374,7 +380,7 @@ class StageWorker:
             records.append(self._update(step))
             for work, _ in self._pending:
                 work.wait()
-            self._pending = []
+            self._pending.clear()
             return StepOutput(tuple(records), losses if self.last else None)
         except Exception:
             spec = self.spec
@@ -386,10 +392,10 @@ class StageWorker:
         """Clear the per-step state: sends under way, saved activations, losses. (A driver
         calls :meth:`run_step`; a one-stage worker's operations may also be called one by
         one after this, as ``bench.idle_slowdown`` does to pause between them.)"""
-        self._pending: list[tuple[Any, torch.Tensor]] = []
-        self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
-        self._losses: dict[int, torch.Tensor] = {}
-        self._posted: dict[tuple[str, int], list[Any]] = {}
+        self._pending = []
+        self._saved = {}
+        self._losses = {}
+        self._posted = {}
 
     def _torch_step(
         self,
@@ -616,17 +622,18 @@ class StageWorker:
             raise ValueError(f"all-reduce: parameters of several dtypes {names}")
         dtype = dtypes.pop()
         params = list(self.params.values())
-        parts = [
-            torch.zeros(p.numel(), dtype=dtype, device=self.device)
-            if p.grad is None
-            else p.grad.reshape(-1)
-            for p in params
-        ]
-        flags = torch.tensor(
+        flat = self._flat_buffer(dtype, sum(p.numel() for p in params) + len(params))
+        offset = 0
+        for p in params:  # copied into the step's buffer: no new allocation per step
+            size = p.numel()
+            if p.grad is None:
+                flat[offset : offset + size].zero_()
+            else:
+                flat[offset : offset + size].copy_(p.grad.reshape(-1))
+            offset += size
+        flat[offset:] = torch.tensor(
             [0.0 if p.grad is None else 1.0 for p in params], dtype=dtype, device=self.device
         )
-        flat = torch.cat([*parts, flags])
-        del parts
         for p in params:
             p.grad = None
         transport.all_reduce_sum(flat, self.subgroup)
@@ -638,6 +645,20 @@ class StageWorker:
             offset += size
         synchronize(self.device)
         return self._record("G", step, -1, clock)
+
+    def _flat_buffer(self, dtype: torch.dtype, size: int) -> torch.Tensor:
+        """The all-reduce's flat buffer, kept from step to step (the summed gradients are
+        views of it until the optimizer step has read them)."""
+        flat = getattr(self, "_flat", None)
+        if (
+            flat is None
+            or flat.dtype != dtype
+            or flat.numel() != size
+            or flat.device != self.device
+        ):
+            flat = torch.empty(size, dtype=dtype, device=self.device)
+            self._flat = flat
+        return flat
 
     def _update(self, step: int) -> OpRecord:
         """Optimizer step."""
