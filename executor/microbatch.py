@@ -14,6 +14,7 @@ operations' payloads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeplan.core import rules
@@ -141,22 +142,20 @@ class Layout:
     def forward_links(self, s: int) -> dict[OpIndex, list[Link]]:
         """Per operation of stage ``s > 0``: the activation messages it receives, one per
         piece of stage ``s - 1``, in row order (the sender slices the rows)."""
-        return {
-            (j, k): [
-                Link((p.stage, p.microbatch, p.replica), p.lo, p.hi, p.owner)
-                for p in self.forward_pieces(s, j, k)
-            ]
-            for j in range(self.microbatches(s))
-            for k in range(self.replicas(s))
-        }
+        return self._links(s, self.forward_pieces)
 
     def backward_links(self, s: int) -> dict[OpIndex, list[Link]]:
         """Per operation of stage ``s < S - 1``: the gradient messages it receives, one per
         piece of stage ``s + 1``, in row order; ``owner`` as :class:`Piece`'s."""
+        return self._links(s, self.backward_pieces)
+
+    def _links(
+        self, s: int, pieces_of: Callable[[int, int, int], list[Piece]]
+    ) -> dict[OpIndex, list[Link]]:
         return {
             (j, k): [
                 Link((p.stage, p.microbatch, p.replica), p.lo, p.hi, p.owner)
-                for p in self.backward_pieces(s, j, k)
+                for p in pieces_of(s, j, k)
             ]
             for j in range(self.microbatches(s))
             for k in range(self.replicas(s))
