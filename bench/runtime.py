@@ -18,7 +18,8 @@ The **old** engine is the object-ref runtime as it was at ``--baseline`` (a comm
 torch.distributed runtime): the bench checks it out into a temporary git worktree and runs
 the same plan code there, in a subprocess whose ``PYTHONPATH`` points at that tree (its
 packages were still top-level ``core``, ``executor``, ...). The **new** engine is this
-checkout. Each engine gets its own local Ray cluster per preset, started and stopped here.
+checkout. Each engine gets its own local Ray cluster per preset, started and stopped here, with the
+object store it needs (:data:`STORE_MB`).
 
     .venv/bin/python -m bench.runtime            # ~15 minutes on a 2-core machine
     .venv/bin/python -m bench.runtime --quick    # AlexNet and the GPT on local-hetero only
@@ -55,6 +56,11 @@ DEVICES = {  # (first stage, second stage, the second stage replicated)
     "local-hetero": ("n0/fast:0", "n1/mid:0", ("n2/slow:0", "n2/slow:1")),
 }
 SIZES_MB = (0.5, 4.0, 64.0)
+STORE_MB = {"": 2400, "pipeplan.": 300}
+"""Object store per Ray node, per engine (by its module prefix): the old runtime moved every
+activation, gradient and ring chunk through the store (bench.fidelity gave it 2400 MB, so
+that a VGG-16 ring chunk and its copy fit without spilling); the new one moves only the
+batch there."""
 
 
 # --- the worker side: runs in either tree ------------------------------------------------------
@@ -99,7 +105,7 @@ def worker(prefix: str, cluster: str, models: list[str], steps: int, warmup: int
         steps=steps, warmup=warmup, emulate=False, data="synthetic", timeout_s=600
     )
     rows = []
-    with m["local"].LocalCluster(spec, object_store_mb=300):
+    with m["local"].LocalCluster(spec, object_store_mb=STORE_MB[prefix]):
         for key in models:
             case = MODELS[key]
             source = m["model"].ModelSource(

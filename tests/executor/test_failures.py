@@ -18,12 +18,12 @@ import torch
 from pipeplan.core.cluster import ClusterSpec, Node
 from pipeplan.core.errors import PlanError
 from pipeplan.core.plan import Plan, Schedule, Stage
-from pipeplan.executor import runtime
 from pipeplan.executor.data import digits_batches
 from pipeplan.executor.errors import StageFailedError
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pipeline import Pipeline, RunConfig, run
+from tests.executor.actors import stage_workers_alive, wait_no_workers
 
 pytestmark = pytest.mark.ray
 
@@ -41,18 +41,6 @@ PLAN = Plan(16, (Stage((0, 3), ("n0/fast:0",), 8), Stage((3, 8), ("n1/slow:0",),
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(SPEC, object_store_mb=100) as c:
         yield c
-
-
-def stage_workers_alive() -> int:
-    actors = runtime.actors()
-    return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
-
-
-def wait_no_workers(timeout_s: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while stage_workers_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return stage_workers_alive()
 
 
 @pytest.mark.timeout(200)

@@ -34,6 +34,7 @@ from pipeplan.executor.measured_profile import measure_profile
 from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pipeline import Pipeline, RunConfig, run
 from pipeplan.service.cli import app
+from tests.executor.actors import stage_workers_alive
 
 pytestmark = pytest.mark.ray
 
@@ -86,11 +87,6 @@ def joined(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> Ite
     finally:
         leave(state_dir=join_dir, grace_s=5.0)
         stop_persistent(head_dir, grace_s=5.0)
-
-
-def stage_workers_alive() -> int:
-    actors = runtime.actors()
-    return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
 
 
 # --- without a cluster ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ray import cloudpickle
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PlanError
 from pipeplan.core.plan import Plan, Schedule, Stage
-from pipeplan.executor import metrics, runtime
+from pipeplan.executor import metrics
 from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import slowdown
 from pipeplan.executor.live_cluster import discover, live_nodes, node_resource
@@ -31,6 +31,7 @@ from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pipeline import Pipeline, RunConfig
 from tests.executor import models
+from tests.executor.actors import stage_workers_alive
 
 pytestmark = pytest.mark.ray
 
@@ -103,11 +104,6 @@ def cluster() -> Iterator[LocalCluster]:
 def digits_pipe(cluster: LocalCluster) -> Iterator[Pipeline]:
     with Pipeline(digits_plan(16, (4, 4, 4)), DIGITS, SPEC, CONFIG) as pipe:
         yield pipe
-
-
-def stage_workers_alive() -> int:
-    actors = runtime.actors()
-    return sum(1 for a in actors if a["ActorClassName"] == "StageWorker" and a["State"] != "DEAD")
 
 
 @pytest.mark.timeout(240)
