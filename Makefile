@@ -5,7 +5,8 @@
 # and are not marked slow (pytest -m; under 2 minutes on 2 cores).
 # Both create .venv when it is missing and install the project into it. `make serve` runs the
 # service (pipeplan serve: REST API on 127.0.0.1:8321, jobs as Ray Jobs on an embedded
-# local-hetero cluster, stopped with it; SERVE_ARGS adds flags, e.g. --port 8400).
+# local-hetero cluster, stopped with it; SERVE_ARGS adds flags, e.g. --port 8400). `make docs`
+# builds the documentation into build/site (offline; docs/development.md says how).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ BATCH ?= 32
 CLUSTER ?= examples/clusters/local-pipeline.yaml
 SERVE_ARGS ?=
 
-.PHONY: install lock test test-fast demo serve lint bench clean
+.PHONY: install lock test test-fast demo serve lint bench docs clean
 
 # requirements.lock pins every package `make` installs (a reproducible environment);
 # `make lock` writes it anew from the venv after pyproject.toml's ranges change.
@@ -50,6 +51,20 @@ lint: install
 
 bench: install
 	$(PY) -m bench.simulator_speed
+
+# The docs extra (MkDocs, Material) once; then the generated pages (the CLI reference from
+# the typer app, openapi.json and its routes table from the FastAPI app) and a strict,
+# offline build.
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -c requirements.lock -e '.[docs]'
+	touch $@
+
+# DOCS_CHECK=--check (CI): fail when a generated page is out of date instead of rewriting it.
+DOCS_CHECK ?=
+docs: $(VENV)/.docs-installed
+	$(PY) docs/gen_cli.py $(DOCS_CHECK)
+	$(PY) docs/gen_api.py $(DOCS_CHECK)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf build
