@@ -59,7 +59,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,7 +83,7 @@ from pipeplan.executor.model import (
     loss_terms,
 )
 from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
-from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs, numpy_dtype
+from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs
 from pipeplan.executor.torch_engine import Engine, StageModule, TorchStage
 from pipeplan.executor.transport import GroupSpec, Link
 
@@ -252,7 +252,12 @@ class StageWorker:
         self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[tuple[str, int], list[Any]] = {}
-        self._flat: torch.Tensor | None = None
+        self._reducing: list[Any] = []
+        """All-reduces under way (replicated stages)."""
+        self._hooked = [0.0, 0.0]
+        """Wall and CPU seconds the last backward's hooks took (not slowed by emulation)."""
+        self._last_backward = -1
+        """The microbatch of the step's last backward (its hooks start the all-reduce)."""
         self._build(spec)
 
     def _build(self, spec: WorkerSpec) -> None:
@@ -295,6 +300,8 @@ class StageWorker:
             )
             sizes = [b for b, _ in spec.shape]
             self.order: list[Op] = stage_orders(spec.schedule, sizes, spec.global_batch)[spec.stage]
+            backwards = [j for kind, j in self.order if kind == "B"]
+            self._last_backward = backwards[-1] if backwards else -1
         self.torch_stage = None
         if self.group is not None and spec.engine == "torch-pipelining":
             self._torch_stage()
@@ -584,6 +591,8 @@ class StageWorker:
         earlier = {n: p.grad for n, p in self.params.items() if p.grad is not None}
         for n in earlier:
             self.params[n].grad = None
+        self._hooked = [0.0, 0.0]
+        hooks = self._overlap_all_reduce(earlier) if j == self._last_backward else []
         if self.last:
             synchronize(self.device)
             compute = Clock.now()
@@ -599,7 +608,10 @@ class StageWorker:
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         synchronize(self.device)
-        computed = compute.elapsed()
+        wall, cpu = compute.elapsed()
+        computed = (wall - self._hooked[0], cpu - self._hooked[1])  # the adds run at full speed
+        for handle in hooks:
+            handle.remove()
         for n, grad in earlier.items():
             p = self.params[n]
             p.grad = grad if p.grad is None else grad.add_(p.grad)
@@ -610,55 +622,45 @@ class StageWorker:
             self._send(out, back, self.wiring.grads_out, step, j, True)
         return record
 
+    def _overlap_all_reduce(self, earlier: dict[str, torch.Tensor]) -> list[Any]:
+        """For the step's last backward of a replicated stage: as soon as autograd has
+        stored a parameter's gradient, add the step's earlier gradient of it (the
+        accumulation) and start its all-reduce, so the sums travel while the backward goes on
+        (as DDP's buckets do). Every replica runs the same graph, so the all-reduces start in
+        the same order everywhere. The hooks' own time is kept apart (``_hooked``): the
+        accumulation runs at full speed, as it does after the other backwards."""
+        if self.subgroup is None:
+            return []
+
+        def hook(name: str) -> Callable[[torch.Tensor], None]:
+            def ready(p: torch.Tensor) -> None:
+                clock = Clock.now()
+                assert p.grad is not None
+                if name in earlier:
+                    p.grad = earlier.pop(name).add_(p.grad)
+                self._reducing.append(transport.all_reduce_sum(p.grad, self.subgroup, wait=False))
+                wall, cpu = clock.elapsed()
+                self._hooked[0] += wall
+                self._hooked[1] += cpu
+
+            return ready
+
+        return [p.register_post_accumulate_grad_hook(hook(n)) for n, p in self.params.items()]
+
     def _all_reduce(self, step: int) -> OpRecord:
-        """Sum the replicas' gradients (``all_reduce`` over the stage's subgroup): each
-        replica holds the gradient of *its* samples' share of the global-batch mean loss, so
-        the sum is the gradient of the whole batch. One presence flag per parameter: a
-        parameter no replica has a gradient for keeps none, as in single-process training."""
+        """Wait for the replicas' gradient sums (``all_reduce`` over the stage's subgroup,
+        started by :meth:`_overlap_all_reduce` during the last backward): each replica holds
+        the gradient of *its* samples' share of the global-batch mean loss, so the sum is the
+        gradient of the whole batch. A parameter without a gradient has none on every
+        replica (the same graph) and keeps none, as in single-process training. The record
+        holds what is left of the all-reduce once the backward is over."""
         clock = Clock.now()
-        dtypes = {p.dtype for p in self.params.values()} or {torch.float32}
-        if len(dtypes) > 1:
-            names = sorted(str(numpy_dtype(d)) for d in dtypes)
-            raise ValueError(f"all-reduce: parameters of several dtypes {names}")
-        dtype = dtypes.pop()
-        params = list(self.params.values())
-        flat = self._flat_buffer(dtype, sum(p.numel() for p in params) + len(params))
-        offset = 0
-        for p in params:  # copied into the step's buffer: no new allocation per step
-            size = p.numel()
-            if p.grad is None:
-                flat[offset : offset + size].zero_()
-            else:
-                flat[offset : offset + size].copy_(p.grad.reshape(-1))
-            offset += size
-        flat[offset:] = torch.tensor(
-            [0.0 if p.grad is None else 1.0 for p in params], dtype=dtype, device=self.device
-        )
-        for p in params:
-            p.grad = None
-        transport.all_reduce_sum(flat, self.subgroup)
-        offset = 0
-        for p, flag in zip(params, flat[len(flat) - len(params) :].tolist(), strict=True):
-            size = p.numel()
-            if flag > 0:
-                p.grad = flat[offset : offset + size].view_as(p)
-            offset += size
+        for work in self._reducing:  # started during the last backward
+            work.wait()
+        self._reducing.clear()
+        synchronize(self.device)
         synchronize(self.device)
         return self._record("G", step, -1, clock)
-
-    def _flat_buffer(self, dtype: torch.dtype, size: int) -> torch.Tensor:
-        """The all-reduce's flat buffer, kept from step to step (the summed gradients are
-        views of it until the optimizer step has read them)."""
-        flat = getattr(self, "_flat", None)
-        if (
-            flat is None
-            or flat.dtype != dtype
-            or flat.numel() != size
-            or flat.device != self.device
-        ):
-            flat = torch.empty(size, dtype=dtype, device=self.device)
-            self._flat = flat
-        return flat
 
     def _update(self, step: int) -> OpRecord:
         """Optimizer step."""

@@ -234,9 +234,11 @@ def recv_all(
     return wait_all([irecv(*p) for p in posted], timeout_s)
 
 
-def all_reduce_sum(flat: torch.Tensor, group: dist.ProcessGroup) -> None:
-    """Sum ``flat`` over ``group`` in place (NCCL's or gloo's ring)."""
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+def all_reduce_sum(flat: torch.Tensor, group: dist.ProcessGroup, wait: bool = True) -> Any:
+    """Sum ``flat`` over ``group`` in place (NCCL's or gloo's ring); with ``wait=False``
+    returns the work under way."""
+    work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=not wait)
+    return work
 
 
 def metas_of(names: Sequence[str], meta: Mapping[str, ValueMeta]) -> list[ValueMeta]:
