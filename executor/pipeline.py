@@ -61,7 +61,7 @@ from pipeplan.executor.stage import StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
 from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
 from pipeplan.executor.transport import GroupSpec, backend_for
-from pipeplan.executor.waiting import wait_all
+from pipeplan.executor.waiting import lost_peer, wait_all
 
 _Actor = ray.remote(StageWorker)
 
@@ -344,9 +344,14 @@ class Pipeline:
                 wait_all(refs, self.all_workers(), deadline, f"step {t}").values()
             )
         except StageFailedError as e:
-            self.failure = e
+            # A neighbour of a lost node or killed actor fails first (its socket closes):
+            # name the replica that died, once Ray says which.
+            cause = lost_peer(e, refs, self.all_workers(), f"step {t}") or e
+            self.failure = cause
             self.close()  # the others may wait on the process group until its timeout
-            raise
+            if cause is e:
+                raise
+            raise cause from e
         except BaseException:
             self.close()
             raise

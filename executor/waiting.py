@@ -56,6 +56,48 @@ def _value(ref: Ref, owner: WorkerHandle | None, workers: Sequence[WorkerHandle]
     return value
 
 
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
+"""What gloo and NCCL say when the process at the other end of a message went away."""
+
+PEER_GRACE_S = 20.0
+"""How long a failure that names a lost peer waits for Ray to report which actor died."""
+
+
+def lost_peer(
+    failure: StageFailedError,
+    refs: Mapping[Ref, WorkerHandle],
+    workers: Sequence[WorkerHandle],
+    what: str,
+    grace_s: float = PEER_GRACE_S,
+) -> StageFailedError | None:
+    """When ``failure`` is a replica's receive or collective failing because its peer's
+    process went away, the error for the replica whose actor died (Ray reports a lost node
+    or a killed actor a little after its neighbours' sockets close); None when no other
+    replica's step turns out to have died within ``grace_s``."""
+    if not any(text in failure.traceback for text in PEER_LOST):
+        return None
+    others = [
+        r
+        for r, w in refs.items()
+        if (w.spec.stage, w.spec.replica) != (failure.stage, failure.replica)
+    ]
+    deadline = time.monotonic() + grace_s
+    while others and (timeout := deadline - time.monotonic()) > 0:
+        ready, others = ray.wait(others, num_returns=1, timeout=timeout)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=10.0)
+            except RayError as e:
+                return ray_failure(e, refs[ref], workers, what)
+    return None
+
+
 def ray_failure(
     e: RayError, owner: WorkerHandle | None, workers: Sequence[WorkerHandle], what: str
 ) -> StageFailedError:
