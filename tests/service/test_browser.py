@@ -308,7 +308,8 @@ def test_the_dashboard_in_chromium(site: Site, driver: WebDriver) -> None:
     assert driver.find_element(By.ID, "cancel").is_displayed()
     shot(driver, "job-running")
     better = SEARCHED[3]
-    value = estimate(better).batch_time_s * 0.5
+    # below every value the search has seen, whatever the preset's links make of the plans
+    value = min(estimate(p).batch_time_s for p in SEARCHED) * 0.5
     r = site.http.post(
         f"/v1/jobs/{jobs.running}/events",
         json={

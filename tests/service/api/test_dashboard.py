@@ -71,7 +71,7 @@ SEARCHED = [
     plan_doc(((0, 1), [MID], 4), ((1, 3), [SLOW0, SLOW1], 4)),
     plan_doc(((0, 2), [SLOW0], 8), ((2, 3), [SLOW1], 8)),
 ]
-"""The plans the finished search valued, in order (the best: the fourth, 2 stages)."""
+"""The plans the finished search valued, in order (which is best depends on the preset's links)."""
 MEASURED_ERRORS = [0.20, -0.10, 0.05]
 """(measured - predicted) / predicted of the running measured search's runs."""
 
