@@ -45,9 +45,16 @@ demo: install
 serve: install
 	$(VENV)/bin/pipeplan serve $(SERVE_ARGS)
 
+# mypy does not follow setuptools' package-dir: it checks a tree of links laid out as the
+# installed package (build/typecheck/pipeplan/core -> core/, ...), with bench/ beside it.
+TYPECHECK := build/typecheck
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/pipeplan
+	cp pipeplan/__init__.py $(TYPECHECK)/pipeplan/
+	for d in core models envs agents executor service; do ln -s ../../../$$d $(TYPECHECK)/pipeplan/$$d; done
+	ln -s ../../bench $(TYPECHECK)/bench
+	cd $(TYPECHECK) && $(abspath $(VENV))/bin/mypy --config-file ../../pyproject.toml
 
 bench: install
 	$(PY) -m bench.simulator_speed

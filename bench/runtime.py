@@ -174,8 +174,8 @@ def transfer_probe(prefix: str, repeats: int) -> list[dict]:
     node = importlib.import_module(prefix + "executor.live_cluster").node_resource
     rows = []
     with m["local"].LocalCluster(spec, object_store_mb=300):
-        a = Probe.options(resources={node("n0"): 0.001}).remote()
-        b = Probe.options(resources={node("n1"): 0.001}).remote()
+        a = Probe.options(resources={node("n0"): 0.001}).remote()  # type: ignore[attr-defined]
+        b = Probe.options(resources={node("n1"): 0.001}).remote()  # type: ignore[attr-defined]
         address, port = ray.get(a.open.remote())
         ray.get([a.join.remote(address, port, 0), b.join.remote(address, port, 1)])
         for mb in SIZES_MB:
