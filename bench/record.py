@@ -11,9 +11,9 @@ A variant of a benchmark (``--quick``, another cluster) is a benchmark of its ow
 (``fidelity_quick``), so that the newest file of a folder is always comparable with the
 ones before it. A figure a run draws goes beside its JSON, with the same stem.
 
-    with BenchRun("runtime") as run:
-        ...measure...
-        path = run.write({"rows": rows})
+    run = BenchRun("runtime")  # the load and the clock, before the measuring
+    ...measure...
+    path = run.write({"rows": rows})
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
@@ -103,17 +102,6 @@ class BenchRun:
         self.started = dt.datetime.now(dt.UTC)
         self.load_before = load_average()
         self._t0 = time.perf_counter()
-
-    def __enter__(self) -> BenchRun:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def provenance(self) -> dict[str, Any]:
         return {
