@@ -31,9 +31,10 @@ travel. Tags tell one operation pair's messages from another's (:func:`tag`).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,17 +148,14 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 def nbytes(meta: ValueMeta, rows: int) -> int:
     """Bytes of ``meta``'s tensor for ``rows`` samples."""
     assert meta.dtype is not None
-    count = 1
-    for d in meta.rows_shape(rows):
-        count *= d
-    return count * torch.empty((), dtype=meta.dtype).element_size()
+    return math.prod(meta.rows_shape(rows)) * meta.dtype.itemsize
 
 
 def pack(
     tensors: Sequence[torch.Tensor | None], device: torch.device, flags: bool = False
 ) -> torch.Tensor:
     """One ``uint8`` buffer on ``device``: the tensors' bytes in order (a missing one, with
-    ``flags``, as zeros), then with ``flags`` one presence byte per tensor."""
+    ``flags``, takes none), then with ``flags`` one presence byte per tensor."""
     parts = [_as_bytes(t.detach().to(device)) for t in tensors if t is not None]
     if flags:
         present = [t is not None for t in tensors]
@@ -237,9 +235,4 @@ def recv_all(
 def all_reduce_sum(flat: torch.Tensor, group: dist.ProcessGroup, wait: bool = True) -> Any:
     """Sum ``flat`` over ``group`` in place (NCCL's or gloo's ring); with ``wait=False``
     returns the work under way."""
-    work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=not wait)
-    return work
-
-
-def metas_of(names: Sequence[str], meta: Mapping[str, ValueMeta]) -> list[ValueMeta]:
-    return [meta[n] for n in names]
+    return dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=not wait)
