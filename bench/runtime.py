@@ -130,54 +130,37 @@ def worker(prefix: str, cluster: str, models: list[str], steps: int, warmup: int
 
 
 def transfer_probe(prefix: str, repeats: int) -> list[dict]:
-    """One transfer between two Ray nodes, the old way and the new way (module docstring)."""
+    """One transfer between two Ray nodes, the old way and the new way (module docstring).
+    The gloo pair is ``bench.links``' probes (a send posted, its receive posted ahead);
+    both ways are timed from the driver, call to answer."""
     import numpy as np
     import ray
     import torch
 
-    m = _modules(prefix)
-    spec = m["cluster"].ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
-    transport = importlib.import_module("pipeplan.executor.transport")
+    from bench import links
+    from pipeplan.executor.live_cluster import node_resource
 
     @ray.remote(num_cpus=0)
-    class Probe:
-        def __init__(self) -> None:
-            torch.set_num_threads(1)
-            self.sock: Any = None
-            self.store: Any = None
+    class ObjectProbe:
+        """One end of a transfer through the object store, as the old stages made them."""
 
         def emit(self, n: int) -> np.ndarray:
             return np.ones(n, dtype=np.uint8)
 
         def take(self, array: np.ndarray) -> int:
-            return int(torch.from_numpy(np.asarray(array)).numel())
+            return int(torch.from_numpy(np.array(array)).numel())
 
-        def open(self) -> tuple[str, int]:
-            self.sock = transport.listen("127.0.0.1")
-            self.store = transport.open_store(self.sock, 2, 60.0)
-            return tuple(self.sock.getsockname()[:2])  # type: ignore[return-value]
-
-        def join(self, address: str, port: int, rank: int) -> int:
-            group = transport.GroupSpec(address, port, rank, ((0,), (1,)), "gloo", 60.0)
-            transport.join(group, self.store)
-            return rank
-
-        def send(self, n: int) -> int:
-            buffer = torch.ones(n, dtype=torch.uint8)
-            transport.isend(buffer, 1, 0).wait()
-            return n
-
-        def recv(self, n: int) -> int:
-            (buffer,) = transport.recv_all([(torch.empty(n, dtype=torch.uint8), 0, 0)], 60.0)
-            return int(buffer.numel())
-
-    node = importlib.import_module(prefix + "executor.live_cluster").node_resource
+    m = _modules(prefix)
+    spec = m["cluster"].ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
+    devices = ["n0/fast:0", "n1/mid:0"]
     rows = []
     with m["local"].LocalCluster(spec, object_store_mb=300):
-        a = Probe.options(resources={node("n0"): 0.001}).remote()  # type: ignore[attr-defined]
-        b = Probe.options(resources={node("n1"): 0.001}).remote()  # type: ignore[attr-defined]
-        address, port = ray.get(a.open.remote())
-        ray.get([a.join.remote(address, port, 0), b.join.remote(address, port, 1)])
+        # on the devices' nodes by their markers: the devices themselves are the gloo pair's
+        a, b = (
+            ObjectProbe.options(resources={node_resource(d.split("/")[0]): 0.001}).remote()  # type: ignore[attr-defined]
+            for d in devices
+        )
+        sender, receiver = links.group(devices)
         for mb in SIZES_MB:
             n = int(mb * 2**20)
             old, new = [], []
@@ -186,7 +169,7 @@ def transfer_probe(prefix: str, repeats: int) -> list[dict]:
                 ray.get(b.take.remote(a.emit.remote(n)))
                 old.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                ray.get([a.send.remote(n), b.recv.remote(n)])
+                ray.get([sender.send.remote(n, 1), receiver.recv.remote(n, 0)])
                 new.append(time.perf_counter() - t0)
             rows.append(
                 {
