@@ -283,3 +283,13 @@ def test_torch_pipelining_refuses_what_it_cannot_express_naming_it() -> None:
         unsupported(plan((4, 4)), constant, False)
     )
     assert "emulation" in str(unsupported(plan((4, 4)), tensor, True))
+
+
+def test_an_unknown_engine_is_refused_naming_the_field() -> None:
+    from pipeplan.core.errors import PlanError
+    from pipeplan.executor.pipeline import RunConfig
+
+    with pytest.raises(
+        PlanError, match=r"run.engine: 'nccl' is not one of \['pipeplan', 'torch-pipelining'\]"
+    ):
+        RunConfig(engine="nccl")  # type: ignore[arg-type]
