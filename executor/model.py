@@ -65,12 +65,15 @@ def disable_dropout(model: nn.Module) -> None:
             m.p = 0.0
 
 
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     """The optimizer every stage runs after each batch."""
 
-    kind: Literal["sgd", "adam"] = "sgd"
-    """SGD (with optional momentum) or Adam."""
+    kind: Literal["sgd", "adam", "adamw"] = "sgd"
+    """SGD (with optional momentum), Adam, or AdamW (Adam with decoupled weight decay)."""
     lr: float = 0.05
     """Learning rate."""
     momentum: float = 0.0
@@ -79,8 +82,8 @@ class OptimizerConfig:
     """L2 penalty added to the gradient (both optimizers)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("sgd", "adam"):
-            raise PipeplanError(f"optimizer.kind: one of 'sgd', 'adam', got {self.kind!r}")
+        if self.kind not in OPTIMIZERS:
+            raise PipeplanError(f"optimizer.kind: one of {list(OPTIMIZERS)}, got {self.kind!r}")
         if not self.lr > 0:
             raise PipeplanError(f"optimizer.lr: must be > 0, got {self.lr!r}")
         if self.momentum < 0 or self.weight_decay < 0:
@@ -93,13 +96,15 @@ class OptimizerConfig:
     def state_buffers(self) -> int:
         """Buffers of the parameters' size the optimizer keeps: Adam's two moments, SGD's
         momentum buffer (when it has momentum), else none."""
-        if self.kind == "adam":
+        if self.kind in ("adam", "adamw"):
             return 2
         return 1 if self.momentum > 0 else 0
 
     def make(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         if self.kind == "adam":
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        if self.kind == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.SGD(
             params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
         )
