@@ -24,7 +24,7 @@ SERVE_ARGS ?=
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev,hf]'
 	touch $@
 
 install: $(VENV)/.installed
