@@ -1,9 +1,9 @@
 """What the pipeline trains, and the single-process reference it must agree with.
 
-The loss and the optimizer live here, in one place, so that stage workers and
-:func:`train_single_process` compute the same update: cross-entropy averaged over every
-prediction of the global batch (one per sample for classifiers, one per token for the GPT),
-then one SGD or Adam step.
+The optimizer lives here and the loss in :mod:`pipeplan.executor.loss` (re-exported), so
+that stage workers and :func:`train_single_process` compute the same update: cross-entropy
+averaged over every prediction of the global batch (one per sample for classifiers, one per
+token for the GPT), then one SGD or Adam step.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.loss import LossTerms as LossTerms
+from pipeplan.executor.loss import batch_loss as batch_loss
+from pipeplan.executor.loss import loss_terms as loss_terms
 from pipeplan.models import zoo
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -110,44 +112,12 @@ class OptimizerConfig:
         )
 
 
-@dataclass(frozen=True)
-class LossTerms:
-    """Cross-entropy of some samples: the sum, how many predictions, how many were right."""
-
-    loss_sum: torch.Tensor
-    predictions: int
-    correct: int
-
-
-def loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> LossTerms:
-    """Summed cross-entropy over every prediction (``(..., classes)`` logits, ``(...)`` labels)."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    target = labels.reshape(-1).long()
-    if flat.shape[0] != target.shape[0]:
-        raise PipeplanError(
-            f"labels: shape {tuple(labels.shape)} does not match logits {tuple(logits.shape)}"
-        )
-    loss = F.cross_entropy(flat, target, reduction="sum")
-    correct = int((flat.detach().argmax(dim=1) == target).sum())
-    return LossTerms(loss, int(target.shape[0]), correct)
-
-
 def timing_loss(logits: torch.Tensor) -> torch.Tensor:
     """The last stage's loss work on ``logits`` against labels of class 0, for profiling: a
     profile timed with it (:func:`models.profiler.profile_model`, ``loss``) costs what a
     stage worker computes (:meth:`executor.stage.StageWorker.forward`)."""
     labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return loss_terms(logits, labels).loss_sum
-
-
-def batch_loss(terms: LossTerms, samples: int, global_batch: int) -> torch.Tensor:
-    """This piece's share of the global-batch mean: ``loss_sum / (B x predictions per sample)``.
-
-    Summed over every piece of the batch it is exactly the mean over the whole batch, so
-    accumulated gradients equal single-process gradients.
-    """
-    per_sample = terms.predictions / samples
-    return terms.loss_sum / (global_batch * per_sample)
 
 
 @dataclass(frozen=True)
