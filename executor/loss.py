@@ -1,19 +1,29 @@
 """The training loss: cross-entropy over every prediction, or a user's mean loss.
 
 Stage workers and the single-process reference call the same functions, so a pipelined
-step and a whole-batch step compute the same update: :func:`loss_terms` sums the loss of
-some samples, :func:`batch_loss` turns that sum into the piece's share of the global-batch
-mean.
+step and a whole-batch step compute the same update: :meth:`Loss.terms` (or
+:func:`loss_terms` for cross-entropy) sums the loss of some samples, :func:`batch_loss`
+turns that sum into the piece's share of the global-batch mean.
+
+``--loss`` is parsed into a :class:`LossSpec` (a picklable value; nothing is imported), which
+each worker turns into a :class:`Loss` with :func:`load_loss`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from pipeplan.core.code import is_code_ref, load_callable
 from pipeplan.core.errors import PipeplanError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A user's loss: ``(outputs, targets) -> scalar``, the mean over the samples given."""
+CROSS_ENTROPY = "cross-entropy"
 
 
 @dataclass(frozen=True)
@@ -46,3 +56,82 @@ def batch_loss(terms: LossTerms, samples: int, global_batch: int) -> torch.Tenso
     """
     per_sample = terms.predictions / samples
     return terms.loss_sum / (global_batch * per_sample)
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Which loss to train with, as ``--loss`` names it: ``cross-entropy`` or a reference
+    ``package.module:callable`` to a :data:`LossFn` (imported only by :func:`load_loss`)."""
+
+    kind: Literal["cross-entropy", "code"] = "cross-entropy"
+    """Cross-entropy over every prediction (next-token for LMs), or a user's function."""
+    ref: str | None = None
+    """The function's ``package.module:callable`` reference, for ``kind="code"``."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in (CROSS_ENTROPY, "code"):
+            raise PipeplanError(f"loss: kind is {CROSS_ENTROPY!r} or 'code', got {self.kind!r}")
+        if (self.kind == "code") != (self.ref is not None):
+            raise PipeplanError(f"loss: a reference goes with kind 'code' only, got {self!r}")
+        if self.ref is not None and not is_code_ref(self.ref):
+            raise PipeplanError(f"loss: {self.ref!r} is not a package.module:callable")
+
+    @classmethod
+    def parse(cls, text: str) -> LossSpec:
+        """The spec ``text`` names; refused, naming ``loss`` and the text, when it names none."""
+        if text == CROSS_ENTROPY:
+            return cls()
+        if is_code_ref(text):
+            return cls("code", text)
+        raise PipeplanError(
+            f"loss: {text!r} is neither {CROSS_ENTROPY!r} nor a package.module:callable"
+        )
+
+    def __str__(self) -> str:
+        return self.ref if self.kind == "code" and self.ref else CROSS_ENTROPY
+
+    @property
+    def class_targets(self) -> bool:
+        """Whether targets are class indices (cross-entropy); a user's loss takes any."""
+        return self.kind == "cross-entropy"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loaded :class:`LossSpec`: what the last stage and the single-process reference call.
+
+    A user's function must return the *mean* over the samples it is given: its terms count
+    ``mean x samples`` as the sum, so that :func:`batch_loss` summed over microbatches is the
+    mean over the global batch, and pipelined training equals single-process training. A sum
+    (or any loss that is not a per-sample mean) would weigh microbatches differently from the
+    whole batch. Accuracy is not measured for it (``correct`` is 0).
+    """
+
+    spec: LossSpec
+    fn: LossFn | None = None
+
+    def terms(self, outputs: torch.Tensor, targets: torch.Tensor) -> LossTerms:
+        """The summed loss of these samples, for :func:`batch_loss`."""
+        if self.fn is None:
+            return loss_terms(outputs, targets)
+        value = self.fn(outputs, targets)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            got = (
+                f"a tensor of shape {tuple(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else f"a {type(value).__name__}"
+            )
+            raise PipeplanError(f"loss: {self.spec.ref!r} must return a scalar tensor, got {got}")
+        if not value.is_floating_point():
+            raise PipeplanError(
+                f"loss: {self.spec.ref!r} must return a floating tensor, got {value.dtype}"
+            )
+        samples = int(outputs.shape[0])
+        return LossTerms(value.reshape(()) * samples, samples, 0)
+
+
+def load_loss(spec: LossSpec) -> Loss:
+    """The :class:`Loss` of ``spec``, importing a user's function (in the worker that calls)."""
+    if spec.kind == "code":
+        return Loss(spec, load_callable(str(spec.ref), "loss"))
+    return Loss(spec)
