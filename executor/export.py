@@ -1,0 +1,559 @@
+"""A plan as a script that trains without pipeplan: ``torchrun`` and torch.distributed.pipelining.
+
+:func:`export_torchrun` writes ``train_pipeline.py`` and a ``README.md`` into a folder. The
+script runs one rank per stage, cuts the model as pipeplan does and trains it with PyTorch's
+``ScheduleGPipe`` or ``Schedule1F1B`` on the plan's microbatches, printing ``step N loss L``
+after every step (from the last rank).
+
+The cut is pipeplan's, not a look-alike: the export traces the model, maps every fx node to
+its stage (:func:`models.fx_layers.layer_of_nodes` and the plan's layer bounds) and embeds that
+map by node name; the script traces the same model, refuses one whose nodes differ, splits it
+with ``torch.fx.passes.split_module`` on the embedded map (the call :func:`executor.partition.
+partition` makes) and checks each stage's arguments and results against the exported ones.
+What crosses each boundary (values relayed to a later stage included) is embedded too.
+
+The data recipe is :func:`executor.data.synthetic_batches`' few lines with the shapes, dtype
+and vocabulary fixed at export, so the script's batches for a seed are pipeplan's; a
+``--data MODULE:FUNCTION`` hook replaces them with the user's. The loss is pipeplan's:
+cross-entropy over every prediction averaged over the global batch (each microbatch's mean,
+the schedule scaling the gradients by ``1 / M``).
+
+The script imports pipeplan only to build one of pipeplan's own zoo models (``gpt``,
+``digits_cnn``); a torchvision zoo model is built straight from torchvision with the zoo's
+arguments and seed, and a ``package.module:factory`` model from the user's module. Plans
+PyTorch's schedules cannot run are refused with :func:`executor.torch_engine.unsupported`'s
+reason, and 1F1B with fewer microbatches than stages (``Schedule1F1B`` refuses it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import pprint
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeplan.core.code import is_code_ref, load_callable
+from pipeplan.core.errors import PipeplanError, PlanError
+from pipeplan.core.plan import Plan, Schedule
+from pipeplan.executor.model import ModelSource, OptimizerConfig
+from pipeplan.executor.partition import Partition, partition
+from pipeplan.executor.torch_engine import unsupported
+from pipeplan.models.fx_layers import layer_of_nodes, trace
+
+SCRIPT = "train_pipeline.py"
+README = "README.md"
+
+TORCHVISION_EXTRA: Mapping[str, Mapping[str, Any]] = {
+    "alexnet": {},
+    "vgg16": {},
+    "resnet50": {},
+    "inception_v3": {"aux_logits": False, "init_weights": False},
+}
+"""The zoo's torchvision models and the arguments the zoo builds them with besides
+``weights=None`` and ``num_classes`` (:mod:`models.zoo`)."""
+
+Spec = dict[str, Any]
+SGD = OptimizerConfig()
+"""The default optimizer: pipeplan's (SGD, lr 0.05)."""
+
+
+def export_torchrun(
+    plan: Plan,
+    model: ModelSource,
+    out_dir: str | Path,
+    *,
+    optimizer: OptimizerConfig = SGD,
+    seed: int = 0,
+    steps: int = 5,
+) -> list[Path]:
+    """Write ``train_pipeline.py`` and ``README.md`` into ``out_dir``; their paths.
+
+    ``seed`` is the data's (the model's weights come from ``model.seed``); ``steps`` the
+    script's default ``--steps``. A plan pipelining cannot run, or a model the script could
+    not rebuild, is refused before anything is written.
+    """
+    spec = export_spec(plan, model, optimizer=optimizer, seed=seed, steps=steps)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PipeplanError(f"export.out_dir: {str(out)!r} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    script, readme = out / SCRIPT, out / README
+    script.write_text(render_script(spec))
+    readme.write_text(render_readme(spec))
+    return [script, readme]
+
+
+def export_spec(
+    plan: Plan, model: ModelSource, *, optimizer: OptimizerConfig, seed: int, steps: int
+) -> Spec:
+    """Everything the script embeds: the model recipe, the cut, the schedule, the optimizer
+    and the data recipe (plain values only, written as a Python literal)."""
+    _check_int("export.steps", steps, 1)
+    _check_int("export.seed", seed, 0)
+    _check_options(model)
+    built, example = _build(model)
+    recipe = _model_recipe(model, example)
+    part = partition(built, example, [0, *(s.end for s in plan.stages)])
+    _check_runnable(plan, part)
+    built.eval()
+    with torch.no_grad():
+        output_shape = tuple(built(example).shape)
+    return {
+        "model": recipe,
+        "global_batch": plan.global_batch,
+        "microbatches": plan.microbatches(0),
+        "schedule": plan.schedule.value,
+        "stages": _stages(plan, part),
+        "stage_of": _stage_of(built, plan),
+        "optimizer": {
+            "kind": optimizer.kind,
+            "lr": optimizer.lr,
+            "momentum": optimizer.momentum,
+            "weight_decay": optimizer.weight_decay,
+        },
+        "data": _data_recipe(example, output_shape, seed),
+        "steps": steps,
+    }
+
+
+def _check_int(field: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PipeplanError(f"{field}: must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_runnable(plan: Plan, part: Partition) -> None:
+    why = unsupported(plan, part.meta, emulated=False)
+    m, s = plan.microbatches(0), plan.num_stages
+    if why is None and plan.schedule is Schedule.ONE_F_ONE_B and m < s:
+        why = f"1F1B with {m} microbatches for {s} stages (it needs at least one per stage)"
+    if why is not None:
+        raise PlanError(f"export: torch.distributed.pipelining cannot run this plan: {why}")
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def _check_options(source: ModelSource) -> None:
+    """A model the script can rebuild: named (not a module object), plain options."""
+    if source.module is not None:
+        raise PipeplanError(
+            f"export: model {source.name!r} is a module object, which a script cannot rebuild; "
+            "name its factory as package.module:factory"
+        )
+    for key, value in source.options.items():
+        if not isinstance(value, bool | int | float | str | type(None)):
+            raise PipeplanError(
+                f"export: model option {key!r} = {value!r} is not a plain value "
+                "(bool, int, float, str or None) the script can embed"
+            )
+
+
+def _model_recipe(source: ModelSource, example: torch.Tensor) -> Spec:
+    """How the script rebuilds ``source`` (built with ``example``) with the same weights."""
+    options = dict(source.options)
+    if is_code_ref(source.name):
+        if source.input_size is not None:
+            raise PipeplanError(
+                f"export: input_size {source.input_size} applies to zoo models; give "
+                f"{source.name!r} its size as an option"
+            )
+        return {"kind": "code", "ref": source.name, "seed": source.seed, "options": options}
+    if source.name in TORCHVISION_EXTRA:
+        args = {"num_classes": options.get("num_classes", 10), **TORCHVISION_EXTRA[source.name]}
+        return {
+            "kind": "torchvision",
+            "name": source.name,
+            "seed": source.seed,
+            "options": args,
+            "example_shape": list(example.shape),
+        }
+    return {
+        "kind": "zoo",
+        "name": source.name,
+        "input_size": source.input_size,
+        "seed": source.seed,
+        "options": options,
+    }
+
+
+def _build(source: ModelSource) -> tuple[nn.Module, torch.Tensor]:
+    """The model and example the script will build (a factory as the script calls it)."""
+    if not is_code_ref(source.name):
+        return source.build()
+    factory = load_callable(source.name, "model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(source.seed)
+        built = factory(**dict(source.options))
+    if not (
+        isinstance(built, tuple)
+        and len(built) == 2
+        and isinstance(built[0], nn.Module)
+        and isinstance(built[1], torch.Tensor)
+    ):
+        raise PipeplanError(
+            f"model: factory {source.name!r} must return (module, example_input), got "
+            f"{type(built).__name__}"
+        )
+    return built[0], built[1]
+
+
+# --- the cut --------------------------------------------------------------------------------
+
+
+def _stage_of(model: nn.Module, plan: Plan) -> dict[str, int]:
+    """The stage of every fx node by name: its profile layer's stage under the plan's bounds
+    (what :func:`executor.partition.partition` hands ``split_module``)."""
+    starts = [s.start for s in plan.stages]
+    return {
+        name: bisect.bisect_right(starts, layer) - 1
+        for name, layer in layer_of_nodes(trace(model)).items()
+    }
+
+
+def _stages(plan: Plan, part: Partition) -> list[Spec]:
+    return [
+        {
+            "layers": list(stage.layers),
+            "devices": list(stage.devices),
+            "microbatch": stage.microbatch,
+            "inputs": list(graph.inputs),
+            "args": list(graph.args),
+            "results": list(graph.results),
+            "outputs": list(graph.outputs),
+        }
+        for stage, graph in zip(plan.stages, part.stages, strict=True)
+    ]
+
+
+# --- the data -------------------------------------------------------------------------------
+
+
+def _data_recipe(example: torch.Tensor, output_shape: tuple[int, ...], seed: int) -> Spec:
+    """What :func:`executor.data.synthetic_batches` reads of the example and the output."""
+    classes = output_shape[-1]
+    floating = example.is_floating_point()
+    return {
+        "seed": seed,
+        "input_shape": list(example.shape[1:]),
+        "floating": floating,
+        "dtype": str(example.dtype).removeprefix("torch."),
+        "high": None if floating else max(int(example.max()) + 1, classes),
+        "label_shape": list(output_shape[1:-1]),
+        "classes": classes,
+    }
+
+
+# --- the files ------------------------------------------------------------------------------
+
+
+def render_script(spec: Spec) -> str:
+    """``train_pipeline.py`` with ``spec`` embedded as ``EXPORT``."""
+    literal = pprint.pformat(spec, indent=1, width=96, sort_dicts=False)
+    return _SCRIPT_TEMPLATE.replace("__EXPORT__", literal)
+
+
+def torchrun_command(spec: Spec, extra: str = "") -> str:
+    """The one-machine CPU command line that runs the script."""
+    stages = len(spec["stages"])
+    line = (
+        f"GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node {stages} --nnodes 1 "
+        f"--master-addr 127.0.0.1 --master-port 29500 {SCRIPT} --steps {spec['steps']}"
+    )
+    return f"{line} {extra}".rstrip()
+
+
+def render_readme(spec: Spec) -> str:
+    """The README snippet: what the script trains and how to run it."""
+    model, opt = spec["model"], spec["optimizer"]
+    name = model.get("name", model.get("ref"))
+    stages = spec["stages"]
+    needs = {
+        "zoo": "torch, and pipeplan (it builds the model from pipeplan's zoo)",
+        "torchvision": "torch and torchvision (not pipeplan)",
+        "code": f"torch and the module of {name!r} on PYTHONPATH (not pipeplan)",
+    }[model["kind"]]
+    rows = "\n".join(
+        f"| {i} | {i} | [{s['layers'][0]}, {s['layers'][1]}) | {', '.join(s['devices'])} |"
+        for i, s in enumerate(stages)
+    )
+    intro = textwrap.fill(
+        f"`{SCRIPT}` trains `{name}` cut into {len(stages)} stages as the plan says, with "
+        f"`torch.distributed.pipelining` ({spec['schedule']}, {spec['microbatches']} "
+        f"microbatches of {stages[0]['microbatch']} samples, global batch "
+        f"{spec['global_batch']}) and {opt['kind']} (lr {opt['lr']}). It needs {needs}.",
+        width=92,
+    )
+    return f"""# {name}: a pipeplan plan under torchrun
+
+{intro}
+
+    {torchrun_command(spec)}
+
+On GPUs add `--device cuda` (NCCL; one GPU per rank, `LOCAL_RANK`). Across machines use
+torchrun's `--nnodes`/`--node-rank`/`--rdzv-endpoint`, ordering the nodes so that rank `s`
+lands on stage `s`'s device:
+
+| rank | stage | layers | plan device |
+|-----:|------:|--------|-------------|
+{rows}
+
+The last rank prints `step N loss L` after every step: the cross-entropy over every
+prediction averaged over the global batch. The default batches are pipeplan's synthetic
+ones for `--seed` (default {spec["data"]["seed"]}); `--data MODULE:FUNCTION` trains on
+`FUNCTION(batch=..., steps=..., seed=...)`'s `(inputs, labels)` pairs instead.
+`--deterministic` turns dropout off. `python {SCRIPT} --help` lists the flags.
+"""
+
+
+_SCRIPT_TEMPLATE = r'''#!/usr/bin/env python3
+"""Train a model cut into pipeline stages by a pipeplan plan, under torchrun.
+
+Written by ``pipeplan export``; README.md says what it trains and how to start it. One rank
+per stage: rank ``s`` runs stage ``s`` with torch.distributed.pipelining (gloo on the CPU,
+NCCL with ``--device cuda``). The cut is pipeplan's: every fx node of the traced model goes
+to the stage ``EXPORT["stage_of"]`` names and ``torch.fx.passes.split_module`` builds the
+stages; a model that traces to other nodes, or a stage whose arguments or results differ
+from the exported ones, stops the run. The loss is the cross-entropy over every prediction
+averaged over the global batch; the last rank prints ``step N loss L`` after every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.fx.passes.split_module import split_module
+
+EXPORT = __EXPORT__
+
+
+def fail(message):
+    """Stop with one line on stderr."""
+    print(f"{os.path.basename(__file__)}: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def import_ref(ref, flag):
+    """``package.module:attribute`` imported from the user's code."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        fail(f"{flag}: {ref!r} is not of the form package.module:attribute")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_model():
+    """The exported model with its exported weights, and an example input of batch 1."""
+    spec = EXPORT["model"]
+    if spec["kind"] == "zoo":
+        from pipeplan.models import zoo  # one of pipeplan's own models
+
+        return zoo.build(spec["name"], spec["input_size"], seed=spec["seed"], **spec["options"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        if spec["kind"] == "torchvision":
+            import torchvision
+
+            factory = getattr(torchvision.models, spec["name"])
+            model = factory(weights=None, **spec["options"])
+            gen = torch.Generator().manual_seed(spec["seed"])
+            return model, torch.randn(spec["example_shape"], generator=gen)
+        return import_ref(spec["ref"], "model")(**spec["options"])
+
+
+def fetch_attr(model, target):
+    value = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def cut(model, stage):
+    """Stage ``stage``'s submodule of the exported cut and the model attributes it reads
+    (argument name -> value)."""
+    stage_of = EXPORT["stage_of"]
+    gm = fx.symbolic_trace(model)
+    nodes = {n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
+    if nodes != set(stage_of):
+        fail(f"model: traces to other fx nodes than the exported one "
+             f"({sorted(nodes ^ set(stage_of))[:5]}); export the plan again")
+    split = split_module(gm, model, lambda n: stage_of[n.name], {},
+                         keep_original_node_name=True, tuple_return=True)
+    name = f"submod_{stage}"
+    body = split.get_submodule(name)
+    args = tuple(n.name for n in body.graph.nodes if n.op == "placeholder")
+    out = next(n for n in body.graph.nodes if n.op == "output").args[0]
+    results = tuple(n.name for n in out)
+    spec = EXPORT["stages"][stage]
+    if args != tuple(spec["args"]) or results != tuple(spec["results"]):
+        fail(f"stage {stage}: takes {args} and gives {results}, the export says "
+             f"{tuple(spec['args'])} and {tuple(spec['results'])}; export the plan again")
+    call = next(n for n in split.graph.nodes if n.op == "call_module" and n.target == name)
+    attrs = {
+        arg: fetch_attr(model, str(src.target))
+        for arg, src in zip(args, call.args, strict=True)
+        if isinstance(src, fx.Node) and src.op == "get_attr"
+    }
+    return body, attrs
+
+
+class StageModule(nn.Module):
+    """One stage as PyTorch's pipeline expects it: the tensors it receives in, the tensors
+    it sends on out (values a later stage reads are relayed); the last stage: the logits."""
+
+    def __init__(self, body, spec, attrs, last):
+        super().__init__()
+        self.body = body
+        self.inputs, self.args = tuple(spec["inputs"]), tuple(spec["args"])
+        self.results, self.outputs = tuple(spec["results"]), tuple(spec["outputs"])
+        self.last = last
+        self.slots = {}
+        for i, (arg, value) in enumerate(attrs.items()):
+            slot = f"attr_{i}"
+            if isinstance(value, nn.Parameter):
+                self.register_parameter(slot, value)
+            elif isinstance(value, torch.Tensor):
+                self.register_buffer(slot, value)
+            else:
+                setattr(self, slot, value)
+            self.slots[arg] = slot
+        missing = [a for a in self.args if a not in self.slots and a not in self.inputs]
+        if missing:
+            fail(f"stage: reads {missing} that no stage sends it")
+
+    def forward(self, *tensors):
+        values = dict(zip(self.inputs, tensors, strict=True))
+        # Clones: an in-place op (ReLU(inplace=True)) may not touch a received leaf.
+        feed = {n: v.clone() if isinstance(v, torch.Tensor) and v.requires_grad else v
+                for n, v in values.items()}
+        args = [feed[a] if a in feed else getattr(self, self.slots[a]) for a in self.args]
+        produced = dict(zip(self.results, self.body(*args), strict=True))
+        outputs = tuple(produced[n] if n in produced else values[n] for n in self.outputs)
+        return outputs[0] if self.last else outputs
+
+
+def mean_cross_entropy(logits, labels):
+    """A microbatch's mean cross-entropy; the schedule scales the gradients by 1/M, so a
+    step's gradient is that of the mean over the global batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long())
+
+
+def synthetic_batches(batch, count, seed):
+    """pipeplan's synthetic batches: standard normal inputs (token ids below the
+    vocabulary for integer inputs) and random labels, from one generator seeded ``seed``."""
+    d = EXPORT["data"]
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        shape = (batch, *d["input_shape"])
+        if d["floating"]:
+            x = torch.randn(shape, generator=gen, dtype=getattr(torch, d["dtype"]))
+        else:
+            x = torch.randint(d["high"], shape, generator=gen)
+        out.append((x, torch.randint(d["classes"], (batch, *d["label_shape"]), generator=gen)))
+    return out
+
+
+def make_optimizer(params):
+    """The exported optimizer; None for a stage without parameters (a pooling stage)."""
+    params = list(params)
+    if not params:
+        return None
+    o = EXPORT["optimizer"]
+    if o["kind"] == "adam":
+        return torch.optim.Adam(params, lr=o["lr"], weight_decay=o["weight_decay"])
+    return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"],
+                           weight_decay=o["weight_decay"])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=EXPORT["steps"], help="training steps")
+    p.add_argument("--seed", type=int, default=EXPORT["data"]["seed"],
+                   help="seed of the synthetic batches")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo) or cuda (NCCL, the GPU of LOCAL_RANK)")
+    p.add_argument("--data", metavar="MODULE:FUNCTION", default=None,
+                   help="FUNCTION(batch=, steps=, seed=) -> [(inputs, labels), ...] instead "
+                        "of the synthetic batches")
+    p.add_argument("--deterministic", action="store_true", help="turn dropout off")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        fail(f"--steps: must be >= 1, got {args.steps}")
+    return args
+
+
+def train(args, rank, device):
+    stages = len(EXPORT["stages"])
+    last = rank == stages - 1
+    model, _ = build_model()
+    if args.deterministic:
+        for m in model.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.p = 0.0
+    model.train()
+    body, attrs = cut(model, rank)
+    module = StageModule(body, EXPORT["stages"][rank], attrs, last).to(device)
+    stage = PipelineStage(module, rank, stages, device)
+    kind = ScheduleGPipe if EXPORT["schedule"] == "gpipe" else Schedule1F1B
+    schedule = kind(stage, EXPORT["microbatches"], loss_fn=mean_cross_entropy, scale_grads=True)
+    opt = make_optimizer(module.parameters())
+    batch = EXPORT["global_batch"]
+    if args.data is None:
+        batches = synthetic_batches(batch, args.steps, args.seed)
+    else:
+        batches = list(import_ref(args.data, "--data")(batch=batch, steps=args.steps,
+                                                       seed=args.seed))
+    for step, (x, y) in enumerate(batches[: args.steps]):
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        inputs = (x.to(device),) if rank == 0 else ()
+        if last:
+            losses = []
+            schedule.step(*inputs, target=y.to(device), losses=losses)
+            loss = torch.stack([v.detach() for v in losses]).mean().item()
+            print(f"step {step} loss {loss:.8f}", flush=True)
+        else:
+            schedule.step(*inputs)
+        if opt is not None:
+            opt.step()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        fail("RANK: not set; start the script with torchrun, one rank per stage (README.md)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    stages = len(EXPORT["stages"])
+    if world != stages:
+        fail(f"WORLD_SIZE: the plan has {stages} stages, one rank each; got {world} ranks")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    try:
+        train(args, rank, device)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
