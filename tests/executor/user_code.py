@@ -50,3 +50,41 @@ def vector_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def int_loss(outputs: torch.Tensor, targets: torch.Tensor) -> int:
     """Wrong: not a tensor."""
     return 0
+
+
+READ: list[int] = []
+"""The indices :func:`counted`'s data sets have read, in order."""
+
+
+class _Counted(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        READ.append(i)
+        return torch.full((1, 4, 4), float(i)), torch.tensor(i % 4)
+
+
+def counted() -> Dataset[tuple[torch.Tensor, torch.Tensor]]:
+    """40 samples that log every read into ``READ``."""
+    return _Counted()
+
+
+def singles() -> list[torch.Tensor]:
+    """Wrong: inputs without targets."""
+    return [torch.zeros(2, 1, 4, 4)]
+
+
+def empty() -> list[Batch]:
+    """Wrong: no batches at all."""
+    return []
+
+
+def wide() -> list[Batch]:
+    """Wrong for a 1 x 4 x 4 model: 1 x 4 x 5 inputs."""
+    return [(torch.zeros(2, 1, 4, 5), torch.zeros(2, dtype=torch.long))]
+
+
+def regression() -> list[Batch]:
+    """Float targets of 3 values a sample, for a user's loss."""
+    return [(torch.zeros(2, 1, 4, 4), torch.linspace(0, 1, 6).reshape(2, 3))]
