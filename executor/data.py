@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from itertools import count as counting
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -68,8 +68,11 @@ class DataSpec:
     def __post_init__(self) -> None:
         if self.kind not in (*_NAMED, *_WITH_PATH, "code"):
             raise PipeplanError(f"data: kind is one of {_FORMS}, got {self.kind!r}")
-        if (self.kind in _WITH_PATH) != bool(self.path) or (self.kind == "code") != bool(self.ref):
-            raise PipeplanError(f"data: {self.kind} takes {_FORMS}, got {self!r}")
+        takes = "a path" if self.kind in _WITH_PATH else "a ref" if self.kind == "code" else None
+        if (takes == "a path") != bool(self.path) or (takes == "a ref") != bool(self.ref):
+            raise PipeplanError(
+                f"data: {self.kind} takes {takes or 'no path nor ref'}, got {self!r}"
+            )
         if self.ref is not None and not is_code_ref(self.ref):
             raise PipeplanError(f"data: {self.ref!r} is not a package.module:callable")
 
@@ -77,12 +80,12 @@ class DataSpec:
     def parse(cls, text: str) -> DataSpec:
         """The spec ``text`` names; a relative path is made absolute here."""
         if text in _NAMED:
-            return cls(text)  # type: ignore[arg-type]
+            return cls(cast(DataKind, text))
         kind, colon, path = text.partition(":")
         if colon and kind in _WITH_PATH:
             if not path:
                 raise PipeplanError(f"data: {text!r} names no path")
-            return cls(kind, path=os.path.abspath(os.path.expanduser(path)))  # type: ignore[arg-type]
+            return cls(cast(DataKind, kind), path=os.path.abspath(os.path.expanduser(path)))
         if is_code_ref(text):
             return cls("code", ref=text)
         raise PipeplanError(f"data: {text!r} is none of {_FORMS}")

@@ -101,9 +101,11 @@ def test_a_source_without_its_path_is_refused(text: str) -> None:
 def test_a_spec_built_by_hand_is_checked() -> None:
     with pytest.raises(PipeplanError, match=rf"^data: kind is one of {FORMS}, got 'mnist'"):
         DataSpec("mnist")  # type: ignore[arg-type]
-    with pytest.raises(PipeplanError, match=r"^data: tokens takes "):
+    with pytest.raises(PipeplanError, match=r"^data: tokens takes a path, got DataSpec\("):
         DataSpec("tokens")
-    with pytest.raises(PipeplanError, match=r"^data: synthetic takes "):
+    with pytest.raises(PipeplanError, match=r"^data: code takes a ref, got DataSpec\("):
+        DataSpec("code", path="x")
+    with pytest.raises(PipeplanError, match=r"^data: synthetic takes no path nor ref, got "):
         DataSpec("synthetic", path="x")
     with pytest.raises(PipeplanError, match=r"^data: 'x' is not a package.module:callable"):
         DataSpec("code", ref="x")

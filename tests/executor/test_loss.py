@@ -111,3 +111,12 @@ def test_a_custom_loss_must_return_a_scalar_tensor(name: str, got: str) -> None:
     with pytest.raises(PipeplanError) as e:
         loss.terms(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
     assert str(e.value) == f"loss: '{USER}:{name}' must return a scalar tensor, got {got}"
+
+
+def test_a_custom_loss_must_be_floating() -> None:
+    loss = load_loss(LossSpec.parse(f"{USER}:count_loss"))
+    with pytest.raises(PipeplanError) as e:
+        loss.terms(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
+    assert (
+        str(e.value) == f"loss: '{USER}:count_loss' must return a floating tensor, got torch.int64"
+    )
