@@ -164,7 +164,12 @@ def open_stream(
     ``class_targets``: targets are class indices into the logits' last dimension (the
     cross-entropy loss); a user's loss takes targets of any shape and type
     (:attr:`executor.loss.LossSpec.class_targets`). User code is imported, and files are
-    opened, here.
+    opened, here. In a stage worker (the first reads the inputs, the last the targets)::
+
+        stream = open_stream(DataSpec.parse(data), example, output_shape, global_batch, seed,
+                             class_targets=LossSpec.parse(loss).class_targets)
+        stream.seek(checkpointed_position)  # when resuming
+        inputs, targets = stream.next()
     """
     if global_batch < 1:
         raise PipeplanError(f"data: the global batch must be >= 1, got {global_batch}")
