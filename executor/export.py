@@ -254,17 +254,16 @@ def _data_recipe(example: torch.Tensor, output_shape: tuple[int, ...], seed: int
 def render_script(spec: Spec) -> str:
     """``train_pipeline.py`` with ``spec`` embedded as ``EXPORT``."""
     literal = pprint.pformat(spec, indent=1, width=96, sort_dicts=False)
-    return _SCRIPT_TEMPLATE.replace("__EXPORT__", literal)
+    build = _BUILD_MODEL[spec["model"]["kind"]]
+    return _SCRIPT_TEMPLATE.replace("__BUILD_MODEL__", build).replace("__EXPORT__", literal)
 
 
-def torchrun_command(spec: Spec, extra: str = "") -> str:
-    """The one-machine CPU command line that runs the script."""
-    stages = len(spec["stages"])
-    line = (
+def torchrun_command(stages: int, steps: int) -> str:
+    """The command line that runs the script on one machine's CPU, one rank per stage."""
+    return (
         f"GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node {stages} --nnodes 1 "
-        f"--master-addr 127.0.0.1 --master-port 29500 {SCRIPT} --steps {spec['steps']}"
+        f"--master-addr 127.0.0.1 --master-port 29500 {SCRIPT} --steps {steps}"
     )
-    return f"{line} {extra}".rstrip()
 
 
 def render_readme(spec: Spec) -> str:
@@ -292,7 +291,7 @@ def render_readme(spec: Spec) -> str:
 
 {intro}
 
-    {torchrun_command(spec)}
+    {torchrun_command(len(stages), spec["steps"])}
 
 On GPUs add `--device cuda` (NCCL; one GPU per rank, `LOCAL_RANK`). Across machines use
 torchrun's `--nnodes`/`--node-rank`/`--rdzv-endpoint`, ordering the nodes so that rank `s`
@@ -356,23 +355,7 @@ def import_ref(ref, flag):
     return obj
 
 
-def build_model():
-    """The exported model with its exported weights, and an example input of batch 1."""
-    spec = EXPORT["model"]
-    if spec["kind"] == "zoo":
-        from pipeplan.models import zoo  # one of pipeplan's own models
-
-        return zoo.build(spec["name"], spec["input_size"], seed=spec["seed"], **spec["options"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec["seed"])
-        if spec["kind"] == "torchvision":
-            import torchvision
-
-            factory = getattr(torchvision.models, spec["name"])
-            model = factory(weights=None, **spec["options"])
-            gen = torch.Generator().manual_seed(spec["seed"])
-            return model, torch.randn(spec["example_shape"], generator=gen)
-        return import_ref(spec["ref"], "model")(**spec["options"])
+__BUILD_MODEL__
 
 
 def fetch_attr(model, target):
@@ -557,3 +540,33 @@ def main(argv=None):
 if __name__ == "__main__":
     main()
 '''
+
+_BUILD_MODEL = {
+    "zoo": '''def build_model():
+    """The exported model, built by pipeplan's zoo (weights from the seed), and an example
+    input of batch 1."""
+    from pipeplan.models import zoo
+
+    spec = EXPORT["model"]
+    return zoo.build(spec["name"], spec["input_size"], seed=spec["seed"], **spec["options"])''',
+    "torchvision": '''def build_model():
+    """The exported torchvision model with the weights pipeplan's zoo gives it (``weights=None``,
+    initialised under ``torch.manual_seed(seed)``) and an example input of batch 1 (standard
+    normal from a generator seeded ``seed``)."""
+    import torchvision
+
+    spec = EXPORT["model"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        model = getattr(torchvision.models, spec["name"])(weights=None, **spec["options"])
+    gen = torch.Generator().manual_seed(spec["seed"])
+    return model, torch.randn(spec["example_shape"], generator=gen)''',
+    "code": '''def build_model():
+    """The exported model from the user's factory, called with its options under
+    ``torch.manual_seed(seed)``: ``(module, example input of batch 1)``."""
+    spec = EXPORT["model"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        return import_ref(spec["ref"], "model")(**spec["options"])''',
+}
+"""The script's ``build_model`` for each kind of model: only a zoo model imports pipeplan."""
