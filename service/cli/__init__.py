@@ -64,6 +64,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeplan.service.cli.run:register",
         "Run a plan for real on Ray actors; print the measurement beside the cost model's.",
     ),
+    "export": (
+        "pipeplan.service.cli.export:register",
+        "Write a plan as a torchrun script that trains it with torch.distributed.pipelining.",
+    ),
     "demo": (
         "pipeplan.service.cli.demo:register",
         "The main job: local cluster, measured profile, planners, real runs, table, Gantt.",
