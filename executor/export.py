@@ -35,15 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
 
-from pipeplan.core.code import is_code_ref, load_callable
+from pipeplan.core.code import is_code_ref
 from pipeplan.core.errors import PipeplanError, PlanError
 from pipeplan.core.plan import Plan, Schedule
 from pipeplan.executor.model import ModelSource, OptimizerConfig
 from pipeplan.executor.partition import Partition, partition
 from pipeplan.executor.torch_engine import unsupported
-from pipeplan.models.fx_layers import layer_of_nodes, trace
+from pipeplan.models import zoo
+from pipeplan.models.fx_layers import layer_of_nodes
 
 SCRIPT = "train_pipeline.py"
 README = "README.md"
@@ -95,11 +97,11 @@ def export_spec(
     and the data recipe (plain values only, written as a Python literal)."""
     _check_int("export.steps", steps, 1)
     _check_int("export.seed", seed, 0)
-    _check_options(model)
-    built, example = _build(model)
-    recipe = _model_recipe(model, example)
+    recipe = _model_recipe(model)
+    built, example = model.build()
     part = partition(built, example, [0, *(s.end for s in plan.stages)])
     _check_runnable(plan, part)
+    stage_of = _stage_of(built, plan, part)
     built.eval()
     with torch.no_grad():
         output_shape = tuple(built(example).shape)
@@ -109,7 +111,7 @@ def export_spec(
         "microbatches": plan.microbatches(0),
         "schedule": plan.schedule.value,
         "stages": _stages(plan, part),
-        "stage_of": _stage_of(built, plan),
+        "stage_of": stage_of,
         "optimizer": {
             "kind": optimizer.kind,
             "lr": optimizer.lr,
@@ -138,40 +140,37 @@ def _check_runnable(plan: Plan, part: Partition) -> None:
 # --- the model ------------------------------------------------------------------------------
 
 
-def _check_options(source: ModelSource) -> None:
-    """A model the script can rebuild: named (not a module object), plain options."""
+def _model_recipe(source: ModelSource) -> Spec:
+    """How the script rebuilds ``source``'s model with the same weights: pipeplan's zoo, a
+    torchvision builder with the zoo's arguments, or the user's ``package.module:factory``
+    called with the options (seeded as :func:`models.zoo.build` and a factory's build are)."""
     if source.module is not None:
         raise PipeplanError(
             f"export: model {source.name!r} is a module object, which a script cannot rebuild; "
             "name its factory as package.module:factory"
         )
-    for key, value in source.options.items():
+    options = dict(source.options)
+    for key, value in options.items():
         if not isinstance(value, bool | int | float | str | type(None)):
             raise PipeplanError(
                 f"export: model option {key!r} = {value!r} is not a plain value "
                 "(bool, int, float, str or None) the script can embed"
             )
-
-
-def _model_recipe(source: ModelSource, example: torch.Tensor) -> Spec:
-    """How the script rebuilds ``source`` (built with ``example``) with the same weights."""
-    options = dict(source.options)
+    if source.name.startswith("hf:"):
+        raise PipeplanError(
+            f"export: model {source.name!r}: Hugging Face models are cut from torch.export "
+            "graphs, and the script splits torch.fx graphs only"
+        )
     if is_code_ref(source.name):
-        if source.input_size is not None:
-            raise PipeplanError(
-                f"export: input_size {source.input_size} applies to zoo models; give "
-                f"{source.name!r} its size as an option"
-            )
         return {"kind": "code", "ref": source.name, "seed": source.seed, "options": options}
     if source.name in TORCHVISION_EXTRA:
         args = {"num_classes": options.get("num_classes", 10), **TORCHVISION_EXTRA[source.name]}
-        return {
-            "kind": "torchvision",
-            "name": source.name,
-            "seed": source.seed,
-            "options": args,
-            "example_shape": list(example.shape),
-        }
+        return {"kind": "torchvision", "name": source.name, "seed": source.seed, "options": args}
+    if source.name not in zoo.MODELS:
+        raise PipeplanError(
+            f"export: model {source.name!r} is neither a zoo model ({', '.join(zoo.MODELS)}) "
+            "nor a package.module:factory the script can import"
+        )
     return {
         "kind": "zoo",
         "name": source.name,
@@ -181,38 +180,38 @@ def _model_recipe(source: ModelSource, example: torch.Tensor) -> Spec:
     }
 
 
-def _build(source: ModelSource) -> tuple[nn.Module, torch.Tensor]:
-    """The model and example the script will build (a factory as the script calls it)."""
-    if not is_code_ref(source.name):
-        return source.build()
-    factory = load_callable(source.name, "model")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(source.seed)
-        built = factory(**dict(source.options))
-    if not (
-        isinstance(built, tuple)
-        and len(built) == 2
-        and isinstance(built[0], nn.Module)
-        and isinstance(built[1], torch.Tensor)
-    ):
-        raise PipeplanError(
-            f"model: factory {source.name!r} must return (module, example_input), got "
-            f"{type(built).__name__}"
-        )
-    return built[0], built[1]
-
-
 # --- the cut --------------------------------------------------------------------------------
 
 
-def _stage_of(model: nn.Module, plan: Plan) -> dict[str, int]:
+def _stage_of(model: nn.Module, plan: Plan, part: Partition) -> dict[str, int]:
     """The stage of every fx node by name: its profile layer's stage under the plan's bounds
-    (what :func:`executor.partition.partition` hands ``split_module``)."""
+    (what :func:`executor.partition.partition` hands ``split_module``), checked to give
+    ``part``'s stages when the script splits ``torch.fx.symbolic_trace``'s graph with it."""
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as e:
+        raise PipeplanError(
+            f"export: model {type(model).__name__} is not traceable by torch.fx, which the "
+            f"script cuts with ({type(e).__name__}: {e})"
+        ) from e
     starts = [s.start for s in plan.stages]
-    return {
-        name: bisect.bisect_right(starts, layer) - 1
-        for name, layer in layer_of_nodes(trace(model)).items()
+    stage_of = {
+        name: bisect.bisect_right(starts, layer) - 1 for name, layer in layer_of_nodes(gm).items()
     }
+    split = split_module(
+        gm, model, lambda n: stage_of[n.name], keep_original_node_name=True, tuple_return=True
+    )
+    for graph in part.stages:
+        body = split.get_submodule(f"submod_{graph.index}")
+        assert isinstance(body, fx.GraphModule)
+        args = tuple(n.name for n in body.graph.nodes if n.op == "placeholder")
+        out = next(n for n in body.graph.nodes if n.op == "output").args[0]
+        if args != graph.args or tuple(n.name for n in out) != graph.results:
+            raise PipeplanError(
+                f"export: stage {graph.index} of the script's torch.fx cut differs from "
+                f"pipeplan's (arguments {args}, pipeplan's {graph.args})"
+            )
+    return stage_of
 
 
 def _stages(plan: Plan, part: Partition) -> list[Spec]:
@@ -483,7 +482,7 @@ def parse_args(argv):
 def train(args, rank, device):
     stages = len(EXPORT["stages"])
     last = rank == stages - 1
-    model, _ = build_model()
+    model = build_model()
     if args.deterministic:
         for m in model.modules():
             if isinstance(m, nn.modules.dropout._DropoutNd):
@@ -543,27 +542,24 @@ if __name__ == "__main__":
 
 _BUILD_MODEL = {
     "zoo": '''def build_model():
-    """The exported model, built by pipeplan's zoo (weights from the seed), and an example
-    input of batch 1."""
+    """The exported model, built by pipeplan's zoo (its weights from the seed)."""
     from pipeplan.models import zoo
 
     spec = EXPORT["model"]
-    return zoo.build(spec["name"], spec["input_size"], seed=spec["seed"], **spec["options"])''',
+    model, _ = zoo.build(spec["name"], spec["input_size"], seed=spec["seed"], **spec["options"])
+    return model''',
     "torchvision": '''def build_model():
-    """The exported torchvision model with the weights pipeplan's zoo gives it (``weights=None``,
-    initialised under ``torch.manual_seed(seed)``) and an example input of batch 1 (standard
-    normal from a generator seeded ``seed``)."""
+    """The exported torchvision model with the weights pipeplan's zoo gives it: no weights
+    downloaded, initialised under ``torch.manual_seed(seed)``."""
     import torchvision
 
     spec = EXPORT["model"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
-        model = getattr(torchvision.models, spec["name"])(weights=None, **spec["options"])
-    gen = torch.Generator().manual_seed(spec["seed"])
-    return model, torch.randn(spec["example_shape"], generator=gen)''',
+        return getattr(torchvision.models, spec["name"])(weights=None, **spec["options"])''',
     "code": '''def build_model():
-    """The exported model from the user's factory, called with its options under
-    ``torch.manual_seed(seed)``: ``(module, example input of batch 1)``."""
+    """The exported model: the user's factory called with its options under
+    ``torch.manual_seed(seed)``, as pipeplan builds it."""
     spec = EXPORT["model"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
