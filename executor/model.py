@@ -20,7 +20,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.executor.loss import LossTerms as LossTerms
 from pipeplan.executor.loss import batch_loss as batch_loss
 from pipeplan.executor.loss import loss_terms as loss_terms
-from pipeplan.models import zoo
+from pipeplan.models.spec import InputDtype, build_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 """``(inputs, labels)`` of one global batch."""
@@ -30,16 +30,27 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class ModelSource:
     """How every stage worker (and the reference) builds the same model with the same weights.
 
-    A zoo model is rebuilt from its name and seed inside each worker (nothing large is
-    shipped); a ``module`` given directly is pickled to the workers instead.
+    A referenced model is rebuilt from its reference, options and seed inside each worker
+    (nothing large is shipped; the forms of a reference: :mod:`models.spec`); a ``module``
+    given directly is pickled to the workers instead.
     """
 
     name: str
+    """The model's reference: a zoo name, ``package.module:factory`` or ``hf:ClassName``."""
     input_size: int | None = None
+    """Image side or sequence length (zoo and ``hf:`` models)."""
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the zoo builder, the factory or the ``hf:`` config."""
     module: nn.Module | None = None
     example: torch.Tensor | None = None
+    """The example input of a ``module`` given directly (:meth:`custom`)."""
+    input_shape: tuple[int, ...] | None = None
+    """A factory's input shape without the batch dimension."""
+    input_dtype: InputDtype | None = None
+    """A factory's input dtype with ``input_shape`` (default ``float32``)."""
+    example_ref: str | None = None
+    """A factory's example function, ``package.module:function`` (instead of a shape)."""
 
     @classmethod
     def custom(cls, module: nn.Module, example: torch.Tensor, name: str = "custom") -> ModelSource:
@@ -57,7 +68,15 @@ class ModelSource:
             if self.example is None:
                 raise PipeplanError(f"model {self.name!r}: a custom module needs an example input")
             return copy.deepcopy(self.module), self.example.clone()
-        return zoo.build(self.name, self.input_size, seed=self.seed, **dict(self.options))
+        return build_model(
+            self.name,
+            self.input_size,
+            seed=self.seed,
+            options=self.options,
+            input_shape=self.input_shape,
+            input_dtype=self.input_dtype,
+            example=self.example_ref,
+        )
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -1,8 +1,11 @@
 """Cut a model at a plan's layer boundaries: one torch.fx GraphModule per stage.
 
-The model is traced with :func:`models.fx_layers.trace`; each fx node goes to the stage of its
-profile layer (:func:`models.fx_layers.layer_of_nodes`, so layer indices mean what they mean in
-the profile) and ``torch.fx.passes.split_module`` builds one submodule per stage.
+The model is traced with :func:`models.fx_layers.trace` (torch.fx, or torch.export on the
+example input where torch.fx fails: a graph of aten ops whose parameters are attributes read
+with ``get_attr``, which stage workers take from their own model); each fx node goes to the
+stage of its profile layer (:func:`models.fx_layers.layer_of_nodes`, so layer indices mean
+what they mean in the profile) and ``torch.fx.passes.split_module`` builds one submodule per
+stage.
 
 Values crossing a boundary are named by their fx node names. A stage receives every value
 produced before it that it or a later stage reads, and sends on every value a later stage
@@ -98,15 +101,19 @@ class Partition:
         return self.stages[-1].outputs[0]
 
 
-def count_layers(model: nn.Module) -> int:
-    """Number of profile layers of a model (what a plan's last stage must end at)."""
-    return max(layer_of_nodes(trace(model)).values()) + 1
-
-
 _FX_LOCK = threading.Lock()
 """torch.fx tracing patches ``nn.Module.__call__`` for the whole process while it runs, so a
 model run or traced meanwhile in another thread fails ("module is not installed as a
 submodule"): one cut at a time (a measured reward starts pipelines from several threads)."""
+
+
+def count_layers(model: nn.Module, example: torch.Tensor | None = None) -> int:
+    """Number of profile layers of a model (what a plan's last stage must end at).
+
+    ``example`` (a batch-1 input) is needed for a model only ``torch.export`` can trace.
+    """
+    with _FX_LOCK:
+        return max(layer_of_nodes(trace(model, example)).values()) + 1
 
 
 def partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -> Partition:
@@ -116,7 +123,7 @@ def partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) ->
 
 
 def _partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -> Partition:
-    gm = trace(model)
+    gm = trace(model, example)
     layer_of = layer_of_nodes(gm)
     n_layers = max(layer_of.values()) + 1
     _check_bounds(bounds, n_layers, type(model).__name__)

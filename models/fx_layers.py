@@ -1,12 +1,16 @@
 """Trace a torch model with torch.fx and fold its nodes into the layers of a profile.
 
-The model is traced with ``torch.fx.symbolic_trace``. Every *compute* node (a leaf module call
-such as ``nn.Conv2d``, or a function/method such as ``torch.cat``, ``operator.add``,
-``F.scaled_dot_product_attention``) opens one layer. *Trivial* nodes are folded into a
-neighbour so the layer list stays meaningful:
+The model is traced with ``torch.fx.symbolic_trace``; a model it cannot trace (control flow
+on tensors, Hugging Face models) is traced with ``torch.export`` on an example input
+(:mod:`models.exported`), which gives a graph of aten ops whose parameters are ``get_attr``
+nodes; the ops are classified by their names alike (``aten.linear.default`` is ``linear``).
+Every *compute* node (a leaf module call such as ``nn.Conv2d``, or a function/method such as
+``torch.cat``, ``operator.add``, ``F.scaled_dot_product_attention``) opens one layer.
+*Trivial* nodes are folded into a neighbour so the layer list stays meaningful:
 
 - ``get_attr``, ``getattr``/``getitem``, shape queries (``size``, ``dim``, ``numel``) and
-  integer arithmetic on them, reshapes and views (``view``, ``reshape``, ``flatten``,
+  whatever is computed from them alone (constants: ``arange(T) + 0`` of export's position
+  ids, integer arithmetic on sizes), reshapes and views (``view``, ``reshape``, ``flatten``,
   ``permute``, ``transpose``, ``unsqueeze``, ``chunk``, ...), ``nn.Identity``/``nn.Flatten``
   and tensor constructors (``arange``, ``zeros``, ...);
 - a trivial node that reads the output of a layer joins the *latest* such layer (a view after
@@ -24,9 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import fx, nn
 
 from pipeplan.core.errors import PipeplanError
+from pipeplan.models.exported import export_trace, model_label
 
 Node = fx.Node
 Assignment = dict[Node, int]
@@ -38,15 +44,18 @@ _ACTIVATIONS = frozenset({
 })  # fmt: skip
 _TRIVIAL_MODULES = frozenset({"Identity", "Flatten", "Unflatten"})
 
-_SCALAR_CALLS = frozenset({"getattr", "size", "dim", "numel"})
-_SCALAR_ARITH = frozenset({"add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow",
-                           "eq", "ne", "lt", "le", "gt", "ge", "getitem"})  # fmt: skip
+_SCALAR_CALLS = frozenset({"getattr", "size", "dim", "numel", "sym_size", "sym_numel",
+                           "sym_stride"})  # fmt: skip
 _TRIVIAL_CALLS = _SCALAR_CALLS | frozenset({
     "getitem", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "contiguous",
     "permute", "transpose", "t", "movedim", "unsqueeze", "squeeze", "expand", "expand_as",
     "split", "chunk", "unbind", "narrow", "select", "type", "type_as", "to", "float", "half",
     "double", "detach", "clone", "_assert", "arange", "zeros", "ones", "full", "empty",
     "zeros_like", "ones_like", "full_like", "empty_like",
+    # aten names (torch.export graphs)
+    "alias", "slice", "_unsafe_view", "as_strided", "split_with_sizes", "_to_copy",
+    "lift_fresh_copy", "new_ones", "new_zeros", "new_empty", "new_full", "scalar_tensor",
+    "_assert_tensor_metadata", "_assert_scalar",
 })  # fmt: skip
 
 
@@ -55,40 +64,59 @@ def _ops(op: str, *names: str) -> dict[str, str]:
 
 
 _CALL_OPS: dict[str, str] = {
-    **_ops("conv", "conv1d", "conv2d", "conv3d",
+    **_ops("conv", "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
            "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
     **_ops("relu", "relu", "relu6", "leaky_relu", "prelu", "gelu", "silu", "mish", "sigmoid",
            "tanh", "elu", "selu", "celu", "hardtanh", "hardswish", "hardsigmoid", "softplus",
-           "softmax", "log_softmax", "glu", "logsigmoid"),
+           "softmax", "log_softmax", "glu", "logsigmoid", "_softmax", "_log_softmax"),
     **_ops("pool", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
            "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-           "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"),
+           "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+           "max_pool2d_with_indices", "max_pool3d_with_indices", "_adaptive_avg_pool2d"),
     **_ops("fc", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm"),
-    **_ops("pad", "pad"),
+    **_ops("pad", "pad", "constant_pad_nd"),
     **_ops("norm", "batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
-           "local_response_norm", "normalize"),
-    **_ops("embedding", "embedding", "embedding_bag"),
-    **_ops("attention", "scaled_dot_product_attention"),
-    **_ops("dropout", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"),
+           "local_response_norm", "normalize", "native_layer_norm", "native_batch_norm",
+           "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+           "native_group_norm", "_fused_rms_norm"),
+    **_ops("embedding", "embedding", "embedding_bag", "_embedding_bag"),
+    **_ops("attention", "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+           "_scaled_dot_product_flash_attention_for_cpu"),
+    **_ops("dropout", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+           "native_dropout", "feature_dropout"),
     **_ops("add", "add", "iadd"),
     **_ops("concat", "cat", "concat", "concatenate", "stack"),
 }  # fmt: skip
 
 
-def trace(model: nn.Module) -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with an error that says what failed."""
+def trace(model: nn.Module, example: torch.Tensor | None = None) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace``, else ``torch.export`` on ``example`` (a batch-1 input).
+
+    Without an example, a model symbolic tracing fails on is refused, saying what failed.
+    """
     try:
         return fx.symbolic_trace(model)
     except Exception as e:
-        raise PipeplanError(
-            f"model {type(model).__name__}: not traceable by torch.fx ({type(e).__name__}: {e})"
-        ) from e
+        if example is None:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise PipeplanError(
+                f"model {model_label(model)}: not traceable by torch.fx "
+                f"({type(e).__name__}: {first}) and no example input to export it with"
+            ) from e
+    return export_trace(model, example)
 
 
 def call_name(node: Node) -> str:
-    """Name of what a call node calls, in-place suffix removed (``relu_`` -> ``relu``)."""
+    """Name of what a call node calls, in-place suffix removed (``relu_`` -> ``relu``);
+    an aten op by its name without namespace and overload (``aten.add_.Tensor`` -> ``add``)."""
     target = node.target
-    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    if isinstance(target, torch._ops.OpOverload):
+        name = str(target._opname)
+    elif isinstance(target, str):
+        name = target
+    else:
+        name = getattr(target, "__name__", str(target))
     if name.endswith("_") and not name.endswith("__"):
         name = name[:-1]
     return name
@@ -130,14 +158,13 @@ def node_op(gm: fx.GraphModule, node: Node, scalars: set[Node]) -> str | None:
 
 
 def _is_scalar(node: Node, scalars: set[Node]) -> bool:
-    """Shape queries and integer arithmetic on them (``x.size(1) * 2``)."""
+    """Shape queries and what is computed from them alone, constants included: integer
+    arithmetic on sizes (``x.size(1) * 2``), ``arange(T) + 0``, a tensor constructor."""
     if node.op not in ("call_function", "call_method"):
         return False
-    name = call_name(node)
-    if name in _SCALAR_CALLS:
+    if call_name(node) in _SCALAR_CALLS:
         return True
-    inputs = node.all_input_nodes
-    return name in _SCALAR_ARITH and bool(inputs) and all(a in scalars for a in inputs)
+    return all(a in scalars for a in node.all_input_nodes)
 
 
 def assign_layers(gm: fx.GraphModule) -> tuple[Assignment, list[Node]]:

@@ -2,7 +2,8 @@
 
 :func:`profile_model` is the entry point; the work is done in three steps, each in its module:
 
-- **Layers** (:mod:`models.fx_layers`): the model is traced with torch.fx; every compute node
+- **Layers** (:mod:`models.fx_layers`): the model is traced with torch.fx (or, where that
+  fails, torch.export on the example input: :mod:`models.exported`); every compute node
   (a leaf module call, a function or method such as ``torch.cat``) opens a layer, and trivial
   nodes (views, shape queries, attributes, constructors) fold into a neighbour, so every edge
   goes from a layer to the same or a later one and any contiguous grouping of layers is a
@@ -119,7 +120,7 @@ def profile_model(
         raise PipeplanError(f"clock: expected 'wall' or 'cpu', got {clock!r}")
     _check_pause(pause_s, calibrate)
     sample = example_input[:1]
-    gm = trace(model)
+    gm = trace(model, sample)
     with _preserved(model), torch.no_grad():
         gm.eval()
         ShapeProp(gm).propagate(sample)

@@ -24,9 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "models", "envs", "agents", "executor", "service")
 RAY_ALLOWED = ("executor/", "agents/rllib_ppo.py")
-HEAVY = ("torch", "torchvision", "ray")
-"""The libraries a function may import (``ray.rllib`` is RLlib): every other import is at
-the top of its file."""
+HEAVY = ("torch", "torchvision", "ray", "transformers")
+"""The libraries a function may import (``ray.rllib`` is RLlib; ``transformers`` is the
+optional ``hf`` extra): every other import is at the top of its file."""
 MAY_IMPORT = {  # package -> the project packages it may import
     "core": set(),
     "models": {"core"},
