@@ -5,12 +5,13 @@ script runs one rank per stage, cuts the model as pipeplan does and trains it wi
 ``ScheduleGPipe`` or ``Schedule1F1B`` on the plan's microbatches, printing ``step N loss L``
 after every step (from the last rank).
 
-The cut is pipeplan's, not a look-alike: the export traces the model, maps every fx node to
-its stage (:func:`models.fx_layers.layer_of_nodes` and the plan's layer bounds) and embeds that
-map by node name; the script traces the same model, refuses one whose nodes differ, splits it
-with ``torch.fx.passes.split_module`` on the embedded map (the call :func:`executor.partition.
-partition` makes) and checks each stage's arguments and results against the exported ones.
-What crosses each boundary (values relayed to a later stage included) is embedded too.
+The cut is pipeplan's, not a look-alike: the export traces the model with torch.fx, maps
+every node to its stage (:func:`models.fx_layers.layer_of_nodes` and the plan's layer bounds)
+and embeds that map by node name. Splitting the graph with it (``split_module``, as
+:func:`executor.partition.partition` does) must give partition's stages, argument for
+argument, or the export is refused; the script makes the same split of its own trace, stops
+on a model whose nodes differ, and checks its stages' arguments and results again. What
+crosses each boundary (values relayed to a later stage included) is embedded too.
 
 The data recipe is :func:`executor.data.synthetic_batches`' few lines with the shapes, dtype
 and vocabulary fixed at export, so the script's batches for a seed are pipeplan's; a
