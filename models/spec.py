@@ -52,7 +52,7 @@ def reference_kind(ref: str, field: str = "model") -> Kind:
     if ref in zoo.MODELS:
         return "zoo"
     raise PipeplanError(
-        f"{field}: unknown model {ref!r} (a zoo name: {', '.join(zoo.MODELS)}; "
+        f"{field}: unknown {ref!r} (a zoo name: {', '.join(zoo.MODELS)}; "
         "package.module:factory; or hf:ClassName)"
     )
 

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     """How much of a failed job's log its error keeps (reconcile)."""
     sse_poll_s: float = Field(default=0.5, gt=0)
     """How often a live event stream looks for new events."""
+    allow_code: bool = False
+    """Whether a job may name code to import (``model``, ``example``: ``package.module:attr``).
+    Off, such a job is refused (422); on, the code is imported inside the job's Ray Job,
+    never in the API process. Turn it on only where every API user may run code there."""
 
     @property
     def database_url(self) -> str:

@@ -5,7 +5,10 @@
   builds anything from them (so a cluster of 10^8 devices or a plan of 10^18 microbatches is
   refused at once instead of tying up a worker), and no ``inf`` or ``nan`` anywhere;
 - the use-case's own checks that need no cluster: documents, preset names, planner names
-  and options, the objective, the model name.
+  and options, the objective, the model reference (its form only: a factory is never
+  imported here, and an ``hf:`` model never built);
+- a reference to code (``model``, ``example``: ``package.module:attr``) only where the
+  setting ``allow_code`` (``PIPEPLAN_ALLOW_CODE``) is on.
 
 Every refusal is a :class:`~service.tasks.common.RequestError` (422) whose one-line message
 names the field and the value, as the CLI prints it. :class:`BodyLimit` answers 413 to a
@@ -36,10 +39,12 @@ from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.pipeline import RunConfig, check_engine
 from pipeplan.models import zoo
+from pipeplan.models.spec import check_input, names_code, reference_kind
 from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
-from pipeplan.service.tasks.live import model_source
+from pipeplan.service.tasks.live import source_of
 from pipeplan.service.tasks.requests import (
     CompareRequest,
+    ModelFields,
     PlanRequest,
     ProblemRequest,
     ProfileRequest,
@@ -162,13 +167,34 @@ def check_limits(request: BaseModel, where: str = "") -> None:
         raise RequestError(f"{_at(where, 'seed')}: must be in [0, {MAX_SEED}], got {seed}")
 
 
-def check_model(model: str | None, input_size: int | None) -> None:
-    """A zoo model's name, and its input size (building the model checks it)."""
+CODE_FIELDS = ("model", "example", "data", "loss")
+"""Request fields that may name code to import (``package.module:attr``)."""
+
+
+def check_code(request: BaseModel, allow_code: bool) -> None:
+    """Refuse a reference to code unless the service allows it (``PIPEPLAN_ALLOW_CODE``)."""
+    if allow_code:
+        return
+    for name in CODE_FIELDS:
+        value = getattr(request, name, None)
+        if isinstance(value, str) and names_code(value):
+            raise RequestError(
+                f"{name}: {value!r} names code to import, which this service refuses "
+                "(PIPEPLAN_ALLOW_CODE is off)"
+            )
+
+
+def check_model(model: str | None, input_size: int | None, fields: ModelFields) -> None:
+    """A model reference's form and input fields; a zoo model's input size (building it
+    with its default options checks it). A factory is not imported, an ``hf:`` model not
+    built: the job does both."""
     if model is None:
         return
-    if model not in zoo.MODELS:
+    if model not in zoo.MODELS and not model.startswith("hf:") and ":" not in model:
         raise RequestError(f"model: unknown model {model!r} (one of {', '.join(zoo.MODELS)})")
-    if input_size is not None:
+    reference_kind(model)
+    check_input(model, input_size, fields.input_shape, fields.input_dtype, fields.example)
+    if model in zoo.MODELS and input_size is not None and not fields.model_options:
         zoo.build(model, input_size)
 
 
@@ -183,7 +209,7 @@ def check_problem(request: ProblemRequest, default_budget: Budget | None = None)
     """What :func:`~service.tasks.common.build_problem` checks, without profiling."""
     check_problem_fields(request)
     spec = cluster_spec(request.cluster)
-    check_model(request.model, request.input_size)
+    check_model(request.model, request.input_size, request)
     if request.profile is not None:
         prof = ModelProfile.from_dict(request.profile)
     else:
@@ -204,7 +230,7 @@ def _check_compare(request: CompareRequest) -> None:
 
 
 def _check_profile(request: ProfileRequest) -> None:
-    check_model(request.model, request.input_size)
+    check_model(request.model, request.input_size, request)
     if request.address is not None and not request.measure:
         raise RequestError("address: only applies with measure")
     if request.measure and request.device_type is not None:
@@ -216,8 +242,8 @@ def _check_profile(request: ProfileRequest) -> None:
 def _check_run(request: RunRequest) -> None:
     plan = Plan.from_dict(request.plan)
     prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
-    model_source(request.model, request.input_size, prof, request.seed)
-    check_model(request.model, request.input_size)
+    source_of(request, prof)
+    check_model(request.model, request.input_size, request)
     config = RunConfig(
         steps=request.steps,
         warmup=request.warmup,
@@ -241,9 +267,9 @@ CHECKS: dict[JobKind, Callable[[Any], None]] = {
 }
 
 
-def validate_job(create: JobCreate) -> BaseModel:
+def validate_job(create: JobCreate, allow_code: bool = False) -> BaseModel:
     """The job's spec as its request model, checked completely; :class:`RequestError`
-    (the field and the value) otherwise."""
+    (the field and the value) otherwise. ``allow_code``: the setting of that name."""
     if create.name is not None and "\x00" in create.name:
         raise RequestError(f"name: must not hold a NUL character, got {create.name!r}")
     try:
@@ -252,6 +278,7 @@ def validate_job(create: JobCreate) -> BaseModel:
         errors = [{**err, "loc": ("spec", *err["loc"])} for err in e.errors()]
         raise RequestError(one_line(errors)) from None
     check_limits(request, "spec")
+    check_code(request, allow_code)
     CHECKS[create.kind](request)
     return request
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from pipeplan.agents.problem import Budget, Problem
 from pipeplan.core.profile import ModelProfile
-from pipeplan.models import profiler, zoo
+from pipeplan.models import profiler
+from pipeplan.models.spec import build_model
 from pipeplan.service.tasks.progress import Reporter
 from pipeplan.service.tasks.requests import (
     PRESETS_DIR,
     BudgetRequest,
     ClusterRef,
     Document,
+    ModelFields,
     ProblemRequest,
     Request,
     RequestError,
@@ -43,10 +45,20 @@ __all__ = [
 ]
 
 
-def zoo_profile(model: str, input_size: int | None, reporter: Reporter) -> ModelProfile:
-    """A zoo model profiled analytically (FLOPs and sizes; layer times from device FLOP/s)."""
+def zoo_profile(
+    model: str, input_size: int | None, reporter: Reporter, fields: ModelFields | None = None
+) -> ModelProfile:
+    """A model profiled analytically (FLOPs and sizes; layer times from device FLOP/s): a
+    zoo name, or any reference (:mod:`models.spec`) built with the request's ``fields``."""
     with reporter.step(f"profiling {model} (analytic)"):
-        module, example = zoo.build(model, input_size)
+        module, example = build_model(
+            model,
+            input_size,
+            options=fields.model_options if fields else None,
+            input_shape=fields.input_shape if fields else None,
+            input_dtype=fields.input_dtype if fields else None,
+            example=fields.example if fields else None,
+        )
         return profiler.profile_model(module, example, name=model, device_type=None)
 
 
@@ -59,7 +71,7 @@ def build_problem(
     spec = cluster_spec(request.cluster)
     budget = request.budget.resolve(default_budget or Budget())
     if request.model is not None:
-        prof = zoo_profile(request.model, request.input_size, reporter)
+        prof = zoo_profile(request.model, request.input_size, reporter, request)
     else:
         prof = ModelProfile.from_dict(request.profile)
     return problem_of(request, prof, spec, budget)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.profile import ModelProfile
@@ -39,8 +40,10 @@ from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.measured_profile import call_sizes, measure_profile
 from pipeplan.executor.model import ModelSource
 from pipeplan.models import zoo
+from pipeplan.models.spec import InputDtype, check_input
 from pipeplan.service.tasks.common import RequestError
 from pipeplan.service.tasks.progress import Reporter
+from pipeplan.service.tasks.requests import ModelFields
 
 SPEC_FILE = "spec.json"
 """Next to the persistent cluster's state file: the spec ``cluster up`` started."""
@@ -181,21 +184,43 @@ def ray_for_search(address: str | None, reporter: Reporter) -> Iterator[None]:
 
 
 def model_source(
-    model: str | None, input_size: int | None, profile: ModelProfile | None, seed: int = 0
+    model: str | None,
+    input_size: int | None,
+    profile: ModelProfile | None,
+    seed: int = 0,
+    *,
+    options: Mapping[str, Any] | None = None,
+    input_shape: Sequence[int] | None = None,
+    input_dtype: str | None = None,
+    example: str | None = None,
 ) -> ModelSource:
-    """What the executor builds: ``model`` (a zoo name), or the zoo model a profile names
-    (its name, and its input's last dimension as the input size)."""
+    """What the executor builds: ``model`` (a zoo name, ``package.module:factory`` or
+    ``hf:ClassName``, with its ``options`` and input), or the zoo model a profile names (its
+    name, and its input's last dimension as the input size). The reference's form is
+    checked here; nothing is imported (a factory is imported where the model is built)."""
     if (model is None) == (profile is None):
         raise RequestError(
             "model, profile: give exactly one of model (a zoo name) or profile (a document)"
         )
     if model is not None:
-        if model not in zoo.MODELS:
-            raise RequestError(f"model: unknown {model!r} (one of {', '.join(zoo.MODELS)})")
-        return ModelSource(model, input_size, seed=seed)
+        check_input(model, input_size, input_shape, input_dtype, example)
+        return ModelSource(
+            model,
+            input_size,
+            seed=seed,
+            options=dict(options or {}),
+            input_shape=None if input_shape is None else tuple(input_shape),
+            input_dtype=cast(InputDtype | None, input_dtype),
+            example_ref=example,
+        )
     assert profile is not None  # one of the two, checked above
     if input_size is not None:
         raise RequestError("input_size: only applies with model (a profile has its own)")
+    given = {"model_options": options or None, "input_shape": input_shape,
+             "input_dtype": input_dtype, "example": example}  # fmt: skip
+    for name, value in given.items():
+        if value is not None:
+            raise RequestError(f"{name}: only applies with model, got {value!r}")
     if profile.name not in zoo.MODELS:
         raise RequestError(
             f"profile: its model {profile.name!r} is not a zoo model the executor can build "
@@ -203,6 +228,21 @@ def model_source(
         )
     size = profile.input_shape[-1] if profile.input_shape else None
     return ModelSource(profile.name, size, seed=seed)
+
+
+def source_of(request: ModelFields, profile: ModelProfile | None = None) -> ModelSource:
+    """:func:`model_source` of a request's model fields (``model``, ``input_size``,
+    ``seed`` where it has them, and :class:`~service.tasks.requests.ModelFields`)."""
+    return model_source(
+        getattr(request, "model", None),
+        getattr(request, "input_size", None),
+        profile,
+        getattr(request, "seed", 0),
+        options=request.model_options,
+        input_shape=request.input_shape,
+        input_dtype=request.input_dtype,
+        example=request.example,
+    )
 
 
 def measure_on_cluster(

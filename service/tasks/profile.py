@@ -19,9 +19,9 @@ from pipeplan.core.formats.pipedream import load_pipedream
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.emulation import emulated_timings
 from pipeplan.executor.model import timing_loss
-from pipeplan.models import layer_timing, profiler, zoo
+from pipeplan.models import layer_timing, profiler
 from pipeplan.service.tasks.common import Request, RequestError, cluster_spec
-from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, source_of
 from pipeplan.service.tasks.progress import QUIET, Reporter
 from pipeplan.service.tasks.requests import ProfileRequest
 
@@ -40,7 +40,7 @@ def _measured(request: ProfileRequest, reporter: Reporter) -> ModelProfile:
         raise RequestError("device_type: not with measure (every type of the cluster is timed)")
     if request.cluster is None and request.address is None:
         raise RequestError("measure: needs cluster (the cluster to start and time on)")
-    source = model_source(request.model, request.input_size, None)
+    source = source_of(request)
     spec = cluster_spec(request.cluster) if request.cluster is not None else None
     with live_cluster(spec, request.address, reporter) as live:
         return measure_on_cluster(source, live, reporter)
@@ -51,7 +51,7 @@ def _timed_here(request: ProfileRequest, reporter: Reporter) -> ModelProfile:
     The profile of an emulated cluster is timed in CPU time, calibrated to the whole model,
     as the stage actors compute (:mod:`executor.emulation`); the last layer carries the
     training loss."""
-    module, example = zoo.build(request.model, request.input_size)
+    module, example = source_of(request).build()
     spec = cluster_spec(request.cluster) if request.cluster is not None else None
     measure_as = request.device_type
     if spec is not None and measure_as is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -82,12 +82,45 @@ def cluster_spec(ref: ClusterRef) -> ClusterSpec:
     return ClusterSpec.from_dict(ref)
 
 
+# --- a model ----------------------------------------------------------------------------------
+
+MODEL_FIELDS = ("model_options", "input_shape", "input_dtype", "example")
+"""The fields that describe how a named ``model`` is built, beside ``model`` and
+``input_size``; they apply only with ``model``."""
+
+
+class ModelFields(Request):
+    """How a request's ``model`` is built. ``model`` is a zoo name, ``package.module:factory``
+    or ``hf:ClassName`` (:mod:`models.spec`); the service takes a reference to code only
+    where ``PIPEPLAN_ALLOW_CODE`` is on, and imports it only inside the job."""
+
+    model_options: dict[str, Any] = {}
+    """Keyword arguments of the zoo builder, the factory or the ``hf:`` config
+    (``{"n_layer": 48}``)."""
+    input_shape: list[int] | None = None
+    """A factory's input shape without the batch dimension (``[3, 224, 224]``)."""
+    input_dtype: Literal["float32", "int64"] | None = None
+    """A factory's input dtype with ``input_shape`` (``int64``: token ids 0)."""
+    example: str | None = None
+    """A factory's example input: ``package.module:function`` returning a batch-1 tensor."""
+
+
+def check_model_fields(request: ModelFields, model: str | None) -> None:
+    """Without ``model``, none of :data:`MODEL_FIELDS` applies."""
+    if model is not None:
+        return
+    for name in MODEL_FIELDS:
+        value = getattr(request, name)
+        if value not in (None, {}):
+            raise RequestError(f"{name}: only applies with model, got {value!r}")
+
+
 # --- a planning problem -----------------------------------------------------------------------
 
 
-class ProblemRequest(Request):
-    """A planning problem: a model (zoo ``model`` or a ``profile`` document), a cluster,
-    an objective and the batch to plan for."""
+class ProblemRequest(ModelFields):
+    """A planning problem: a model (``model``, a reference, or a ``profile`` document), a
+    cluster, an objective and the batch to plan for."""
 
     cluster: ClusterRef
     model: str | None = None
@@ -110,6 +143,7 @@ def check_problem_fields(request: ProblemRequest) -> None:
         )
     if request.input_size is not None and request.model is None:
         raise RequestError("input_size: only applies with model")
+    check_model_fields(request, request.model)
     if request.objective is Objective.COST and request.min_throughput is None:
         raise RequestError(
             "min_throughput: required with objective cost (samples/s to reach; "
@@ -220,8 +254,8 @@ def planner_names(requested: list[str] | None) -> list[str]:
 # --- profile ----------------------------------------------------------------------------------
 
 
-class ProfileRequest(Request):
-    """A zoo model to profile, and where its layer times come from
+class ProfileRequest(ModelFields):
+    """A model to profile, and where its layer times come from
     (:mod:`service.tasks.profile`)."""
 
     model: str
@@ -250,7 +284,7 @@ class EngineKind(StrEnum):
     TORCH_PIPELINING = "torch-pipelining"
 
 
-class RunRequest(Request):
+class RunRequest(ModelFields):
     """A plan to run, the model, the cluster (spec to start, or spec of ``address``)."""
 
     plan: Document

@@ -2,11 +2,11 @@
 model's prediction (:class:`executor.measure.Comparison`,
 ``error = (predicted - measured) / measured``).
 
-The model is ``model`` (a zoo name), or the zoo model a ``profile`` names (its name and
-input size). The prediction uses ``profile``, or else a profile measured on the cluster
-first, for the device types the plan uses, at the batch sizes its stages run. A plan that
-cannot be is refused before Ray starts (against the profile and spec given), and a plan the
-live cluster cannot run before any actor starts.
+The model is ``model`` (a zoo name, factory or ``hf:`` class: :mod:`models.spec`), or the
+zoo model a ``profile`` names (its name and input size). The prediction uses ``profile``, or
+else a profile measured on the cluster first, for the device types the plan uses, at the
+batch sizes its stages run. A plan that cannot be is refused before Ray starts (against the
+profile and spec given), and a plan the live cluster cannot run before any actor starts.
 
 The measured run is reported as one measured evaluation (``reporter.evaluated``) carrying
 its observation, so that a service job's run feeds the cluster's calibration.
@@ -29,7 +29,7 @@ from pipeplan.executor.pinning import check_feasible
 from pipeplan.executor.pipeline import RunConfig, check_engine
 from pipeplan.executor.pipeline import run as run_plan
 from pipeplan.service.tasks.common import cluster_spec
-from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, model_source
+from pipeplan.service.tasks.live import live_cluster, measure_on_cluster, source_of
 from pipeplan.service.tasks.observations import OBSERVATION_KEY, observation_doc
 from pipeplan.service.tasks.progress import QUIET, Reporter
 from pipeplan.service.tasks.requests import DataKind, EngineKind, RunRequest
@@ -72,7 +72,7 @@ def run(request: RunRequest, reporter: Reporter = QUIET) -> Comparison:
     """Run the plan; the measurement beside the prediction (``to_dict()``: the document)."""
     plan = Plan.from_dict(request.plan)
     prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
-    source = model_source(request.model, request.input_size, prof, request.seed)
+    source = source_of(request, prof)
     config = RunConfig(
         steps=request.steps,
         warmup=request.warmup,

@@ -34,7 +34,7 @@ def test_reference_kinds_need_no_import() -> None:
     assert reference_kind("no_such_package.models:make") == "code"  # not imported
     assert names_code("a.b:c") and not names_code("hf:Foo") and not names_code("gpt")
     assert not names_code(None)
-    with pytest.raises(PipeplanError, match=r"^model: unknown model 'gtp' \(a zoo name: "):
+    with pytest.raises(PipeplanError, match=r"^model: unknown 'gtp' \(a zoo name: "):
         reference_kind("gtp")
     with pytest.raises(PipeplanError, match=r"^--model: 'hf:GPT-2' is not hf:ClassName"):
         reference_kind("hf:GPT-2", "--model")

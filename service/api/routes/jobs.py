@@ -42,7 +42,7 @@ def create_job(
     """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
     ``cluster`` becomes the calibrated spec where the service has a calibration for it that
     applies, unless ``calibration`` is false (:mod:`service.api.calibration`)."""
-    validate_job(create)
+    validate_job(create, allow_code=settings.allow_code)
     return submit(calibrated_job(create, store), store, backend, settings.public_url)
 
 
