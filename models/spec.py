@@ -16,13 +16,14 @@ A reference is one of three forms:
 Every build is seeded (``torch.random.fork_rng`` and ``manual_seed``: the same weights on
 every build, the global RNG untouched), so stage workers rebuild the same model from the
 reference alone. :func:`check_reference` checks a reference's form without importing
-anything (the API process must not import a user's code).
+anything (the API process must not import a user's code); the torch-free parts (option
+values, shapes, whether a reference names code) are :mod:`core.model_refs`'.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -30,12 +31,17 @@ from torch import nn
 
 from pipeplan.core.code import is_code_ref, load_callable
 from pipeplan.core.errors import PipeplanError
+from pipeplan.core.model_refs import HF_PREFIX, names_code, parse_options, parse_shape, parse_value
 from pipeplan.models import hf, zoo
+
+__all__ = [
+    "HF_PREFIX", "INPUT_DTYPES", "Built", "InputDtype", "Kind", "build_model", "check_input",
+    "names_code", "parse_options", "parse_shape", "parse_value", "reference_kind",
+]  # fmt: skip
 
 Kind = Literal["zoo", "code", "hf"]
 InputDtype = Literal["float32", "int64"]
 INPUT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "int64": torch.int64}
-HF_PREFIX = "hf:"
 Built = tuple[nn.Module, torch.Tensor]
 
 _HF_CLASS = re.compile(r"^[A-Za-z_]\w*$")
@@ -55,47 +61,6 @@ def reference_kind(ref: str, field: str = "model") -> Kind:
         f"{field}: unknown {ref!r} (a zoo name: {', '.join(zoo.MODELS)}; "
         "package.module:factory; or hf:ClassName)"
     )
-
-
-def names_code(ref: str | None) -> bool:
-    """Whether a reference imports user code (``package.module:attr``); ``hf:`` does not."""
-    return ref is not None and not ref.startswith(HF_PREFIX) and is_code_ref(ref)
-
-
-def parse_value(text: str) -> int | float | bool | str:
-    """An option's value: ``true``/``false``, an int, a float, else the text itself."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_options(pairs: Iterable[str], field: str = "-M") -> dict[str, Any]:
-    """``key=value`` texts as a dict of options (values by :func:`parse_value`)."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise PipeplanError(f"{field}: expected key=value with a name for key, got {pair!r}")
-        options[key] = parse_value(raw.strip())
-    return options
-
-
-def parse_shape(text: str, field: str = "--input-shape") -> tuple[int, ...]:
-    """``3,224,224`` (without the batch dimension) as a tuple of positive ints."""
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(","))
-    except ValueError:
-        shape = ()
-    if not shape or any(n < 1 for n in shape):
-        raise PipeplanError(f"{field}: expected sizes >= 1 separated by commas, got {text!r}")
-    return shape
 
 
 def check_input(

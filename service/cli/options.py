@@ -1,7 +1,7 @@
 """The options several commands share, declared once: the problem a planning command
-describes (``plan``, ``compare``, ``provision`` and ``submit plan|compare``), a search's
-options (``plan``, ``submit plan``), and the flags ``submit profile|run`` take from
-``profile`` and ``run``.
+describes (``plan``, ``compare``, ``provision`` and ``submit plan|compare``), how a named
+model is built (those, ``profile`` and ``run``), a search's options (``plan``, ``submit
+plan``), and the flags ``submit profile|run`` take from ``profile`` and ``run``.
 
 Neither torch nor Ray: the client commands (``submit ...``) build their requests with it.
 """
@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
+from enum import StrEnum
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_type_hints
@@ -20,6 +21,8 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from pipeplan.agents.problem import Budget, Objective
+from pipeplan.core.model_refs import parse_options as parse_model_options
+from pipeplan.core.model_refs import parse_shape
 from pipeplan.core.plan import Schedule
 from pipeplan.service.cli.console import CliError, cluster_ref, document
 from pipeplan.service.tasks.requests import DataKind, Reward
@@ -28,11 +31,92 @@ F = TypeVar("F", bound=Callable[..., Any])
 REQUIRED = inspect.Parameter.empty
 """The default of an option with none: typer makes it required."""
 
+# --- a model ----------------------------------------------------------------------------------
+
+MODEL_FORMS = (
+    "a zoo name (pipeplan profile --list), package.module:factory (a callable returning an "
+    "nn.Module; its input from --input-shape or --example), or hf:ClassName (a transformers "
+    "model from its config, random weights, e.g. hf:GPT2LMHeadModel)"
+)
+ModelRefOpt = Annotated[str | None, typer.Option("--model", help=f"the model: {MODEL_FORMS}")]
+
+
+class InputDtype(StrEnum):
+    """A factory model's input dtype: images and features, or token ids."""
+
+    FLOAT32 = "float32"
+    INT64 = "int64"
+
+
+ModelOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-option",
+        "-M",
+        help="model option key=value (repeatable; int, float, true/false or text): a zoo "
+        "model's, a factory's keyword argument or an hf: config field, e.g. -M n_layer=48",
+    ),
+]
+InputShapeOpt = Annotated[
+    str | None,
+    typer.Option(help="a factory model's input shape without the batch, e.g. 3,224,224"),
+]
+InputDtypeOpt = Annotated[
+    InputDtype | None,
+    typer.Option(help="a factory model's input dtype (int64: token ids 0; default float32)"),
+]
+ExampleOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="a factory model's example input: package.module:function returning a batch-1 "
+        "tensor (instead of --input-shape)"
+    ),
+]
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """How the model ``--model`` names is built, beyond its name and ``--input-size``:
+    declared once, taken by a command as one parameter ``model_flags: ModelFlags`` under
+    :func:`model_flag_options` (and by the planning commands within :class:`ProblemFlags`)."""
+
+    model_option: ModelOptionOpt = None
+    input_shape: InputShapeOpt = None
+    input_dtype: InputDtypeOpt = None
+    example: ExampleOpt = None
+
+    def source_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~service.tasks.live.model_source` (``options``,
+        ``input_shape``, ``input_dtype``, ``example``); ``-M`` and ``--input-shape`` parsed,
+        their errors naming the flag and the text."""
+        return {
+            "options": parse_model_options(self.model_option or [], "-M"),
+            "input_shape": None if self.input_shape is None else parse_shape(self.input_shape),
+            "input_dtype": None if self.input_dtype is None else self.input_dtype.value,
+            "example": self.example,
+        }
+
+    def fields(self) -> dict[str, Any]:
+        """The model fields of a request (:class:`~service.tasks.requests.ModelFields`)."""
+        kwargs = self.source_kwargs()
+        shape = kwargs["input_shape"]
+        return {
+            "model_options": kwargs["options"],
+            "input_shape": None if shape is None else list(shape),
+            "input_dtype": kwargs["input_dtype"],
+            "example": kwargs["example"],
+        }
+
+
+NO_MODEL_FLAGS = ModelFlags()
+"""The default of a command's ``model_flags`` parameter (the decorator replaces it)."""
+
+
 # --- the problem ------------------------------------------------------------------------------
 
 ClusterOpt = Annotated[str, typer.Option("--cluster", help="cluster.yaml or a preset name")]
 ModelOpt = Annotated[
-    str | None, typer.Option("--model", help="zoo model name, profiled analytically")
+    str | None, typer.Option("--model", help=f"the model, profiled analytically: {MODEL_FORMS}")
 ]
 ProfileOpt = Annotated[Path | None, typer.Option("--profile", help="profile.json")]
 InputSizeOpt = Annotated[
@@ -78,10 +162,19 @@ class ProblemFlags:
     seed: SeedOpt = 0
     budget: BudgetOpt = None
     seconds: SecondsOpt = None
+    model_option: ModelOptionOpt = None
+    input_shape: InputShapeOpt = None
+    input_dtype: InputDtypeOpt = None
+    example: ExampleOpt = None
+
+    def model_flags(self) -> ModelFlags:
+        """How ``model`` is built (:class:`ModelFlags`)."""
+        return ModelFlags(self.model_option, self.input_shape, self.input_dtype, self.example)
 
     def fields(self) -> dict[str, Any]:
         """The problem's fields of a request."""
         return {
+            **self.model_flags().fields(),
             "cluster": cluster_ref(self.cluster),
             "model": self.model,
             "profile": document(self.profile),
@@ -109,10 +202,26 @@ def problem_options(
     way (``submit``'s optional ``--cluster``, ``provision``'s required ``--min-throughput``;
     :data:`REQUIRED` for no default); ``fixed``: field -> the value of an option the command
     does not have (``provision``'s objective)."""
+    return _flag_options(ProblemFlags, "problem", declare, fixed)
+
+
+def model_flag_options() -> Callable[[F], F]:
+    """A command that takes ``model_flags: ModelFlags`` gets :class:`ModelFlags`' options in
+    its signature, where ``model_flags`` is, and is called with them as one ``ModelFlags``."""
+    return _flag_options(ModelFlags, "model_flags")
+
+
+def _flag_options(
+    flags: type[Any],
+    param: str,
+    declare: Mapping[str, tuple[Any, Any]] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> Callable[[F], F]:
+    """The options of the dataclass ``flags`` in place of a command's parameter ``param``."""
     declared, given = dict(declare or {}), dict(fixed or {})
-    hints = get_type_hints(ProblemFlags, include_extras=True)
+    hints = get_type_hints(flags, include_extras=True)
     options = []
-    for f in dataclass_fields(ProblemFlags):
+    for f in dataclass_fields(flags):
         if f.name in given:
             continue
         own = (hints[f.name], REQUIRED if f.default is MISSING else f.default)
@@ -125,20 +234,24 @@ def problem_options(
         command_hints = get_type_hints(command, include_extras=True)
         params: list[inspect.Parameter] = []
         for p in signature.parameters.values():
-            if p.name == "problem":
+            if p.name == param:
                 params += options
             else:
                 kind = inspect.Parameter.KEYWORD_ONLY
                 params.append(p.replace(kind=kind, annotation=command_hints[p.name]))
 
         @wraps(command)
-        def with_problem(**kwargs: Any) -> Any:
-            values = {o.name: kwargs.pop(o.name) for o in options}
-            return command(problem=ProblemFlags(**values, **given), **kwargs)
+        def with_flags(**kwargs: Any) -> Any:
+            values = {
+                o.name: kwargs.pop(o.name) if o.name in kwargs or o.default is REQUIRED
+                else o.default
+                for o in options
+            }  # fmt: skip
+            return command(**{param: flags(**values, **given)}, **kwargs)
 
-        with_problem.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        with_problem.__annotations__ = {p.name: p.annotation for p in params}
-        return with_problem  # type: ignore[return-value]
+        with_flags.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_flags.__annotations__ = {p.name: p.annotation for p in params}
+        return with_flags  # type: ignore[return-value]
 
     return decorate
 

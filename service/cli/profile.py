@@ -1,4 +1,5 @@
-"""``pipeplan profile``: a zoo model (or a PipeDream import) into profile.json."""
+"""``pipeplan profile``: a model (a zoo name, a factory, ``hf:``; or a PipeDream import)
+into profile.json."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import typer
 from pipeplan.core.profile import ModelProfile
 from pipeplan.models import zoo
 from pipeplan.service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
-from pipeplan.service.cli.options import EmulatedClusterOpt, MeasureOpt
+from pipeplan.service.cli.options import (
+    MODEL_FORMS,
+    NO_MODEL_FLAGS,
+    EmulatedClusterOpt,
+    MeasureOpt,
+    ModelFlags,
+    model_flag_options,
+)
 from pipeplan.service.tasks.profile import (
     PipedreamRequest,
     ProfileRequest,
@@ -50,9 +58,11 @@ def _write(prof: ModelProfile, output: Path) -> None:
 
 
 @clean_errors
+@model_flag_options()
 def profile_command(
-    model: Annotated[str | None, typer.Argument(help="zoo model name (see --list)")] = None,
+    model: Annotated[str | None, typer.Argument(help=f"the model: {MODEL_FORMS}")] = None,
     input_size: Annotated[int | None, typer.Option(help="input height/width (or tokens)")] = None,
+    model_flags: ModelFlags = NO_MODEL_FLAGS,
     device_type: Annotated[
         str | None,
         typer.Option(help="measure layer times on this machine under this device-type name"),
@@ -68,7 +78,11 @@ def profile_command(
     text: Annotated[bool, typer.Option("--text", help="print TAPP's text library")] = False,
     list_models: Annotated[bool, typer.Option("--list", help="list zoo models")] = False,
 ) -> None:
-    """Profile a zoo model (or import a PipeDream profile) into profile.json."""
+    """Profile a zoo model (or import a PipeDream profile) into profile.json.
+
+    MODEL may also be a factory (package.module:factory) or a transformers class
+    (hf:ClassName).
+    """
     if list_models:
         typer.echo("\n".join(zoo.MODELS))
         return
@@ -82,6 +96,7 @@ def profile_command(
         request = ProfileRequest(
             model=model,
             input_size=input_size,
+            **model_flags.fields(),
             device_type=device_type,
             cluster=cluster_ref(cluster) if cluster is not None else None,
             measure=measure,

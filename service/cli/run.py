@@ -22,7 +22,14 @@ from pipeplan.service.cli.console import (
     echo_json,
     out,
 )
-from pipeplan.service.cli.options import DataOpt, RunProfileOpt
+from pipeplan.service.cli.options import (
+    NO_MODEL_FLAGS,
+    DataOpt,
+    ModelFlags,
+    ModelRefOpt,
+    RunProfileOpt,
+    model_flag_options,
+)
 from pipeplan.service.render_runs import run_lines, run_table
 from pipeplan.service.tasks.run import DataKind, EngineKind, RunRequest, run
 
@@ -45,13 +52,15 @@ AddressOpt = Annotated[
 
 
 @clean_errors
+@model_flag_options()
 def run_command(
     plan: Annotated[Path, typer.Option("--plan", help="plan.json to run")],
     cluster: ClusterOpt = None,
-    model: Annotated[str | None, typer.Option("--model", help="zoo model name")] = None,
+    model: ModelRefOpt = None,
     input_size: Annotated[
         int | None, typer.Option(help="input height/width (or tokens) for --model")
     ] = None,
+    model_flags: ModelFlags = NO_MODEL_FLAGS,
     profile: RunProfileOpt = None,
     steps: Annotated[int, typer.Option(help="measured training steps")] = 5,
     warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,
@@ -80,6 +89,7 @@ def run_command(
         cluster=cluster_ref(cluster) if cluster is not None else None,
         model=model,
         input_size=input_size,
+        **model_flags.fields(),
         profile=document(profile),
         steps=steps,
         warmup=warmup,
