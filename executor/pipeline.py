@@ -35,6 +35,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
@@ -57,7 +58,7 @@ from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
 from pipeplan.executor.partition import ValueMeta, partition
 from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
-from pipeplan.executor.stage import StageWorker, StepOutput, WorkerSpec
+from pipeplan.executor.stage import Feed, StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
 from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
 from pipeplan.executor.transport import GroupSpec, backend_for
@@ -122,9 +123,12 @@ class Pipeline:
         model: ModelSource,
         cluster: ClusterSpec,
         config: RunConfig | None = None,
+        feed: Feed | None = None,
     ) -> None:
         self.plan, self.model, self.cluster = plan, model, cluster
         self.config = config or RunConfig()
+        self.feed = feed
+        """Set for training: the first and last stages read the batches themselves."""
         check_shares(plan)  # before the layout, which cannot share a microbatch otherwise
         self.layout = _layout(plan)
         self.workers: list[list[WorkerHandle]] = []
@@ -273,6 +277,7 @@ class Pipeline:
                     accelerators=kinds,
                     timeout_s=self.config.timeout_s,
                     engine=self.config.engine,
+                    feed=self.feed,
                 )
                 for k, device in enumerate(stage.devices)
             ]
@@ -324,19 +329,26 @@ class Pipeline:
 
     # --- training ---------------------------------------------------------------------------
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> StepResult:
-        """Train one global batch ``(x, y)``; returns its time, loss, accuracy and records."""
+    def step(self, x: torch.Tensor | None = None, y: torch.Tensor | None = None) -> StepResult:
+        """Train one global batch ``(x, y)``; returns its time, loss, accuracy and records.
+        Without a batch the first and last stages read the next one from their data stream
+        (a pipeline with a ``feed``)."""
         self._require_started()
         batch = self.plan.global_batch
-        if x.shape[0] != batch or y.shape[0] != batch:
-            raise PlanError(
-                f"batch: expected {batch} samples (plan.global_batch), got inputs "
-                f"{tuple(x.shape)} and labels {tuple(y.shape)}"
-            )
+        if x is None or y is None:
+            if self.feed is None:
+                raise ExecutorError("pipeline: step() without a batch needs a data feed")
+            x_ref = y_ref = None
+        else:
+            if x.shape[0] != batch or y.shape[0] != batch:
+                raise PlanError(
+                    f"batch: expected {batch} samples (plan.global_batch), got inputs "
+                    f"{tuple(x.shape)} and labels {tuple(y.shape)}"
+                )
+            x_ref = ray.put({self.input_name: x.detach().numpy()})
+            y_ref = ray.put(y.detach().numpy())
         t, self._step = self._step, self._step + 1
         start, t0 = time.time(), time.perf_counter()
-        x_ref = ray.put({self.input_name: x.detach().numpy()})
-        y_ref = ray.put(y.detach().numpy())
         refs = submit_step(self.workers, t, x_ref, y_ref)
         deadline = time.monotonic() + self.config.timeout_s
         try:
@@ -397,6 +409,34 @@ class Pipeline:
         return summarise(
             self.plan, results, warmup, emulated=self.emulated, placement=self.placement
         )
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def _everyone(self, call: str, what: str, *args: object) -> None:
+        """Call ``call`` on every replica at once (a collective) and wait for all."""
+        self._require_started()
+        workers = self.all_workers()
+        refs = {getattr(w.actor, call).remote(*args): w for w in workers}
+        try:
+            wait_all(refs, workers, time.monotonic() + self.config.timeout_s, what)
+        except BaseException:
+            self.close()  # the others may wait on the collective until its timeout
+            raise
+
+    def save_checkpoint(self, folder: Path) -> None:
+        """Every replica writes its part of one checkpoint into ``folder``
+        (:mod:`executor.checkpoint`; the caller commits it)."""
+        self._everyone("save_checkpoint", "checkpoint save", str(folder))
+
+    def load_checkpoint(self, folder: Path, restore_rng: bool) -> None:
+        """Every replica loads the entries it holds from checkpoint ``folder`` (weights,
+        optimizer state; its random state too when ``restore_rng``)."""
+        self._everyone("load_checkpoint", "checkpoint load", str(folder), restore_rng)
+
+    def seek_data(self, position: int, step: int) -> None:
+        """Resume the data streams at global batch ``position`` and count steps from ``step``."""
+        self._everyone("seek_data", "data seek", position)
+        self._step = step
 
     def stage_parameters(self, stage: int, replica: int = 0) -> dict[str, torch.Tensor]:
         """One stage replica's parameters, by the model's parameter names."""

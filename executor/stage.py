@@ -61,6 +61,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -70,18 +71,14 @@ import torch
 from pipeplan.core.cluster import parse_device_id
 from pipeplan.core.plan import Schedule
 from pipeplan.core.schedules import Op, stage_orders
-from pipeplan.executor import metrics, transport
+from pipeplan.executor import checkpoint, metrics, transport
 from pipeplan.executor.accelerators import local_device, synchronize
+from pipeplan.executor.data import BatchStream, DataSpec, open_stream
 from pipeplan.executor.emulation import emulation_sleep
 from pipeplan.executor.errors import StageFailedError
+from pipeplan.executor.loss import CROSS_ENTROPY, LossSpec, load_loss
 from pipeplan.executor.microbatch import Layout
-from pipeplan.executor.model import (
-    ModelSource,
-    OptimizerConfig,
-    batch_loss,
-    disable_dropout,
-    loss_terms,
-)
+from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, disable_dropout
 from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
 from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs
 from pipeplan.executor.torch_engine import Engine, StageModule, TorchStage
@@ -90,6 +87,18 @@ from pipeplan.executor.transport import GroupSpec, Link
 OpKind = Literal["F", "B", "G", "U", "S"]
 """Forward, backward, all-reduce, update; ``S``: a whole step run by PyTorch's pipeline
 schedule (:mod:`executor.torch_engine`), which times no single operation."""
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Where the first and last stages read their batches themselves (a training run): a
+    data source reference (:mod:`executor.data`) and its seed. Each reading replica opens
+    its own stream of the same source and seed, so all see the same global batches."""
+
+    data: str = "synthetic"
+    seed: int = 0
+    loss: str = "cross-entropy"
+    """The loss the last stage computes (:mod:`executor.loss`)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,9 @@ class WorkerSpec:
     engine: Engine = "pipeplan"
     """Who runs the stage's operations: pipeplan's schedule runner, or PyTorch's pipeline
     schedules (:mod:`executor.torch_engine`)."""
+    feed: Feed | None = None
+    """Set on every worker of a training run: its seed seeds the worker's random state, and
+    the first and last stages read the batches themselves (the driver passes none)."""
 
 
 @dataclass(frozen=True)
@@ -283,6 +295,14 @@ class StageWorker:
             value = self.attrs[arg]
             if isinstance(value, torch.nn.Parameter) and value.requires_grad:
                 self.params[target] = value
+        # The model's state_dict entries this stage holds (by the model's names): what a
+        # checkpoint saves and loads (executor.checkpoint). The stage's module shares the
+        # model's tensors, so they are told apart by identity.
+        held = {id(t) for t in (*self.module.parameters(), *self.module.buffers())}
+        held |= {id(v) for v in self.attrs.values() if isinstance(v, torch.Tensor)}
+        self.state: dict[str, torch.Tensor] = {
+            n: t for n, t in model.state_dict(keep_vars=True).items() if id(t) in held
+        }
         # A stage of activations and pools alone has nothing to optimise.
         self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
         if self.device.type == "cpu":
@@ -302,6 +322,20 @@ class StageWorker:
             self.order: list[Op] = stage_orders(spec.schedule, sizes, spec.global_batch)[spec.stage]
             backwards = [j for kind, j in self.order if kind == "B"]
             self._last_backward = backwards[-1] if backwards else -1
+        self.loss = load_loss(LossSpec.parse(spec.feed.loss if spec.feed else CROSS_ENTROPY))
+        if spec.feed is not None:  # training: dropout masks reproducible run to run
+            torch.manual_seed(rng_seed(spec.feed.seed, spec.stage, spec.replica))
+        self.stream: BatchStream | None = None
+        if spec.feed is not None and (spec.stage == 0 or self.last):
+            output = cut.meta[cut.model_output]
+            self.stream = open_stream(
+                DataSpec.parse(spec.feed.data),
+                example,
+                (1, *output.shape),
+                spec.global_batch,
+                spec.feed.seed,
+                class_targets=self.loss.spec.class_targets,
+            )
         self.torch_stage = None
         if self.group is not None and spec.engine == "torch-pipelining":
             self._torch_stage()
@@ -368,6 +402,9 @@ class StageWorker:
             if self.group is None:
                 raise RuntimeError("run_step before join_group")
             losses: dict[str, Any] = {"loss_sum": 0.0, "predictions": 0, "correct": 0}
+            if self.stream is not None and inputs is None and labels is None:
+                operation = "reading data"
+                inputs, labels = self._read_batch()
             if self.torch_stage is not None:
                 return self._torch_step(step, inputs, labels, losses)
             records: list[OpRecord] = []
@@ -390,10 +427,24 @@ class StageWorker:
             self._pending.clear()
             return StepOutput(tuple(records), losses if self.last else None)
         except Exception:
-            spec = self.spec
-            return Failure(
-                spec.stage, spec.replica, spec.device, spec.node, operation, traceback.format_exc()
-            )
+            return self._failure(operation)
+
+    def _read_batch(self) -> tuple[Payload | None, np.ndarray | None]:
+        """The stream's next global batch: the inputs for the first stage, the targets for
+        the last."""
+        assert self.stream is not None
+        x, y = self.stream.next()
+        inputs = {self.graph.inputs[0]: x.numpy()} if self.spec.stage == 0 else None
+        return inputs, (y.numpy() if self.last else None)
+
+    def seek_data(self, position: int) -> None | Failure:
+        """Resume the data stream at global batch ``position`` (a checkpoint's)."""
+        try:
+            if self.stream is not None:
+                self.stream.seek(position)
+            return None
+        except Exception:
+            return self._failure("data seek")
 
     def begin_step(self) -> None:
         """Clear the per-step state: sends under way, saved activations, losses. (A driver
@@ -428,7 +479,7 @@ class StageWorker:
         synchronize(self.device)
         records = [self._record("S", step, -1, clock)]
         if logits is not None and y is not None:
-            terms = loss_terms(logits, y)
+            terms = self.loss.terms(logits, y)
             losses.update(
                 loss_sum=float(terms.loss_sum),
                 predictions=terms.predictions,
@@ -557,7 +608,7 @@ class StageWorker:
         produced = dict(zip(self.graph.results, self.module(*args), strict=True))
         outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
         if y is not None:
-            terms = loss_terms(outputs[self.graph.outputs[0]], y)
+            terms = self.loss.terms(outputs[self.graph.outputs[0]], y)
             self._losses[j] = batch_loss(terms, hi - lo, self.spec.global_batch)
         synchronize(self.device)
         computed = compute.elapsed()
@@ -671,6 +722,37 @@ class StageWorker:
         synchronize(self.device)
         return self._record("U", step, -1, clock)
 
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str) -> None | Failure:
+        """This replica's part of a checkpoint into ``path`` (every replica at once)."""
+        try:
+            state = checkpoint.shard_state(self.state, self.optimizer, self.params, self._rng_key)
+            checkpoint.save_shard(state, Path(path))
+            return None
+        except Exception:
+            return self._failure("checkpoint save")
+
+    def load_checkpoint(self, path: str, restore_rng: bool) -> None | Failure:
+        """Load this replica's entries of the checkpoint at ``path`` (every replica at once);
+        ``restore_rng``: also its random state (the checkpoint's plan is this run's)."""
+        try:
+            key = self._rng_key if restore_rng else None
+            checkpoint.load_shard(Path(path), self.state, self.optimizer, self.params, key)
+            return None
+        except Exception:
+            return self._failure("checkpoint load")
+
+    @property
+    def _rng_key(self) -> str:
+        return f"s{self.spec.stage}.r{self.spec.replica}"
+
+    def _failure(self, operation: str) -> Failure:
+        spec = self.spec
+        return Failure(
+            spec.stage, spec.replica, spec.device, spec.node, operation, traceback.format_exc()
+        )
+
     def parameters(self) -> dict[str, np.ndarray]:
         """The stage's parameters, by the model's parameter names."""
         return {n: p.detach().cpu().numpy().copy() for n, p in self.params.items()}
@@ -709,6 +791,12 @@ class StageWorker:
             sleep,
             cpu,
         )
+
+
+def rng_seed(seed: int, stage: int, replica: int) -> int:
+    """The seed of one stage replica's random state in a training run (its dropout): a run
+    of the same seed draws the same masks, and no two replicas draw alike."""
+    return (seed * 1_000_003 + stage * 1_009 + replica) % (2**63)
 
 
 HEAP_RESERVE = 4

@@ -64,6 +64,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeplan.service.cli.run:register",
         "Run a plan for real on Ray actors; print the measurement beside the cost model's.",
     ),
+    "train": (
+        "pipeplan.service.cli.train:register",
+        "Train a model on a plan (given, or planned first); checkpoints, resume.",
+    ),
+    "checkpoint": (
+        "pipeplan.service.cli.train:register",
+        "Training checkpoints.",
+    ),
     "export": (
         "pipeplan.service.cli.export:register",
         "Write a plan as a torchrun script that trains it with torch.distributed.pipelining.",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -29,6 +29,9 @@ from pipeplan.executor.errors import ExecutorError
 from pipeplan.service.render import format_value
 from pipeplan.service.tasks.progress import Reporter
 from pipeplan.service.tasks.requests import ClusterRef, Document
+
+if TYPE_CHECKING:  # the executor imports torch, which a client command does without
+    from pipeplan.executor.train import TrainStep
 
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,6 +126,15 @@ class ConsoleReporter(Reporter):
 
     def note(self, text: str) -> None:
         say(text)
+
+    def trained(self, step: TrainStep) -> None:
+        say(
+            f"step {step.step + 1}: loss {step.loss:.4f}, {step.samples_per_s:.1f} samples/s "
+            f"({step.batch_time_s:.2f} s)"
+        )
+
+    def checkpointed(self, step: int, path: Path) -> None:
+        say(f"checkpoint after step {step}: {path}")
 
     @contextmanager
     def search(self, label: str, total: int | None) -> Iterator[SearchProgress]:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeplan.agents.rewards import Population
 from pipeplan.agents.search import Progress
+
+if TYPE_CHECKING:  # the executor imports torch; a reporter does not need it
+    from pipeplan.executor.train import TrainStep
 
 
 def _ignore(evaluations: int, best: float) -> None:
@@ -52,6 +56,12 @@ class Reporter:
         lower is better, ``inf`` for an infeasible plan. ``details``, one per plan where
         the search has them: what else it knows of each (a measured plan's
         ``batch_time_s`` and the cost model's ``predicted_batch_time_s``)."""
+
+    def trained(self, step: TrainStep) -> None:
+        """A training run finished one step: its loss and time."""
+
+    def checkpointed(self, step: int, path: Path) -> None:
+        """A training run wrote a checkpoint after ``step`` steps into ``path``."""
 
 
 QUIET = Reporter()

@@ -1,0 +1,222 @@
+"""Train a model on a plan: the loop over steps, checkpoints and resume.
+
+:func:`train` deploys the plan (:class:`~executor.pipeline.Pipeline`) with a data
+:class:`~executor.stage.Feed`: the first stage's replicas read the inputs of every global
+batch from their own data stream and the last stage's the targets, so no batch passes
+through the driver. Each step is one call per stage replica; the driver gets back the loss
+and the step's time and hands them to ``on_step``.
+
+**Checkpoints** (:mod:`executor.checkpoint`) are taken every ``checkpoint_every`` steps and
+after the last one, into ``checkpoint_dir``: every replica writes its part into a staging
+folder, then the driver adds the manifest and commits the folder atomically.
+
+**Resume.** ``resume`` names a checkpoint (a step folder, or a checkpoint directory: its
+latest). Training continues at the checkpoint's step up to ``steps`` (a total, so the same
+command resumed runs only what was left), the data streams at the checkpoint's position.
+Under the plan that wrote it, each replica also gets back its random state, so a resumed
+run computes bit for bit what the uninterrupted one would have. Under another plan the
+weights and optimizer state are re-sharded by parameter name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeplan.core.cluster import ClusterSpec
+from pipeplan.core.errors import PipeplanError
+from pipeplan.core.plan import Plan
+from pipeplan.executor import checkpoint
+from pipeplan.executor.checkpoint import Manifest
+from pipeplan.executor.model import ModelSource, OptimizerConfig
+from pipeplan.executor.pipeline import Pipeline, RunConfig
+from pipeplan.executor.stage import Feed
+from pipeplan.executor.torch_engine import Engine
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train."""
+
+    steps: int
+    """Steps to have trained at the end (counted from the start of training, not from a
+    resumed checkpoint)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: str = "synthetic"
+    """The data source (:mod:`executor.data`)."""
+    loss: str = "cross-entropy"
+    """The loss (:mod:`executor.loss`)."""
+    seed: int = 0
+    """Seed of the data order (the model's seed is the model reference's)."""
+    checkpoint_dir: Path | None = None
+    """Where checkpoints go (None: none are taken)."""
+    checkpoint_every: int = 0
+    """Take a checkpoint every this many steps (0: only after the last step)."""
+    resume: Path | None = None
+    """A checkpoint to continue from."""
+    emulate: bool = True
+    deterministic: bool = False
+    """Disable dropout (to compare with single-process training)."""
+    timeout_s: float = 300.0
+    start_timeout_s: float = 180.0
+    engine: Engine = "pipeplan"
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise PipeplanError(f"steps: must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 0:
+            raise PipeplanError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
+        if self.engine == "torch-pipelining" and self.loss != "cross-entropy":
+            raise PipeplanError(
+                f"loss: engine torch-pipelining trains with cross-entropy only, not {self.loss!r}"
+            )
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise PipeplanError("checkpoint_every: needs a checkpoint directory (checkpoint_dir)")
+
+    def run_config(self) -> RunConfig:
+        return RunConfig(
+            steps=self.steps,
+            warmup=0,
+            optimizer=self.optimizer,
+            emulate=self.emulate,
+            deterministic=self.deterministic,
+            seed=self.seed,
+            timeout_s=self.timeout_s,
+            start_timeout_s=self.start_timeout_s,
+            engine=self.engine,
+        )
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One trained step, as the driver saw it."""
+
+    step: int
+    loss: float
+    accuracy: float
+    batch_time_s: float
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run did."""
+
+    steps: tuple[TrainStep, ...]
+    """The steps this run trained (after the resumed checkpoint's, if any)."""
+    first_step: int
+    """The step it started at (0, or the resumed checkpoint's)."""
+    checkpoint: Path | None
+    """The last checkpoint it wrote."""
+    resumed_from: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_step": self.first_step,
+            "steps": [asdict(s) for s in self.steps],
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+        }
+
+
+StepHook = Callable[[TrainStep], None]
+CheckpointHook = Callable[[int, Path], None]
+
+
+def model_reference(model: ModelSource) -> dict[str, Any]:
+    """What a manifest records of the model: enough to build the same architecture."""
+    return {
+        "name": model.name,
+        "input_size": model.input_size,
+        "seed": model.seed,
+        "options": dict(model.options),
+    }
+
+
+def train(
+    plan: Plan,
+    model: ModelSource,
+    cluster: ClusterSpec,
+    config: TrainConfig,
+    on_step: StepHook | None = None,
+    on_checkpoint: CheckpointHook | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``plan`` for ``config.steps`` steps (module docstring)."""
+    resumed = _resumable(config, plan) if config.resume is not None else None
+    first = resumed[1].step if resumed else 0
+    if first >= config.steps:
+        raise PipeplanError(
+            f"steps: the checkpoint is at step {first} already; ask for more than {first} steps"
+        )
+    feed = Feed(config.data, config.seed, config.loss)
+    done: list[TrainStep] = []
+    last: Path | None = None
+    with Pipeline(plan, model, cluster, config.run_config(), feed) as pipe:
+        if resumed is not None:
+            folder, manifest = resumed
+            same_plan = manifest.plan == json.loads(json.dumps(plan.to_dict()))
+            pipe.load_checkpoint(folder, restore_rng=same_plan)
+            pipe.seek_data(manifest.data_position, manifest.step)
+        for t in range(first, config.steps):
+            t0 = time.perf_counter()
+            result = pipe.step()
+            elapsed = time.perf_counter() - t0
+            report = TrainStep(
+                t, result.loss, result.accuracy, elapsed, plan.global_batch / elapsed
+            )
+            done.append(report)
+            if on_step is not None:
+                on_step(report)
+            if _checkpoint_due(config, t + 1):
+                last = _save(pipe, plan, model, config, t + 1)
+                if on_checkpoint is not None:
+                    on_checkpoint(t + 1, last)
+    return TrainResult(tuple(done), first, last, resumed[0] if resumed else None)
+
+
+def _checkpoint_due(config: TrainConfig, trained: int) -> bool:
+    if config.checkpoint_dir is None:
+        return False
+    every = config.checkpoint_every
+    return trained == config.steps or (every > 0 and trained % every == 0)
+
+
+def _save(pipe: Pipeline, plan: Plan, model: ModelSource, config: TrainConfig, step: int) -> Path:
+    assert config.checkpoint_dir is not None
+    staged = checkpoint.staging_dir(config.checkpoint_dir, step)
+    pipe.save_checkpoint(staged)
+    manifest = Manifest(
+        step=step,
+        data_position=step,  # one global batch per step
+        plan=plan.to_dict(),
+        model=model_reference(model),
+        optimizer=asdict(config.optimizer),
+        data=config.data,
+    )
+    return checkpoint.commit(staged, manifest)
+
+
+def _resumable(config: TrainConfig, plan: Plan) -> tuple[Path, Manifest]:
+    """The checkpoint to resume and its manifest; refuses one that cannot continue here."""
+    assert config.resume is not None
+    folder = checkpoint.resolve(config.resume)
+    manifest = checkpoint.read_manifest(folder)
+    kind = manifest.optimizer.get("kind")
+    if kind != config.optimizer.kind:
+        raise PipeplanError(
+            f"optimizer: the checkpoint was trained with {kind!r}, not {config.optimizer.kind!r}"
+        )
+    if manifest.data != config.data:
+        raise PipeplanError(
+            f"data: the checkpoint was trained on {manifest.data!r}, not {config.data!r}"
+        )
+    if plan.global_batch != manifest.plan.get("global_batch"):
+        raise PipeplanError(
+            f"plan.global_batch: {plan.global_batch}, but the checkpoint's plan trained "
+            f"{manifest.plan.get('global_batch')} samples a step (the data position would shift)"
+        )
+    return folder, manifest

@@ -1,0 +1,152 @@
+"""The ``train`` use-case: a model trained on a plan, with checkpoints, resumable.
+
+The plan is ``plan`` (a document), or the one ``planner`` finds for the request's problem
+first (simulated reward: the cost model). Training runs on the live cluster
+(:func:`service.tasks.live.live_cluster`: the spec started locally, or the cluster at
+``address``) through :func:`executor.train.train`; every step is reported
+(``reporter.trained``), every checkpoint too (``reporter.checkpointed``). The answer holds
+the loss curve, the last checkpoint, and the measured step time beside the cost model's
+prediction when a profile is at hand (the planner's, or a ``profile`` document).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeplan.core.costmodel import simulate
+from pipeplan.core.plan import Plan
+from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.model import OPTIMIZERS, OptimizerConfig
+from pipeplan.executor.pinning import check_feasible
+from pipeplan.executor.train import TrainConfig, TrainResult
+from pipeplan.executor.train import train as train_plan
+from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.live import live_cluster, model_source
+from pipeplan.service.tasks.plan import PlanRequest, plan
+from pipeplan.service.tasks.progress import QUIET, Reporter
+from pipeplan.service.tasks.requests import (
+    Document,
+    EngineKind,
+    ProblemRequest,
+    RequestError,
+    check_problem_fields,
+)
+
+
+class TrainRequest(ProblemRequest):
+    """What to train, on which plan (``plan``, or ``planner`` to search one first), how
+    long, and where checkpoints go."""
+
+    plan: Document | None = None
+    planner: str | None = None
+    options: dict[str, Any] = {}
+    steps: int = 10
+    data: str = "synthetic"
+    loss: str = "cross-entropy"
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume_from: str | None = None
+    timeout_s: float = 300.0
+    address: str | None = None
+    engine: EngineKind = EngineKind.PIPEPLAN
+    emulate: bool = True
+    deterministic: bool = False
+
+
+def check_train_fields(request: TrainRequest) -> None:
+    """The request's own checks, before any cluster, profile or import."""
+    if (request.plan is None) == (request.planner is None):
+        raise RequestError("plan, planner: give exactly one (a plan document, or a planner)")
+    if request.planner is None and request.options:
+        raise RequestError("options: only apply with planner")
+    if request.optimizer not in OPTIMIZERS:
+        raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
+    if request.resume_from is not None and request.checkpoint_dir is None:
+        request.checkpoint_dir = str(Path(request.resume_from))
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A training run's answer."""
+
+    plan: Plan
+    result: TrainResult
+    predicted_step_s: float | None
+
+    @property
+    def measured_step_s(self) -> float | None:
+        times = [s.batch_time_s for s in self.result.steps[1:] or self.result.steps]
+        return statistics.median(times) if times else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            **self.result.to_dict(),
+            "loss_curve": [s.loss for s in self.result.steps],
+            "measured_step_s": self.measured_step_s,
+            "predicted_step_s": self.predicted_step_s,
+        }
+
+
+def _plan_of(request: TrainRequest, reporter: Reporter) -> tuple[Plan, ModelProfile | None]:
+    if request.plan is not None:
+        prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
+        return Plan.from_dict(request.plan), prof
+    assert request.planner is not None
+    fields = {f: getattr(request, f) for f in ProblemRequest.model_fields}
+    planned = plan(
+        PlanRequest(**fields, planner=request.planner, options=request.options), reporter
+    )
+    return planned.result.plan, planned.problem.profile
+
+
+def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
+    """Train the request's model on its plan (module docstring)."""
+    check_problem_fields(request)
+    check_train_fields(request)
+    optimizer = OptimizerConfig(
+        request.optimizer,  # type: ignore[arg-type]  # checked above
+        request.lr,
+        request.momentum,
+        request.weight_decay,
+    )
+    config = TrainConfig(
+        steps=request.steps,
+        optimizer=optimizer,
+        data=request.data,
+        loss=request.loss,
+        seed=request.seed,
+        checkpoint_dir=Path(request.checkpoint_dir) if request.checkpoint_dir else None,
+        checkpoint_every=request.checkpoint_every,
+        resume=Path(request.resume_from) if request.resume_from else None,
+        emulate=request.emulate,
+        deterministic=request.deterministic,
+        timeout_s=request.timeout_s,
+        engine=request.engine.value,
+    )
+    spec = cluster_spec(request.cluster)
+    the_plan, prof = _plan_of(request, reporter)
+    the_plan.validate(prof, spec)
+    named = None if request.model is not None else prof  # a planner's profile of model
+    source = model_source(request.model, request.input_size, named, request.seed)
+    with live_cluster(spec, request.address, reporter) as live:
+        check_feasible(the_plan, live_nodes())
+        predicted = simulate(the_plan, prof, live).batch_time_s if prof is not None else None
+        with reporter.step(f"training {source.name} for {request.steps} steps"):
+            result = train_plan(
+                the_plan,
+                source,
+                live,
+                config,
+                on_step=reporter.trained,
+                on_checkpoint=reporter.checkpointed,
+            )
+    return Trained(the_plan, result, predicted)
