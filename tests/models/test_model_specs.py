@@ -4,6 +4,7 @@ their options, inputs and errors; user modules only torch.export can trace."""
 from __future__ import annotations
 
 import pickle
+import sys
 from typing import Any
 
 import pytest
@@ -166,3 +167,12 @@ def test_a_module_neither_tracer_takes_is_refused_in_one_line() -> None:
     assert "\n" not in message
     assert message.startswith("model ValueBranch: torch.export cannot trace it (")
     assert "at forward: 'if y.sum() > 0:'" in message
+
+
+def test_hf_without_transformers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if absent
+    with pytest.raises(PipeplanError) as info:
+        build_model("hf:GPT2LMHeadModel", 8)
+    assert str(info.value) == (
+        "model: hf:GPT2LMHeadModel needs Hugging Face transformers: pip install 'pipeplan[hf]'"
+    )
