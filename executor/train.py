@@ -134,6 +134,9 @@ def model_reference(model: ModelSource) -> dict[str, Any]:
         "input_size": model.input_size,
         "seed": model.seed,
         "options": dict(model.options),
+        "input_shape": list(model.input_shape) if model.input_shape else None,
+        "input_dtype": model.input_dtype,
+        "example": model.example_ref,
     }
 
 

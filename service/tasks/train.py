@@ -136,7 +136,16 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
     the_plan, prof = _plan_of(request, reporter)
     the_plan.validate(prof, spec)
     named = None if request.model is not None else prof  # a planner's profile of model
-    source = model_source(request.model, request.input_size, named, request.seed)
+    source = model_source(
+        request.model,
+        request.input_size,
+        named,
+        request.seed,
+        options=request.model_options,
+        input_shape=request.input_shape,
+        input_dtype=request.input_dtype,
+        example=request.example,
+    )
     with live_cluster(spec, request.address, reporter) as live:
         check_feasible(the_plan, live_nodes())
         predicted = simulate(the_plan, prof, live).batch_time_s if prof is not None else None

@@ -162,7 +162,8 @@ def test_killed_driver_resumes_to_the_same_weights(cluster: LocalCluster, tmp_pa
     plan_file.write_text(json.dumps(three_stages().to_dict()))
     folder = tmp_path / "ck"
     args = [
-        sys.executable, "-m", "pipeplan.service.cli", "train", "--plan", str(plan_file),
+        sys.executable, "-c", "from pipeplan.service.cli import main; main()",
+        "train", "--plan", str(plan_file),
         "--cluster", str(CLUSTER_FILE), "--address", cluster.address, "--model", "gpt",
         "--input-size", "8", "--steps", "4", "--checkpoint-dir", str(folder),
         "--checkpoint-every", "1", "--optimizer", "adam", "--lr", "0.01", "--seed", "2",
