@@ -27,11 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
 from pipeplan.executor import checkpoint
 from pipeplan.executor.checkpoint import Manifest
+from pipeplan.executor.data import DataSpec, open_stream
+from pipeplan.executor.loss import LossSpec
 from pipeplan.executor.model import ModelSource, OptimizerConfig
 from pipeplan.executor.pipeline import Pipeline, RunConfig
 from pipeplan.executor.stage import Feed
@@ -179,6 +183,30 @@ def train(
                 if on_checkpoint is not None:
                     on_checkpoint(t + 1, last)
     return TrainResult(tuple(done), first, last, resumed[0] if resumed else None)
+
+
+def steps_for_epochs(
+    model: ModelSource, data: str, loss: str, global_batch: int, seed: int, epochs: int
+) -> int:
+    """The steps of ``epochs`` passes over ``data`` (global batches per pass, the last
+    partial one dropped); refused for a source without a length (synthetic data)."""
+    if epochs < 1:
+        raise PipeplanError(f"epochs: must be >= 1, got {epochs}")
+    built, example = model.build()
+    built.eval()
+    with torch.no_grad():
+        output_shape = tuple(built(example).shape)
+    class_targets = LossSpec.parse(loss).class_targets
+    stream = open_stream(
+        DataSpec.parse(data), example, output_shape, global_batch, seed, class_targets=class_targets
+    )
+    if stream.batches_per_epoch is None:
+        raise PipeplanError(f"epochs: data {data!r} has no length; give steps instead")
+    if stream.batches_per_epoch < 1:
+        raise PipeplanError(
+            f"epochs: data {data!r} holds less than one global batch of {global_batch}"
+        )
+    return epochs * stream.batches_per_epoch
 
 
 def _checkpoint_due(config: TrainConfig, trained: int) -> bool:

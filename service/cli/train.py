@@ -25,7 +25,13 @@ PlanOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json to train
 PlannerOpt = Annotated[
     str | None, typer.Option("--planner", help="plan first with this planner (cost model)")
 ]
-StepsOpt = Annotated[int, typer.Option(help="steps to have trained in all (a resumed run too)")]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(help="steps to have trained in all, a resumed run's too (default 10)"),
+]
+EpochsOpt = Annotated[
+    int | None, typer.Option(help="passes over --data instead of --steps (a sized source)")
+]
 DataOpt = Annotated[
     str,
     typer.Option(
@@ -49,7 +55,8 @@ def train_command(
     plan: PlanOpt = None,
     planner: PlannerOpt = None,
     option: OptionOpt = None,
-    steps: StepsOpt = 10,
+    steps: StepsOpt = None,
+    epochs: EpochsOpt = None,
     data: DataOpt = "synthetic",
     loss: LossOpt = "cross-entropy",
     optimizer: OptimizerOpt = "sgd",
@@ -87,6 +94,7 @@ def train_command(
         planner=planner,
         options=parse_options(planner, option or [], None, None) if planner else {},
         steps=steps,
+        epochs=epochs,
         data=data,
         loss=loss,
         optimizer=optimizer,

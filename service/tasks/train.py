@@ -22,7 +22,7 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.model import OPTIMIZERS, OptimizerConfig
 from pipeplan.executor.pinning import check_feasible
-from pipeplan.executor.train import TrainConfig, TrainResult
+from pipeplan.executor.train import TrainConfig, TrainResult, steps_for_epochs
 from pipeplan.executor.train import train as train_plan
 from pipeplan.service.tasks.common import cluster_spec
 from pipeplan.service.tasks.live import live_cluster, model_source
@@ -44,7 +44,10 @@ class TrainRequest(ProblemRequest):
     plan: Document | None = None
     planner: str | None = None
     options: dict[str, Any] = {}
-    steps: int = 10
+    steps: int | None = None
+    """Steps to have trained in all (default 10 without ``epochs``)."""
+    epochs: int | None = None
+    """Passes over the data instead of ``steps`` (a source with a length)."""
     data: str = "synthetic"
     loss: str = "cross-entropy"
     optimizer: str = "sgd"
@@ -67,6 +70,16 @@ def check_train_fields(request: TrainRequest) -> None:
         raise RequestError("plan, planner: give exactly one (a plan document, or a planner)")
     if request.planner is None and request.options:
         raise RequestError("options: only apply with planner")
+    if request.steps is not None and request.epochs is not None:
+        raise RequestError("steps, epochs: give at most one")
+    for name in ("steps", "epochs"):
+        value = getattr(request, name)
+        if value is not None and value < 1:
+            raise RequestError(f"{name}: must be >= 1, got {value}")
+    if request.checkpoint_every < 0:
+        raise RequestError(f"checkpoint_every: must be >= 0, got {request.checkpoint_every}")
+    if request.checkpoint_every and request.checkpoint_dir is None:
+        raise RequestError("checkpoint_every: needs checkpoint_dir")
     if request.optimizer not in OPTIMIZERS:
         raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
     if request.resume_from is not None and request.checkpoint_dir is None:
@@ -118,20 +131,6 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
         request.momentum,
         request.weight_decay,
     )
-    config = TrainConfig(
-        steps=request.steps,
-        optimizer=optimizer,
-        data=request.data,
-        loss=request.loss,
-        seed=request.seed,
-        checkpoint_dir=Path(request.checkpoint_dir) if request.checkpoint_dir else None,
-        checkpoint_every=request.checkpoint_every,
-        resume=Path(request.resume_from) if request.resume_from else None,
-        emulate=request.emulate,
-        deterministic=request.deterministic,
-        timeout_s=request.timeout_s,
-        engine=request.engine.value,
-    )
     spec = cluster_spec(request.cluster)
     the_plan, prof = _plan_of(request, reporter)
     the_plan.validate(prof, spec)
@@ -146,10 +145,29 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
         input_dtype=request.input_dtype,
         example=request.example,
     )
+    steps = request.steps or 10
+    if request.epochs is not None:
+        steps = steps_for_epochs(
+            source, request.data, request.loss, the_plan.global_batch, request.seed, request.epochs
+        )
+    config = TrainConfig(
+        steps=steps,
+        optimizer=optimizer,
+        data=request.data,
+        loss=request.loss,
+        seed=request.seed,
+        checkpoint_dir=Path(request.checkpoint_dir) if request.checkpoint_dir else None,
+        checkpoint_every=request.checkpoint_every,
+        resume=Path(request.resume_from) if request.resume_from else None,
+        emulate=request.emulate,
+        deterministic=request.deterministic,
+        timeout_s=request.timeout_s,
+        engine=request.engine.value,
+    )
     with live_cluster(spec, request.address, reporter) as live:
         check_feasible(the_plan, live_nodes())
         predicted = simulate(the_plan, prof, live).batch_time_s if prof is not None else None
-        with reporter.step(f"training {source.name} for {request.steps} steps"):
+        with reporter.step(f"training {source.name} for {steps} steps"):
             result = train_plan(
                 the_plan,
                 source,
