@@ -19,7 +19,9 @@ from typing import Any
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.data import DataSpec
 from pipeplan.executor.live_cluster import live_nodes
+from pipeplan.executor.loss import LossSpec
 from pipeplan.executor.model import OPTIMIZERS, OptimizerConfig
 from pipeplan.executor.pinning import check_feasible
 from pipeplan.executor.train import TrainConfig, TrainResult, steps_for_epochs
@@ -125,6 +127,8 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
     """Train the request's model on its plan (module docstring)."""
     check_problem_fields(request)
     check_train_fields(request)
+    DataSpec.parse(request.data)  # the forms, before planning (nothing is read or imported)
+    LossSpec.parse(request.loss)
     optimizer = OptimizerConfig(
         request.optimizer,  # type: ignore[arg-type]  # checked above
         request.lr,
