@@ -300,3 +300,35 @@ class RunRequest(ModelFields):
     address: str | None = None
     engine: EngineKind = EngineKind.PIPEPLAN
     emulate: bool = True
+
+
+# --- train ------------------------------------------------------------------------------------
+
+
+class TrainRequest(ProblemRequest):
+    """What to train, on which plan (``plan``, or ``planner`` to search one first), how
+    long, and where checkpoints go (:mod:`service.tasks.train`). It lives here, beside the
+    other requests, so that the client commands and the API build and check it without
+    torch."""
+
+    plan: Document | None = None
+    planner: str | None = None
+    options: dict[str, Any] = {}
+    steps: int | None = None
+    """Steps to have trained in all (default 10 without ``epochs``)."""
+    epochs: int | None = None
+    """Passes over the data instead of ``steps`` (a source with a length)."""
+    data: str = "synthetic"
+    loss: str = "cross-entropy"
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume_from: str | None = None
+    timeout_s: float = 300.0
+    address: str | None = None
+    engine: EngineKind = EngineKind.PIPEPLAN
+    emulate: bool = True
+    deterministic: bool = False

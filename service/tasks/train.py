@@ -31,39 +31,11 @@ from pipeplan.service.tasks.live import live_cluster, model_source
 from pipeplan.service.tasks.plan import PlanRequest, plan
 from pipeplan.service.tasks.progress import QUIET, Reporter
 from pipeplan.service.tasks.requests import (
-    Document,
-    EngineKind,
     ProblemRequest,
     RequestError,
+    TrainRequest,
     check_problem_fields,
 )
-
-
-class TrainRequest(ProblemRequest):
-    """What to train, on which plan (``plan``, or ``planner`` to search one first), how
-    long, and where checkpoints go."""
-
-    plan: Document | None = None
-    planner: str | None = None
-    options: dict[str, Any] = {}
-    steps: int | None = None
-    """Steps to have trained in all (default 10 without ``epochs``)."""
-    epochs: int | None = None
-    """Passes over the data instead of ``steps`` (a source with a length)."""
-    data: str = "synthetic"
-    loss: str = "cross-entropy"
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    resume_from: str | None = None
-    timeout_s: float = 300.0
-    address: str | None = None
-    engine: EngineKind = EngineKind.PIPEPLAN
-    emulate: bool = True
-    deterministic: bool = False
 
 
 def check_train_fields(request: TrainRequest) -> None:
