@@ -41,7 +41,7 @@ from torch.fx.passes.split_module import split_module
 
 from pipeplan.core.code import is_code_ref
 from pipeplan.core.errors import PipeplanError, PlanError
-from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.plan import Plan
 from pipeplan.executor.model import ModelSource, OptimizerConfig
 from pipeplan.executor.partition import Partition, partition
 from pipeplan.executor.torch_engine import unsupported
@@ -131,9 +131,6 @@ def _check_int(field: str, value: Any, minimum: int) -> None:
 
 def _check_runnable(plan: Plan, part: Partition) -> None:
     why = unsupported(plan, part.meta, emulated=False)
-    m, s = plan.microbatches(0), plan.num_stages
-    if why is None and plan.schedule is Schedule.ONE_F_ONE_B and m < s:
-        why = f"1F1B with {m} microbatches for {s} stages (it needs at least one per stage)"
     if why is not None:
         raise PlanError(f"export: torch.distributed.pipelining cannot run this plan: {why}")
 

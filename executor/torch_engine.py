@@ -41,6 +41,9 @@ def unsupported(plan: Plan, meta: Mapping[str, ValueMeta], emulated: bool) -> st
     (b,) = sizes
     if plan.global_batch % b:
         return f"microbatch {b} does not divide the global batch {plan.global_batch}"
+    m, n = plan.global_batch // b, plan.num_stages
+    if plan.schedule is Schedule.ONE_F_ONE_B and m < n:
+        return f"1F1B with {m} microbatches for {n} stages (it needs at least one per stage)"
     replicated = [i for i, s in enumerate(plan.stages) if s.replicas > 1]
     if replicated:
         return f"replicated stages {replicated}"

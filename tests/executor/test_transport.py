@@ -266,7 +266,7 @@ def test_a_worker_hands_back_its_failure_naming_the_operation() -> None:
 
 
 def test_torch_pipelining_refuses_what_it_cannot_express_naming_it() -> None:
-    from pipeplan.core.plan import Plan, Stage
+    from pipeplan.core.plan import Plan, Schedule, Stage
 
     def plan(
         micro: tuple[int, int], devices: tuple[str, ...] = ("n1/b:0",), batch: int = 16
@@ -283,6 +283,12 @@ def test_torch_pipelining_refuses_what_it_cannot_express_naming_it() -> None:
         unsupported(plan((4, 4)), constant, False)
     )
     assert "emulation" in str(unsupported(plan((4, 4)), tensor, True))
+    one_f_one_b = Plan(4, plan((2, 2), batch=4).stages, Schedule.ONE_F_ONE_B)  # 2 microbatches
+    assert unsupported(one_f_one_b, tensor, False) is None
+    fewer = Plan(4, plan((4, 4), batch=4).stages, Schedule.ONE_F_ONE_B)
+    assert unsupported(fewer, tensor, False) == (
+        "1F1B with 1 microbatches for 2 stages (it needs at least one per stage)"
+    )
 
 
 def test_an_unknown_engine_is_refused_naming_the_field() -> None:
