@@ -14,8 +14,10 @@ import typer
 
 from pipeplan.core.plan import Plan
 from pipeplan.executor.export import export_torchrun, torchrun_command
-from pipeplan.executor.model import ModelSource, OptimizerConfig
+from pipeplan.executor.model import OptimizerConfig
 from pipeplan.service.cli.console import clean_errors, say
+from pipeplan.service.cli.options import NO_MODEL_FLAGS, ModelFlags, model_flag_options
+from pipeplan.service.tasks.live import model_source
 
 
 class ExportFormat(StrEnum):
@@ -37,6 +39,7 @@ class OptimizerKind(StrEnum):
 
 
 @clean_errors
+@model_flag_options()
 def export_command(
     plan: Annotated[Path, typer.Option("--plan", help="plan.json to export")],
     model: Annotated[
@@ -55,6 +58,7 @@ def export_command(
     seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = 0,
     lr: Annotated[float, typer.Option(help="learning rate")] = 0.05,
     optimizer: Annotated[OptimizerKind, typer.Option(help="optimizer")] = OptimizerKind.SGD,
+    model_flags: ModelFlags = NO_MODEL_FLAGS,
 ) -> None:
     """Write a plan as a torchrun script that trains it with torch.distributed.pipelining.
 
@@ -62,7 +66,7 @@ def export_command(
     one rank per stage, and prints every step's loss; see the README it writes beside it.
     """
     the_plan = Plan.load(plan)
-    source = ModelSource(model, input_size, seed=seed)
+    source = model_source(model, input_size, None, seed, **model_flags.source_kwargs())
     config = OptimizerConfig(kind=optimizer.value, lr=lr)
     writer = WRITERS[fmt]
     written = writer(the_plan, source, out, optimizer=config, seed=seed, steps=steps)
