@@ -25,11 +25,13 @@ from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.executor import checkpoint
 from pipeplan.executor.data import synthetic_batches
+from pipeplan.executor.export import export_torchrun
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.loss import loss_terms
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.train import TrainConfig, train
 from tests.executor.actors import wait_no_workers
+from tests.executor.test_export import torchrun
 
 pytestmark = pytest.mark.ray
 
@@ -115,13 +117,11 @@ def test_training_equals_single_process_and_exports(cluster: LocalCluster, tmp_p
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
-def test_resume_continues_bit_for_bit(
-    cluster: LocalCluster, tmp_path: Path, schedule: Schedule
-) -> None:
+def test_resume_continues_bit_for_bit(cluster: LocalCluster, tmp_path: Path) -> None:
     """4 steps straight, or 2 steps + resume + 2 steps: the same weights exactly (dropout
-    on: each replica's random state comes back with the checkpoint)."""
-    plan = three_stages(schedule)
+    on: each replica's random state comes back with the checkpoint). GPipe here, 1F1B in
+    the killed driver's test."""
+    plan = three_stages(Schedule.GPIPE)
     straight = train(plan, MODEL, SPEC, config(4, tmp_path / "a"))
     train(plan, MODEL, SPEC, config(2, tmp_path / "b"))
     resumed = train(plan, MODEL, SPEC, config(4, tmp_path / "b", resume=tmp_path / "b"))
@@ -156,10 +156,11 @@ def test_resume_on_another_plan_reshards_by_name(cluster: LocalCluster, tmp_path
 
 @pytest.mark.timeout(400)
 def test_killed_driver_resumes_to_the_same_weights(cluster: LocalCluster, tmp_path: Path) -> None:
-    """``pipeplan train`` killed with SIGKILL once its second checkpoint is in: the run
-    resumed from the latest checkpoint ends with the uninterrupted run's weights."""
+    """``pipeplan train`` (1F1B) killed with SIGKILL once its second checkpoint is in: the
+    run resumed from the latest checkpoint ends with the uninterrupted run's weights."""
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(three_stages().to_dict()))
+    plan = three_stages(Schedule.ONE_F_ONE_B)
+    plan_file.write_text(json.dumps(plan.to_dict()))
     folder = tmp_path / "ck"
     args = [
         sys.executable, "-c", "from pipeplan.service.cli import main; main()",
@@ -180,9 +181,31 @@ def test_killed_driver_resumes_to_the_same_weights(cluster: LocalCluster, tmp_pa
     driver.wait()
     assert wait_no_workers(30) == 0  # the dead driver's actors go with it
     source = ModelSource("gpt", 8, seed=2, options=GPT)
-    resumed = train(three_stages(), source, SPEC, config(4, folder, resume=folder, seed=2))
+    resumed = train(plan, source, SPEC, config(4, folder, resume=folder, seed=2))
     assert resumed.first_step in (2, 3)
-    straight = train(three_stages(), source, SPEC, config(4, tmp_path / "straight", seed=2))
+    straight = train(plan, source, SPEC, config(4, tmp_path / "straight", seed=2))
     a, b = weights(folder, tmp_path), weights(tmp_path / "straight", tmp_path)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert [s.loss for s in straight.steps[resumed.first_step :]] == [s.loss for s in resumed.steps]
+
+
+@pytest.mark.timeout(400)
+def test_the_exported_torchrun_script_trains_to_pipeplans_losses(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The plan exported for torchrun (torch.distributed.pipelining, 3 ranks on gloo) and the
+    same plan under ``pipeplan train``, same seeds, 2 steps: the same losses."""
+    plan = Plan(
+        BATCH,
+        (
+            Stage((0, 10), ("n0/fast:0",), 2),
+            Stage((10, 20), ("n1/mid:0",), 2),
+            Stage((20, 30), ("n2/slow:0",), 2),
+        ),
+        Schedule.ONE_F_ONE_B,
+    )
+    model = ModelSource("gpt", 8, seed=2, options={**GPT, "dropout": 0.0})
+    export_torchrun(plan, model, tmp_path / "export", optimizer=SGD, seed=5, steps=2)
+    scripted = torchrun(tmp_path / "export", 3, 2)
+    trained = train(plan, model, SPEC, config(2, tmp_path / "ck", optimizer=SGD))
+    assert scripted == pytest.approx([s.loss for s in trained.steps], abs=1e-5)
