@@ -13,7 +13,7 @@ measure, and new jobs on that cluster predict with it (README, "Calibration from
   the fit itself runs in a child process (:mod:`service.api.calibration_fit`, where the
   held-out verdict is described). The calibration kept is fitted on every observation. A fit
   that fails keeps the previous one and says why.
-- **Use.** A new ``plan``, ``compare`` or ``run`` job whose ``cluster`` (a preset or a
+- **Use.** A new ``plan``, ``compare``, ``run`` or ``train`` job whose ``cluster`` (a preset or a
   document without a ``calibration:`` block) has a calibration that is **applied** gets the
   calibrated spec as its ``cluster`` document, so its predictions use it; ``"calibration":
   false`` in ``POST /v1/jobs`` keeps the spec as given. A calibration is applied once it has
@@ -57,7 +57,7 @@ log = logging.getLogger("pipeplan.service.calibration")
 
 MAX_RUNS = 200
 """The most observations one fit reads: a cluster's newest."""
-CALIBRATED_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
+CALIBRATED_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN, JobKind.TRAIN})
 """The job kinds whose predictions a calibration changes."""
 OBSERVED = frozenset({EventType.EVALUATION, EventType.MEASUREMENT})
 """The events whose data may hold an observation."""

@@ -13,7 +13,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from pipeplan.service.tasks.requests import CompareRequest, PlanRequest, ProfileRequest, RunRequest
+from pipeplan.service.tasks.requests import (
+    CompareRequest,
+    PlanRequest,
+    ProfileRequest,
+    RunRequest,
+    TrainRequest,
+)
 
 
 class JobKind(StrEnum):
@@ -21,6 +27,7 @@ class JobKind(StrEnum):
     PLAN = "plan"
     COMPARE = "compare"
     RUN = "run"
+    TRAIN = "train"
 
 
 class JobState(StrEnum):
@@ -44,6 +51,7 @@ SPEC_MODELS: dict[JobKind, type[BaseModel]] = {
     JobKind.PLAN: PlanRequest,
     JobKind.COMPARE: CompareRequest,
     JobKind.RUN: RunRequest,
+    JobKind.TRAIN: TrainRequest,
 }
 """The request model a job's ``spec`` must validate as, per kind."""
 
@@ -52,6 +60,10 @@ class EventType(StrEnum):
     PROGRESS = "progress"
     EVALUATION = "evaluation"
     MEASUREMENT = "measurement"
+    CHECKPOINT = "checkpoint"
+    """A training job wrote a checkpoint: ``{"step", "path"}``."""
+    REPLAN = "replan"
+    """A training job changed plans: the reason, the new plan and its prediction."""
     RESULT = "result"
     ERROR = "error"
 

@@ -57,12 +57,21 @@ class Settings(BaseSettings):
     """Whether a job may name code to import (``model``, ``example``: ``package.module:attr``).
     Off, such a job is refused (422); on, the code is imported inside the job's Ray Job,
     never in the API process. Turn it on only where every API user may run code there."""
+    jobs_dir: Path | None = None
+    """Where each job's folder is (``JOBS_DIR/JOB_ID``: a train job's checkpoints when its
+    request names no ``checkpoint_dir``); ``None``: ``$XDG_DATA_HOME/pipeplan/jobs``. The
+    job's Ray Job writes there, so on a cluster of several machines it is a shared path."""
 
     @property
     def database_url(self) -> str:
         if self.db:
             return self.db
         return f"sqlite:///{data_dir() / 'pipeplan.db'}"
+
+    @property
+    def jobs_root(self) -> Path:
+        """The folder of every job's folder (``jobs_dir``, else under the data folder)."""
+        return self.jobs_dir if self.jobs_dir is not None else data_dir() / "jobs"
 
     @property
     def public_url(self) -> str:

@@ -7,8 +7,13 @@
 - the use-case's own checks that need no cluster: documents, preset names, planner names
   and options, the objective, the model reference (its form only: a factory is never
   imported here, and an ``hf:`` model never built);
-- a reference to code (``model``, ``example``: ``package.module:attr``) only where the
-  setting ``allow_code`` (``PIPEPLAN_ALLOW_CODE``) is on.
+- a reference to code (``model``, ``example``, a train job's ``data`` and ``loss``:
+  ``package.module:attr``) only where the setting ``allow_code`` (``PIPEPLAN_ALLOW_CODE``)
+  is on;
+- a train job's paths (``checkpoint_dir``, a ``resume_from`` path, ``imagefolder:PATH``
+  and ``tokens:PATH`` data) absolute: the job runs in a working folder of Ray's own. A
+  job id in ``resume_from``, and the default ``checkpoint_dir``, are the route's to
+  resolve (:mod:`service.api.training`).
 
 Every refusal is a :class:`~service.tasks.common.RequestError` (422) whose one-line message
 names the field and the value, as the CLI prints it. :class:`BodyLimit` answers 413 to a
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -37,10 +43,15 @@ from pipeplan.core.limits import (
 )
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.data import DataSpec
+from pipeplan.executor.loss import LossSpec
+from pipeplan.executor.model import OptimizerConfig
 from pipeplan.executor.pipeline import RunConfig, check_engine
+from pipeplan.executor.train import TrainConfig
 from pipeplan.models import zoo
 from pipeplan.models.spec import check_input, names_code, reference_kind
 from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
+from pipeplan.service.api.training import is_job_ref
 from pipeplan.service.tasks.live import source_of
 from pipeplan.service.tasks.requests import (
     CompareRequest,
@@ -51,6 +62,7 @@ from pipeplan.service.tasks.requests import (
     RequestError,
     Reward,
     RunRequest,
+    TrainRequest,
     check_plan_fields,
     check_problem_fields,
     cluster_spec,
@@ -60,6 +72,7 @@ from pipeplan.service.tasks.requests import (
     problem_of,
 )
 from pipeplan.service.tasks.simulate import SimulateRequest
+from pipeplan.service.tasks.train import check_train_fields
 
 # DESIGN.md's limits are core.limits', checked here on the raw documents before the core
 # builds anything from them; below, the service's own bounds on the work a request may ask
@@ -73,6 +86,9 @@ MAX_DEVICES = 65_536
 """Devices in one cluster: within the per-node and node limits a cluster could still hold
 2^24 devices, which takes the core tens of seconds to read."""
 MAX_SEED = 2**63 - 1
+MAX_TRAIN_STEPS = 10_000_000
+"""Steps one train job may ask for (``steps``, and ``checkpoint_every``)."""
+MAX_EPOCHS = 100_000
 
 
 def one_line(errors: Sequence[Any]) -> str:
@@ -162,6 +178,9 @@ def check_limits(request: BaseModel, where: str = "") -> None:
     _limit(_at(where, "batch"), fields.get("batch"), MAX_GLOBAL_BATCH)
     _limit(_at(where, "microbatches"), fields.get("microbatches"), MAX_MICROBATCHES)
     _limit(_at(where, "input_size"), fields.get("input_size"), MAX_INPUT_SIZE)
+    _limit(_at(where, "steps"), fields.get("steps"), MAX_TRAIN_STEPS)
+    _limit(_at(where, "checkpoint_every"), fields.get("checkpoint_every"), MAX_TRAIN_STEPS)
+    _limit(_at(where, "epochs"), fields.get("epochs"), MAX_EPOCHS)
     seed = fields.get("seed")
     if isinstance(seed, int) and not 0 <= seed <= MAX_SEED:
         raise RequestError(f"{_at(where, 'seed')}: must be in [0, {MAX_SEED}], got {seed}")
@@ -169,6 +188,14 @@ def check_limits(request: BaseModel, where: str = "") -> None:
 
 CODE_FIELDS = ("model", "example", "data", "loss")
 """Request fields that may name code to import (``package.module:attr``)."""
+PATH_DATA = ("imagefolder", "tokens")
+"""The ``data`` forms ``KIND:PATH``: a path, not code, whatever the path looks like."""
+
+
+def _names_code(name: str, value: str) -> bool:
+    if name == "data" and value.partition(":")[0] in PATH_DATA:
+        return False
+    return names_code(value)
 
 
 def check_code(request: BaseModel, allow_code: bool) -> None:
@@ -177,7 +204,7 @@ def check_code(request: BaseModel, allow_code: bool) -> None:
         return
     for name in CODE_FIELDS:
         value = getattr(request, name, None)
-        if isinstance(value, str) and names_code(value):
+        if isinstance(value, str) and _names_code(name, value):
             raise RequestError(
                 f"{name}: {value!r} names code to import, which this service refuses "
                 "(PIPEPLAN_ALLOW_CODE is off)"
@@ -259,11 +286,71 @@ def _check_run(request: RunRequest) -> None:
     check_engine(plan, spec, config)
 
 
+def check_absolute(field: str, path: str) -> None:
+    """``path`` is absolute (a job's working folder is Ray's, not the caller's)."""
+    if not PurePath(path).is_absolute():
+        raise RequestError(
+            f"{field}: the service needs an absolute path (the job runs in a folder of "
+            f"Ray's), got {path!r}"
+        )
+
+
+def _check_train_paths(request: TrainRequest) -> None:
+    if request.checkpoint_dir is not None:
+        check_absolute("checkpoint_dir", request.checkpoint_dir)
+    if request.resume_from is not None and not is_job_ref(request.resume_from):
+        check_absolute("resume_from", request.resume_from)
+    data = DataSpec.parse(request.data)
+    if data.path is not None:
+        check_absolute("data", request.data.partition(":")[2])
+
+
+def _check_train(request: TrainRequest) -> None:
+    """A train job's own fields, its plan (or planner), data, loss and optimizer. Without
+    ``checkpoint_dir`` the route gives the job its folder's, so ``checkpoint_every`` and
+    ``resume_from`` are checked as they will run."""
+    folder = request.checkpoint_dir or "job folder"
+    check_train_fields(request.model_copy(update={"checkpoint_dir": folder}))
+    _check_train_paths(request)
+    LossSpec.parse(request.loss)
+    if not request.timeout_s > 0:
+        raise RequestError(f"timeout_s: must be > 0, got {request.timeout_s}")
+    optimizer = OptimizerConfig(
+        request.optimizer,  # type: ignore[arg-type]  # checked by check_train_fields
+        request.lr,
+        request.momentum,
+        request.weight_decay,
+    )
+    config = TrainConfig(
+        steps=request.steps or 1,
+        optimizer=optimizer,
+        data=request.data,
+        loss=request.loss,
+        seed=request.seed,
+        checkpoint_dir=Path(folder),
+        checkpoint_every=request.checkpoint_every,
+        timeout_s=request.timeout_s,
+        emulate=request.emulate,
+        engine=request.engine.value,
+    )
+    if request.planner is not None:
+        fields = {f: getattr(request, f) for f in ProblemRequest.model_fields}
+        _check_plan(PlanRequest(**fields, planner=request.planner, options=request.options))
+    elif request.plan is not None:
+        check_problem(request)
+        plan = Plan.from_dict(request.plan)
+        prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
+        spec = cluster_spec(request.cluster)
+        plan.validate(prof, spec)
+        check_engine(plan, spec, config.run_config())
+
+
 CHECKS: dict[JobKind, Callable[[Any], None]] = {
     JobKind.PROFILE: _check_profile,
     JobKind.PLAN: _check_plan,
     JobKind.COMPARE: _check_compare,
     JobKind.RUN: _check_run,
+    JobKind.TRAIN: _check_train,
 }
 
 

@@ -12,7 +12,8 @@ from pipeplan.service.api.backend import JobsBackend, Submission
 from pipeplan.service.api.calibration import calibrated_job
 from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
 from pipeplan.service.api.schemas import Job, JobCreate, JobKind, JobPage, JobState, error_responses
-from pipeplan.service.api.store import Store
+from pipeplan.service.api.store import Store, new_job_id
+from pipeplan.service.api.training import train_spec
 from pipeplan.service.api.validation import validate_job
 
 MAX_PAGE = 1000
@@ -22,11 +23,18 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403, 422))
 
 
-def submit(create: JobCreate, store: Store, backend: JobsBackend, server_url: str) -> Job:
-    """Store the job (queued, with a token of its own), then hand it to the backend; a
-    backend that refuses it ends it ``failed`` with the reason."""
+def submit(
+    create: JobCreate,
+    store: Store,
+    backend: JobsBackend,
+    server_url: str,
+    job_id: str | None = None,
+) -> Job:
+    """Store the job (queued, with a token of its own; ``job_id``: its id, drawn before),
+    then hand it to the backend; a backend that refuses it ends it ``failed`` with the
+    reason."""
     token = new_job_token()
-    job = store.create_job(create.kind, create.spec, create.name, hash_token(token))
+    job = store.create_job(create.kind, create.spec, create.name, hash_token(token), job_id)
     try:
         ray_job_id = backend.submit(Submission(job.id, server_url, token))
     except Exception as e:  # whatever the backend raises, the job fails with its reason
@@ -41,9 +49,14 @@ def create_job(
 ) -> Job:
     """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
     ``cluster`` becomes the calibrated spec where the service has a calibration for it that
-    applies, unless ``calibration`` is false (:mod:`service.api.calibration`)."""
+    applies, unless ``calibration`` is false (:mod:`service.api.calibration`). A train
+    job's checkpoint folders are resolved first (:mod:`service.api.training`)."""
     validate_job(create, allow_code=settings.allow_code)
-    return submit(calibrated_job(create, store), store, backend, settings.public_url)
+    job_id = new_job_id()
+    if create.kind is JobKind.TRAIN:
+        spec = train_spec(create.spec, job_id, store, settings.jobs_root)
+        create = create.model_copy(update={"spec": spec})
+    return submit(calibrated_job(create, store), store, backend, settings.public_url, job_id)
 
 
 @router.get("")

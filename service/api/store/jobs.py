@@ -132,10 +132,16 @@ class JobStore(CalibrationStore):
         )
 
     def create_job(
-        self, kind: JobKind, spec: dict[str, Any], name: str | None, token_hash: str
+        self,
+        kind: JobKind,
+        spec: dict[str, Any],
+        name: str | None,
+        token_hash: str,
+        job_id: str | None = None,
     ) -> Job:
-        """A new ``queued`` job."""
-        job_id = new_job_id()
+        """A new ``queued`` job (``job_id``: one drawn with :func:`new_job_id` beforehand,
+        for a spec that names the job's own folder)."""
+        job_id = job_id or new_job_id()
         with self.engine.begin() as conn:
             conn.execute(
                 insert(self.jobs).values(
