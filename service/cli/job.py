@@ -6,8 +6,11 @@ runs the kind's use-case with an :class:`~service.tasks.events.EventReporter` (e
 evaluation, progress, measurements as events), then posts ``result`` (the result's
 ``to_dict()``) and exits 0, or posts ``error`` (``{"message": one line}``) and exits 1.
 
-Where the use-case needs Ray (a measured, parallel or PPO search, ``run``, a measured
-``profile``), it joins the cluster the job runs in (``RAY_ADDRESS``, set by Ray's job
+A ``train`` job reports each step as ``progress`` (its loss and samples per second) and
+each checkpoint as a ``checkpoint`` event; the service gave it its checkpoint folder.
+
+Where the use-case needs Ray (a measured, parallel or PPO search, ``run``, ``train``, a
+measured ``profile``), it joins the cluster the job runs in (``RAY_ADDRESS``, set by Ray's job
 supervisor) through the request's ``address``, never a cluster of its own.
 """
 
@@ -43,6 +46,7 @@ from pipeplan.service.tasks.events import (
 from pipeplan.service.tasks.plan import PlanRequest, Reward, plan, uses_ray
 from pipeplan.service.tasks.profile import ProfileRequest, profile
 from pipeplan.service.tasks.run import RunRequest, run
+from pipeplan.service.tasks.train import TrainRequest, train
 
 Result = Any
 """A use-case's result: anything with ``to_dict()``."""
@@ -65,7 +69,7 @@ def in_job_cluster(request: BaseModel) -> BaseModel:
     joins = (
         (isinstance(request, PlanRequest) and uses_ray(request))
         or (isinstance(request, ProfileRequest) and request.measure)
-        or isinstance(request, RunRequest)
+        or isinstance(request, RunRequest | TrainRequest)
     )
     return request.model_copy(update={"address": address}) if joins else request
 
@@ -106,6 +110,8 @@ def plan_context(request: BaseModel) -> PlanContext | None:
 
 
 def run_use_case(kind: JobKind, request: BaseModel, reporter: EventReporter) -> Result:
+    if isinstance(request, TrainRequest):
+        return train(request, reporter)
     if isinstance(request, PlanRequest):
         return plan(request, reporter)
     if isinstance(request, CompareRequest):
@@ -146,11 +152,17 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
+NOTHING_DONE: dict[str, Any] = {"evaluations": 0, "best_value": None, "elapsed_s": 0.0}
+"""The first ``progress`` of a job (of a ``train`` job: :data:`NO_STEP_DONE`)."""
+NO_STEP_DONE: dict[str, Any] = {"step": None, "loss": None, "samples_per_s": None}
+
+
 def execute(job: dict[str, Any], channel: EventChannel) -> int:
     """Run the job's use-case, its reports and its end as events; the exit code. The first
     event, sent before any work, is a ``progress`` of nothing done yet: it marks the job
     ``running`` even for kinds that report nothing until they end (``run``, ``profile``)."""
-    channel.emit(EventType.PROGRESS.value, {"evaluations": 0, "best_value": None, "elapsed_s": 0.0})
+    first = NO_STEP_DONE if job.get("kind") == JobKind.TRAIN.value else NOTHING_DONE
+    channel.emit(EventType.PROGRESS.value, first)
     try:
         kind = JobKind(job["kind"])
         request = in_job_cluster(SPEC_MODELS[kind].model_validate(job["spec"]))

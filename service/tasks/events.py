@@ -12,6 +12,10 @@ Inside a Ray Job (``pipeplan job run``), a use-case reports through an
   model's prediction beside its measured time, and its ``observation`` for the service's
   calibration, :mod:`service.tasks.observations`: a profile's document goes out with the
   job's first observation that uses it, later ones name it by ``profile_sha256`` only);
+- ``progress`` ``{step, loss, samples_per_s, batch_time_s, accuracy}`` for every step a
+  training run trained (``step``: the steps trained in all once it is done, so a resumed
+  run goes on from its checkpoint's count), and ``checkpoint`` ``{step, path}`` for every
+  checkpoint it wrote (the steps trained when it was taken, and its folder);
 - ``measurement``, ``result`` and ``error``, posted by the entrypoint.
 
 Delivery (:class:`EventChannel`): every event gets the next ``seq`` (0, 1, 2 ...) and goes
@@ -38,7 +42,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -51,6 +56,9 @@ from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.plan import Plan, Schedule
 from pipeplan.service.tasks.observations import OBSERVATION_KEY
 from pipeplan.service.tasks.progress import Reporter
+
+if TYPE_CHECKING:  # the executor imports torch; the reporter only reads its steps
+    from pipeplan.executor.train import TrainStep
 
 PROGRESS_EVERY_S = 0.1
 """Least time between two ``progress`` events of one search (at most ~10 a second)."""
@@ -325,6 +333,22 @@ class EventReporter(Reporter):
                 out[OBSERVATION_KEY] = {k: v for k, v in observation.items() if k != "profile"}
             self._profiles_sent.add(sha)
         return out
+
+    def trained(self, step: TrainStep) -> None:
+        self.channel.emit(
+            "progress",
+            {
+                "step": step.step + 1,
+                "loss": finite(step.loss),
+                "samples_per_s": finite(step.samples_per_s),
+                "batch_time_s": finite(step.batch_time_s),
+                "accuracy": finite(step.accuracy),
+            },
+        )
+
+    def checkpointed(self, step: int, path: Path) -> None:
+        self.echo(f"checkpoint after step {step}: {path}")
+        self.channel.emit("checkpoint", {"step": step, "path": str(path)})
 
     def measurement(self, data: dict[str, Any]) -> None:
         """A run measured on the cluster (the entrypoint posts them)."""
