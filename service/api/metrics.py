@@ -1,7 +1,8 @@
 """The service's Prometheus metrics (``GET /metrics``): HTTP requests by route, method and
 status with their latency, jobs by state and kind (read from the store at each scrape),
-events ingested by type, and each recent job's best value and evaluation count
-(:class:`JobProgressCollector`, read from the store at each scrape). Each app has a
+events ingested by type, and each recent job's best value and evaluation count, and a
+training job's steps, last loss and samples per second (:class:`JobProgressCollector`,
+read from the store at each scrape). Each app has a
 registry of its own (tests build many apps).
 
 The executor's own metrics (stage compute and transfer, batch time, samples per second, the
@@ -73,36 +74,43 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+PROGRESS_GAUGES = (
+    ("best_value", "pipeplan_job_best_value",
+     "Best objective value a job's search found so far (lower is better)"),
+    ("evaluations", "pipeplan_job_evaluations", "Plans a job's search valued so far"),
+    ("step", "pipeplan_job_steps", "Steps a training job has trained so far, in all"),
+    ("loss", "pipeplan_job_loss", "Loss of a training job's latest step"),
+    ("samples_per_s", "pipeplan_job_samples_per_second",
+     "Samples per second of a training job's latest step"),
+)  # fmt: skip
+"""The gauges of a job's latest ``progress``: (its field, the metric, the help)."""
+
+
 class JobProgressCollector(Collector):
-    """``pipeplan_job_best_value{job, kind}`` and ``pipeplan_job_evaluations{job, kind}``:
-    each job's latest ``progress`` event (``best_value``: the best objective value its search
-    found so far, lower is better; ``evaluations``: plans valued so far), for the jobs that
-    ``jobs`` returns at scrape time (:func:`progress_window`). A job with no progress yet, or
-    no feasible plan so far, has no sample."""
+    """Each job's latest ``progress`` event as gauges labelled ``{job, kind}``
+    (:data:`PROGRESS_GAUGES`): a search's ``pipeplan_job_best_value`` (the best objective
+    value so far, lower is better) and ``pipeplan_job_evaluations`` (plans valued so far); a
+    training job's ``pipeplan_job_steps`` (steps trained in all), ``pipeplan_job_loss`` and
+    ``pipeplan_job_samples_per_second`` (of its latest step). For the jobs that ``jobs``
+    returns at scrape time (:func:`progress_window`); a field a job has not reported (no
+    progress yet, no feasible plan so far, a search's job has no loss) has no sample."""
 
     def __init__(self, jobs: Callable[[], Iterable[Job]]) -> None:
         self.jobs = jobs
 
     def collect(self) -> Iterator[Metric]:
-        best = GaugeMetricFamily(
-            "pipeplan_job_best_value",
-            "Best objective value a job's search found so far (lower is better)",
-            labels=["job", "kind"],
-        )
-        evaluations = GaugeMetricFamily(
-            "pipeplan_job_evaluations",
-            "Plans a job's search valued so far",
-            labels=["job", "kind"],
-        )
+        families = [
+            (field, GaugeMetricFamily(name, text, labels=["job", "kind"]))
+            for field, name, text in PROGRESS_GAUGES
+        ]
         for job in self.jobs():
             progress = job.progress if isinstance(job.progress, dict) else {}
             labels = [job.id, job.kind.value]
-            if (value := _number(progress.get("best_value"))) is not None:
-                best.add_metric(labels, value)
-            if (count := _number(progress.get("evaluations"))) is not None:
-                evaluations.add_metric(labels, count)
-        yield best
-        yield evaluations
+            for field, family in families:
+                if (value := _number(progress.get(field))) is not None:
+                    family.add_metric(labels, value)
+        for _, family in families:
+            yield family
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples (no store read when the collector is registered)."""

@@ -22,6 +22,6 @@ router = APIRouter(tags=["metrics"], responses=error_responses(401, 403))
 def metrics(_: ApiAuth, registry: MetricsDep, store: StoreDep) -> Response:
     """HTTP requests by route and status with latency, jobs by state and kind, events
     ingested by type, and the best value and evaluation count of each recent or running
-    job."""
+    job (a training job's steps, last loss and samples per second)."""
     progress = JobProgressCollector(partial(progress_window, store))
     return Response(registry.render(progress), media_type=CONTENT_TYPE)
