@@ -3,7 +3,9 @@ a table of jobs, one line per event, and a job's result as the local command sho
 
 A result is the use-case's ``to_dict()`` document (API.md), so the tables are drawn from its
 fields: a plan's estimate is rebuilt and drawn by :func:`service.render.estimate_table`; a
-comparison and a run get the local command's columns from the document's figures.
+comparison and a run get the local command's columns from the document's figures, a
+training run the local command's lines. A train job's progress is its latest step: the
+steps trained, the loss and the samples per second.
 """
 
 from __future__ import annotations
@@ -61,10 +63,62 @@ def _best(value: Any, objective: Objective) -> str:
     return format_value(float(value), objective)
 
 
+def _number(value: Any, form: str) -> str:
+    return format(value, form) if isinstance(value, int | float) else "-"
+
+
+def step_text(progress: Document) -> str:
+    """``step 3, loss 0.5123, 1,234.5 samples/s`` (a train job's latest step)."""
+    if progress.get("step") is None:
+        return "no step trained yet"
+    return (
+        f"step {progress['step']}, loss {_number(progress.get('loss'), '.4f')}, "
+        f"{_number(progress.get('samples_per_s'), ',.1f')} samples/s"
+    )
+
+
+@contextmanager
+def train_progress(job: Job) -> Iterator[EventCallback]:
+    """A transient bar on stderr (steps, loss, samples/s) fed by a train job's events."""
+    total = job.spec.get("steps")
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed}"),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[rate]} samples/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        label = f"{job.kind.value} {job.id}"
+        steps = total if isinstance(total, int) else None
+        task = bar.add_task(label, total=steps, loss="-", rate="-")
+
+        def on_event(event: Event) -> None:
+            d = event.data
+            if event.type is EventType.PROGRESS and isinstance(d.get("step"), int):
+                bar.update(
+                    task,
+                    completed=d["step"],
+                    loss=_number(d.get("loss"), ".4f"),
+                    rate=_number(d.get("samples_per_s"), ",.1f"),
+                )
+            elif event.type is EventType.CHECKPOINT:
+                bar.update(task, description=f"{label} (checkpoint at step {d.get('step')})")
+
+        yield on_event
+
+
 @contextmanager
 def job_progress(job: Job) -> Iterator[EventCallback]:
-    """A transient bar on stderr (evaluations, best value) fed by the job's events; only on
-    a terminal, as the local commands draw theirs."""
+    """A transient bar on stderr (evaluations, best value; a train job's steps, loss and
+    samples/s) fed by the job's events; only on a terminal, as the local commands draw
+    theirs."""
+    if job.kind is JobKind.TRAIN:
+        with train_progress(job) as on_train_event:
+            yield on_train_event
+        return
     objective = objective_of(job.spec)
     columns = (
         SpinnerColumn(),
@@ -100,12 +154,14 @@ def _when(job: Job) -> str:
 
 def _progress_cell(job: Job) -> str:
     p = job.progress or {}
+    if job.kind is JobKind.TRAIN and "step" in p:
+        return step_text(p)
     if "evaluations" not in p:
         return "-"
     return f"{p['evaluations']} evals, best {_best(p.get('best_value'), objective_of(job.spec))}"
 
 
-PREDICTING_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN})
+PREDICTING_KINDS = frozenset({JobKind.PLAN, JobKind.COMPARE, JobKind.RUN, JobKind.TRAIN})
 """The job kinds whose results hold the cost model's predictions."""
 
 
@@ -175,8 +231,12 @@ def jobs_table(page: JobPage) -> Table:
 def event_line(event: Event) -> str:
     """``   3  progress     12 evaluations, best 0.0123`` (a summary of the data)."""
     d = event.data
-    if event.type is EventType.PROGRESS:
+    if event.type is EventType.PROGRESS and "step" in d:
+        what = step_text(d)
+    elif event.type is EventType.PROGRESS:
         what = f"{d.get('evaluations')} evaluations, best {d.get('best_value')}"
+    elif event.type is EventType.CHECKPOINT:
+        what = f"after step {d.get('step')}: {d.get('path')}"
     elif event.type is EventType.EVALUATION:
         what = f"value {d.get('value')}, batch {d.get('batch_time_s')} s ({d.get('source')})"
     elif event.type is EventType.ERROR:
@@ -202,7 +262,7 @@ def job_lines(job: Job) -> list[str]:
         lines.append(f"predictions     {predictions_line(job)}")
     if job.ray_job_id:
         lines.append(f"ray job         {job.ray_job_id}")
-    if job.progress and "evaluations" in job.progress:
+    if job.progress and ("evaluations" in job.progress or "step" in job.progress):
         lines.append(f"progress        {_progress_cell(job)}")
     if job.error:
         lines.append(f"error           {job.error}")
@@ -327,6 +387,26 @@ def run_table(doc: Document) -> Table:
     return table
 
 
+def train_lines(doc: Document) -> list[str]:
+    """What ``pipeplan train`` prints of a training run, from its document."""
+    steps = [s for s in doc.get("steps", []) if isinstance(s, dict)]
+    lines = []
+    if steps:
+        first, last = steps[0], steps[-1]
+        predicted = doc.get("predicted_step_s")
+        lines.append(
+            f"trained steps {first['step'] + 1}..{last['step'] + 1}: loss "
+            f"{_number(first.get('loss'), '.4f')} -> {_number(last.get('loss'), '.4f')}; "
+            f"median step {_number(doc.get('measured_step_s'), '.3f')} s"
+            + (f" (cost model {predicted:.3f} s)" if isinstance(predicted, int | float) else "")
+        )
+    if doc.get("resumed_from"):
+        lines.append(f"resumed from {doc['resumed_from']}")
+    if doc.get("checkpoint"):
+        lines.append(f"last checkpoint: {doc['checkpoint']}")
+    return lines
+
+
 def render_result(job: Job) -> None:
     """A succeeded job's result as the local command prints it (stdout)."""
     doc = job.result
@@ -338,5 +418,8 @@ def render_result(job: Job) -> None:
         _render_compare(doc)
     elif job.kind is JobKind.RUN:
         out().print(run_table(doc))
+    elif job.kind is JobKind.TRAIN:
+        for line in train_lines(doc):
+            typer.echo(line)
     else:
         typer.echo(ModelProfile.from_dict(doc).text_library())

@@ -1,11 +1,17 @@
-"""``pipeplan submit plan|compare|profile|run``: a job for the service, built from the local
-command's flags.
+"""``pipeplan submit plan|compare|profile|run|train``: a job for the service, built from the
+local command's flags.
 
 Each command builds the request the local command builds, from the same flags (or takes the
 whole request with ``--spec FILE``, ``-`` for stdin), sends it to the service
 (:class:`service.client.Client`) and prints the job id; ``--wait`` follows the job with a
 progress bar and ends with the local command's table (``--json``: its document). A job that
 failed or was cancelled exits 1; see :mod:`service.cli.jobs` for the other exit codes.
+
+``submit train`` takes ``pipeplan train``'s flags but those of a local run (``--address``,
+``--resume``): the job runs on the service's cluster, writes its checkpoints into its own
+folder unless ``--checkpoint-dir`` names one there, and ``--resume-from`` names a checkpoint
+there or an earlier train job by its id. (``pipeplan train``'s own flag declarations import
+torch with their module, which a client command does not load: they are declared here.)
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from pipeplan.service.cli.options import ProblemFlags
 from pipeplan.service.tasks.requests import (
     CompareRequest,
     DataKind,
+    EngineKind,
     PlanRequest,
     ProfileRequest,
     Reward,
     RunRequest,
+    TrainRequest,
 )
 
 Document = dict[str, Any]
@@ -265,6 +273,97 @@ def submit_run(
 
     doc = request_spec(ctx, spec, build)
     submit_job(JobKind.RUN, doc, Submitting(server, token, name, wait, as_json))
+
+
+TrainPlanOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json to train on")]
+TrainPlannerOpt = Annotated[
+    str | None, typer.Option("--planner", help="plan first with this planner (cost model)")
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(help="steps to have trained in all, a resumed run's too (default 10)"),
+]
+EpochsOpt = Annotated[
+    int | None, typer.Option(help="passes over --data instead of --steps (a sized source)")
+]
+TrainDataOpt = Annotated[
+    str,
+    typer.Option(
+        "--data",
+        help="synthetic, digits, imagefolder:PATH, tokens:PATH (absolute paths on the "
+        "service's cluster) or package.module:callable (where the service allows code)",
+    ),
+]
+LossOpt = Annotated[
+    str, typer.Option(help="cross-entropy (next token for LMs) or package.module:callable")
+]
+OptimizerOpt = Annotated[str, typer.Option(help="sgd, adam or adamw")]
+CheckpointDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint-dir",
+        help="where checkpoints go on the service's cluster (absolute; default: the job's "
+        "own folder)",
+    ),
+]
+ResumeFromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--resume-from", help="continue from an earlier train job (its id) or a checkpoint"
+    ),
+]
+
+
+@submit_app.command("train")
+@served
+@opts.problem_options(declare=OPTIONAL_CLUSTER)
+def submit_train(
+    ctx: typer.Context,
+    *,
+    problem: ProblemFlags,
+    plan: TrainPlanOpt = None,
+    planner: TrainPlannerOpt = None,
+    option: opts.OptionOpt = None,
+    steps: StepsOpt = None,
+    epochs: EpochsOpt = None,
+    data: TrainDataOpt = "synthetic",
+    loss: LossOpt = "cross-entropy",
+    optimizer: OptimizerOpt = "sgd",
+    lr: Annotated[float, typer.Option(help="learning rate")] = 0.05,
+    momentum: Annotated[float, typer.Option(help="SGD momentum")] = 0.0,
+    weight_decay: Annotated[float, typer.Option(help="weight decay")] = 0.0,
+    checkpoint_dir: CheckpointDirOpt = None,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="a checkpoint every N steps (0: after the last step only)")
+    ] = 0,
+    resume_from: ResumeFromOpt = None,
+    timeout: Annotated[float, typer.Option(help="longest wait for one step, seconds")] = 300.0,
+    engine: Annotated[EngineKind, typer.Option(help="who runs the stages")] = EngineKind.PIPEPLAN,
+    emulate: Annotated[bool, typer.Option(help="emulate slower device types (sleeps)")] = True,
+    deterministic: Annotated[bool, typer.Option(help="disable dropout")] = False,
+    spec: SpecOpt = None,
+    name: NameOpt = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A `pipeplan train` job: a model trained on a plan on the service's Ray cluster."""
+
+    def build() -> TrainRequest:
+        return TrainRequest(
+            **problem_fields(problem),
+            plan=read_document(plan) if plan is not None else None,
+            planner=planner,
+            options=opts.parse_options(planner, option or [], None, None) if planner else {},
+            steps=steps, epochs=epochs, data=data, loss=loss, optimizer=optimizer, lr=lr,
+            momentum=momentum, weight_decay=weight_decay, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, resume_from=resume_from, timeout_s=timeout,
+            engine=engine, emulate=emulate, deterministic=deterministic,
+        )  # fmt: skip
+
+    doc = request_spec(ctx, spec, build)
+    submit_job(JobKind.TRAIN, doc, Submitting(server, token, name, wait, as_json))
 
 
 def register(app: typer.Typer) -> None:
