@@ -2,7 +2,8 @@
 
 - a search's best plan so far: the ``evaluation`` event the page names (by ``seq``);
 - else the job's own plan: a ``plan`` job's result, the best row of a ``compare`` job's
-  result, the plan a ``run`` job runs.
+  result, the plan a ``run`` job runs, the plan a ``train`` job trains on (its result's:
+  the one its planner found, or the one it was given).
 
 The plan is costed again with the job's profile and cluster (a zoo model is profiled
 analytically, as the job's search did; those profiles are kept per model and input size)
@@ -82,6 +83,10 @@ def _result_plan(job: Job) -> tuple[Any, str, float | None]:
                 )
     if job.kind is JobKind.RUN:
         return spec.get("plan"), "the plan this job runs", None
+    if job.kind is JobKind.TRAIN:
+        if isinstance(result.get("plan"), Mapping):
+            return result["plan"], "the plan this job trained on", None
+        return spec.get("plan"), "the plan this job trains on", None
     return None, "", None
 
 

@@ -30,6 +30,7 @@ from pipeplan.service.web import TEMPLATES_DIR
 from pipeplan.service.web.cluster_view import cluster_view
 from pipeplan.service.web.format import FILTERS
 from pipeplan.service.web.job_plan import plan_panel
+from pipeplan.service.web.train_view import MAX_EVENTS, train_curve
 
 MAX_LOGIN_BODY = 4096
 """A login form is one token and a path; a longer body is refused unread."""
@@ -134,14 +135,19 @@ async def jobs_page(
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(request: Request, job_id: JobId, context: ContextDep) -> Response:
-    """One job: its figures, the search chart, the plan, the log tail (kept live)."""
+    """One job: its figures, the search chart (a train job's loss and samples/s curve, as
+    it stands, in the page), the plan, the log tail (kept live)."""
     if not signed_in(request, context):
         return login_page(request, _stale_cookie(request))
     try:
         job = await run_in_threadpool(context.store.get_job, job_id)
     except JobNotFound as e:
         return _page(request, "missing.html", {"message": str(e)}, 404)
-    return _page(request, "job.html", {"job": job})
+    curve = None
+    if job.kind is JobKind.TRAIN:
+        events = await run_in_threadpool(context.store.events_after, job_id, -1, MAX_EVENTS)
+        curve = train_curve(events).to_json()
+    return _page(request, "job.html", {"job": job, "train_curve": curve})
 
 
 def _event(context: AppContext, job_id: str, seq: int | None) -> Event | None:

@@ -92,7 +92,7 @@ const pp = (() => {
     // request's own): its cluster document then holds a calibration block
     const calibration = spec.cluster && typeof spec.cluster === "object" ? spec.cluster.calibration : null;
     const fit = (calibration && calibration.fit) || {};
-    const predicts = searches || job.kind === "run";
+    const predicts = searches || job.kind === "run" || job.kind === "train";
     const predictions = !predicts ? "-" : !calibration ? "uncalibrated spec"
       : fit.source === "service" ? `calibrated from ${fit.runs} runs (fitted ${fit.fitted_at || "?"})`
       : "calibrated (the request's own)";
@@ -111,6 +111,9 @@ const pp = (() => {
     if (searches) bestLabel = fmtValue(objective, best);
     if (job.kind === "run" && result.measured) {
       bestLabel = `${(result.measured.batch_time_s * 1e3).toPrecision(4)} ms measured`;
+    }
+    if (job.kind === "train" && Number.isInteger(progress.step) && finite(progress.loss)) {
+      bestLabel = `loss ${progress.loss.toPrecision(4)} at step ${progress.step}`;
     }
     const evaluations = finite(result.evaluations) ? result.evaluations
       : finite(progress.evaluations) && searches ? progress.evaluations : null;

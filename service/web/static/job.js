@@ -251,11 +251,14 @@
 
   // --- the loop ----------------------------------------------------------------------
 
+  // Every page of events read is also handed to the page's other charts (a train job's
+  // curve, static/train.js) as a "pp:events" DOM event.
   async function readEvents() {
     for (;;) {
       const page = await pp.api(
         `/v1/jobs/${encodeURIComponent(jobId)}/events?after=${afterSeq}&limit=${EVENTS_PAGE}`);
       addEvents(page);
+      document.dispatchEvent(new CustomEvent("pp:events", { detail: { job, events: page } }));
       if (page.length < EVENTS_PAGE) return;
     }
   }
