@@ -13,9 +13,13 @@ Every *compute* node (a leaf module call such as ``nn.Conv2d``, or a function/me
   ids, integer arithmetic on sizes), reshapes and views (``view``, ``reshape``, ``flatten``,
   ``permute``, ``transpose``, ``unsqueeze``, ``chunk``, ...), ``nn.Identity``/``nn.Flatten``
   and tensor constructors (``arange``, ``zeros``, ...);
-- a trivial node that reads the output of a layer joins the *latest* such layer (a view after
-  a conv travels with the conv); one that reads only the model input or parameters joins its
-  *earliest* consumer (``torch.arange`` for GPT positions joins the position embedding).
+- a trivial node that reads the output of a layer joins the *latest* such layer (a
+  ``getitem`` of a split travels with the split); one that reads only the model input or
+  parameters joins its *earliest* consumer (``torch.arange`` for GPT positions joins the
+  position embedding);
+- a reshape or view of one tensor (``view``, ``flatten``, ``permute``, ...) joins the
+  earliest layer that reads it, so what crosses a cut is a layer's own batch-major output,
+  never a ``(B x T, C)`` flattening or a head-major permutation of it.
 
 So every edge of the fx graph goes from a layer to the same or a later layer, and
 :func:`layer_of_nodes` gives the split that ``torch.fx.passes.split_module`` needs for any
@@ -189,10 +193,27 @@ def assign_layers(gm: fx.GraphModule) -> tuple[Assignment, list[Node]]:
             "trivial nodes (views, shape queries, attributes)"
         )
     for n in reversed(nodes):
+        users = [layer_of[u] for u in n.users if u in layer_of]
         if n not in layer_of:
-            users = [layer_of[u] for u in n.users if u in layer_of]
             layer_of[n] = min(users) if users else len(anchors) - 1
+        elif _is_reshape(n) and users and min(users) > layer_of[n]:
+            layer_of[n] = min(users)  # a reshape travels with what reads it (docstring)
     return layer_of, anchors
+
+
+_RESHAPES = frozenset({
+    "view", "reshape", "flatten", "unflatten", "contiguous", "permute", "transpose", "t",
+    "movedim", "unsqueeze", "squeeze", "expand", "view_as", "reshape_as", "expand_as",
+    "_unsafe_view", "alias",
+})  # fmt: skip
+
+
+def _is_reshape(node: Node) -> bool:
+    """A view or reshape of one tensor. Folded into the layer of its first reader rather
+    than of its producer, so a cut between the two sends the producer's own output (a
+    batch-major activation) rather than a flattened ``(B x T, C)`` or permuted
+    ``(3, B, H, T, D)`` view that no stage could slice by samples."""
+    return node.op in ("call_function", "call_method") and call_name(node) in _RESHAPES
 
 
 def layer_of_nodes(gm: fx.GraphModule) -> dict[str, int]:

@@ -141,13 +141,28 @@ def test_activation_bytes_match_module_outputs() -> None:
 # --- folding and graph structure ------------------------------------------------------------
 
 
-def test_flatten_is_folded_into_the_pool() -> None:
+def test_flatten_is_folded_into_the_layer_that_reads_it() -> None:
     model, x = zoo.build("digits_cnn")
     p = analytic(model, x)
     assert [layer.op for layer in p.layers] == [
         "conv", "relu", "conv", "relu", "pool", "fc", "relu", "fc",
     ]  # fmt: skip
-    assert layer_nodes(trace(model))[4] == ["features_4", "flatten"]
+    nodes = layer_nodes(trace(model))
+    assert nodes[4] == ["features_4"] and nodes[5] == ["flatten", "classifier_0"]
+
+
+def test_a_cut_never_sends_a_flattened_or_permuted_view() -> None:
+    """GPT's attention reshapes its QKV projection to ``(3, B, H, T, D)``: a cut after the
+    projection sends the projection's ``(B, T, 3C)`` output, which a stage slices by samples."""
+    from pipeplan.executor.partition import partition
+
+    model, x = tiny_gpt()
+    gm = trace(model)
+    names = layer_nodes(gm)
+    qkv = next(i for i, layer in enumerate(names) if any("qkv" in n for n in layer))
+    cut = partition(model, x, (0, qkv + 1, len(names)))
+    sent = cut.stages[0].outputs
+    assert all(cut.meta[n].kind in ("batched", "constant") for n in sent), cut.meta
 
 
 def test_gpt_positions_join_the_position_embedding() -> None:
