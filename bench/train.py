@@ -352,8 +352,9 @@ def drive(a: argparse.Namespace, keys: list[str]) -> None:
     rows = with_ratios(rows)
     total = a.warmup + a.steps
     note = (
-        f"samples/s: median of {a.steps} steps after {a.warmup} warm-up; SGD lr {a.lr}, "
-        f"dropout off; planner {a.planner} on the {a.profile} profile.\n"
+        f"samples/s: median of {a.steps} steps after {a.warmup} warm-up (predicted: the cost "
+        f"model's); SGD lr {a.lr}, dropout off; planner {a.planner} on the {a.profile} profile."
+        "\n"
         f"{loss_checks(checks)}\n{EMULATED_NOTE}"
     )
     console.print(render(rows, total, note))
