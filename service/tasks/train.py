@@ -56,8 +56,6 @@ def check_train_fields(request: TrainRequest) -> None:
         raise RequestError("checkpoint_every: needs checkpoint_dir")
     if request.optimizer not in OPTIMIZERS:
         raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
-    if request.resume_from is not None and request.checkpoint_dir is None:
-        request.checkpoint_dir = str(Path(request.resume_from))
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,16 @@ def _plan_of(request: TrainRequest, reporter: Reporter) -> tuple[Plan, ModelProf
         PlanRequest(**fields, planner=request.planner, options=request.options), reporter
     )
     return planned.result.plan, planned.problem.profile
+
+
+def _checkpoint_dir(request: TrainRequest) -> Path | None:
+    """Where checkpoints go: ``checkpoint_dir``, else the resumed checkpoint's directory."""
+    if request.checkpoint_dir is not None:
+        return Path(request.checkpoint_dir)
+    if request.resume_from is None:
+        return None
+    resumed = Path(request.resume_from)
+    return resumed.parent if resumed.name.startswith("step-") else resumed
 
 
 def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
@@ -132,7 +140,7 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
         data=request.data,
         loss=request.loss,
         seed=request.seed,
-        checkpoint_dir=Path(request.checkpoint_dir) if request.checkpoint_dir else None,
+        checkpoint_dir=_checkpoint_dir(request),
         checkpoint_every=request.checkpoint_every,
         resume=Path(request.resume_from) if request.resume_from else None,
         emulate=request.emulate,

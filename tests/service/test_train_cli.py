@@ -88,3 +88,16 @@ def test_checkpoint_export_of_nothing_is_one_line(
         monkeypatch, capsys, "checkpoint", "export", str(tmp_path), "--out", str(tmp_path / "x")
     )
     assert code == 2 and "checkpoint: " in err and "holds no complete checkpoint" in err
+
+
+def test_resume_from_alone_writes_beside_the_checkpoint(tmp_path: Path) -> None:
+    from pipeplan.service.tasks.train import TrainRequest, _checkpoint_dir
+
+    def request(**kw: object) -> TrainRequest:
+        return TrainRequest(cluster="local-hetero", model="digits_cnn", plan={}, **kw)  # type: ignore[arg-type]
+
+    assert _checkpoint_dir(request()) is None
+    assert _checkpoint_dir(request(resume_from=str(tmp_path))) == tmp_path
+    step = tmp_path / "step-00000004"
+    assert _checkpoint_dir(request(resume_from=str(step))) == tmp_path
+    assert _checkpoint_dir(request(checkpoint_dir="a", resume_from=str(step))) == Path("a")
