@@ -151,8 +151,10 @@ def saved_keys(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype] | No
     meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     out: dict[str, tuple[tuple[int, ...], torch.dtype] | None] = {}
     for key, m in meta.items():
-        size = getattr(m, "size", None)
-        out[key] = None if size is None else (tuple(size), m.properties.dtype)
+        if isinstance(m, dcp.TensorStorageMetadata):
+            out[key] = (tuple(m.size), m.properties.dtype)
+        else:
+            out[key] = None
     return out
 
 
