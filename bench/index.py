@@ -113,7 +113,17 @@ def plan_quality_realistic(d: Doc) -> str:
     return "worst gap " + ", ".join(f"{lb} {g:+.2%}" for lb, g in worst.items())
 
 
+def train(d: Doc) -> str:
+    s = d["summary"]
+    single = ", ".join(f"{m} {r:.2f}x" for m, r in s["planned_vs_single"].items())
+    bsp = ", ".join(f"{r:.2f}x" for r in s["planned_vs_bsp"].values())
+    worst = s["max_abs_loss_difference"]
+    return f"planned over single device: {single}; over BSP {bsp}; loss vs one process {worst:.1e}"
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
+    "train": train,
+    "train_quick": train,
     "fidelity": fidelity,
     "fidelity_quick": fidelity,
     "tapp_table": tapp_table,
