@@ -21,11 +21,12 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from pipeplan.agents.problem import Budget, Objective
+from pipeplan.core._io import read_document
 from pipeplan.core.model_refs import parse_options as parse_model_options
 from pipeplan.core.model_refs import parse_shape
 from pipeplan.core.plan import Schedule
 from pipeplan.service.cli.console import CliError, cluster_ref, document
-from pipeplan.service.tasks.requests import DataKind, Reward
+from pipeplan.service.tasks.requests import DataKind, EngineKind, Reward
 
 F = TypeVar("F", bound=Callable[..., Any])
 REQUIRED = inspect.Parameter.empty
@@ -356,3 +357,88 @@ RunProfileOpt = Annotated[
 DataOpt = Annotated[
     DataKind, typer.Option(help="synthetic tensors, or scikit-learn's digits (images)")
 ]
+
+
+# --- training ---------------------------------------------------------------------------------
+
+TrainPlanOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json to train on")]
+TrainPlannerOpt = Annotated[
+    str | None, typer.Option("--planner", help="plan first with this planner (cost model)")
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(help="steps to have trained in all, a resumed run's too (default 10)"),
+]
+EpochsOpt = Annotated[
+    int | None, typer.Option(help="passes over --data instead of --steps (a sized source)")
+]
+LossOpt = Annotated[
+    str, typer.Option(help="cross-entropy (next token for LMs) or package.module:callable")
+]
+OptimizerOpt = Annotated[str, typer.Option(help="sgd, adam or adamw")]
+LrOpt = Annotated[float, typer.Option(help="learning rate")]
+MomentumOpt = Annotated[float, typer.Option(help="SGD momentum")]
+WeightDecayOpt = Annotated[float, typer.Option(help="weight decay")]
+CheckpointEveryOpt = Annotated[
+    int, typer.Option(help="a checkpoint every N steps (0: after the last step only)")
+]
+TimeoutOpt = Annotated[float, typer.Option(help="longest wait for one step, seconds")]
+EngineOpt = Annotated[EngineKind, typer.Option(help="who runs the stages")]
+EmulateOpt = Annotated[bool, typer.Option(help="emulate slower device types (sleeps)")]
+DeterministicOpt = Annotated[bool, typer.Option(help="disable dropout")]
+
+
+@dataclass(frozen=True)
+class TrainFlags:
+    """How to train, as ``train`` and ``submit train`` take it (declared once; each command
+    declares its own ``--data`` and ``--checkpoint-dir``, whose paths differ in where they
+    live): a command takes them as one parameter ``training: TrainFlags`` under
+    :func:`train_flag_options`."""
+
+    plan: TrainPlanOpt = None
+    planner: TrainPlannerOpt = None
+    option: OptionOpt = None
+    steps: StepsOpt = None
+    epochs: EpochsOpt = None
+    loss: LossOpt = "cross-entropy"
+    optimizer: OptimizerOpt = "sgd"
+    lr: LrOpt = 0.05
+    momentum: MomentumOpt = 0.0
+    weight_decay: WeightDecayOpt = 0.0
+    checkpoint_every: CheckpointEveryOpt = 0
+    timeout: TimeoutOpt = 300.0
+    engine: EngineOpt = EngineKind.PIPEPLAN
+    emulate: EmulateOpt = True
+    deterministic: DeterministicOpt = False
+
+    def fields(self) -> dict[str, Any]:
+        """The training fields of a ``TrainRequest`` (the plan document read)."""
+        return {
+            "plan": read_document(self.plan) if self.plan is not None else None,
+            "planner": self.planner,
+            "options": (
+                parse_options(self.planner, self.option or [], None, None) if self.planner else {}
+            ),
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "loss": self.loss,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "checkpoint_every": self.checkpoint_every,
+            "timeout_s": self.timeout,
+            "engine": self.engine,
+            "emulate": self.emulate,
+            "deterministic": self.deterministic,
+        }
+
+
+NO_TRAIN_FLAGS = TrainFlags()
+"""The default of a command's ``training`` parameter (the decorator replaces it)."""
+
+
+def train_flag_options() -> Callable[[F], F]:
+    """A command that takes ``training: TrainFlags`` gets :class:`TrainFlags`' options in its
+    signature, where ``training`` is, and is called with them as one ``TrainFlags``."""
+    return _flag_options(TrainFlags, "training")

@@ -37,7 +37,6 @@ from pipeplan.service.cli.options import ProblemFlags
 from pipeplan.service.tasks.requests import (
     CompareRequest,
     DataKind,
-    EngineKind,
     PlanRequest,
     ProfileRequest,
     Reward,
@@ -275,17 +274,6 @@ def submit_run(
     submit_job(JobKind.RUN, doc, Submitting(server, token, name, wait, as_json))
 
 
-TrainPlanOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json to train on")]
-TrainPlannerOpt = Annotated[
-    str | None, typer.Option("--planner", help="plan first with this planner (cost model)")
-]
-StepsOpt = Annotated[
-    int | None,
-    typer.Option(help="steps to have trained in all, a resumed run's too (default 10)"),
-]
-EpochsOpt = Annotated[
-    int | None, typer.Option(help="passes over --data instead of --steps (a sized source)")
-]
 TrainDataOpt = Annotated[
     str,
     typer.Option(
@@ -294,10 +282,6 @@ TrainDataOpt = Annotated[
         "service's cluster) or package.module:callable (where the service allows code)",
     ),
 ]
-LossOpt = Annotated[
-    str, typer.Option(help="cross-entropy (next token for LMs) or package.module:callable")
-]
-OptimizerOpt = Annotated[str, typer.Option(help="sgd, adam or adamw")]
 CheckpointDirOpt = Annotated[
     str | None,
     typer.Option(
@@ -317,30 +301,15 @@ ResumeFromOpt = Annotated[
 @submit_app.command("train")
 @served
 @opts.problem_options(declare=OPTIONAL_CLUSTER)
+@opts.train_flag_options()
 def submit_train(
     ctx: typer.Context,
     *,
     problem: ProblemFlags,
-    plan: TrainPlanOpt = None,
-    planner: TrainPlannerOpt = None,
-    option: opts.OptionOpt = None,
-    steps: StepsOpt = None,
-    epochs: EpochsOpt = None,
+    training: opts.TrainFlags = opts.NO_TRAIN_FLAGS,
     data: TrainDataOpt = "synthetic",
-    loss: LossOpt = "cross-entropy",
-    optimizer: OptimizerOpt = "sgd",
-    lr: Annotated[float, typer.Option(help="learning rate")] = 0.05,
-    momentum: Annotated[float, typer.Option(help="SGD momentum")] = 0.0,
-    weight_decay: Annotated[float, typer.Option(help="weight decay")] = 0.0,
     checkpoint_dir: CheckpointDirOpt = None,
-    checkpoint_every: Annotated[
-        int, typer.Option(help="a checkpoint every N steps (0: after the last step only)")
-    ] = 0,
     resume_from: ResumeFromOpt = None,
-    timeout: Annotated[float, typer.Option(help="longest wait for one step, seconds")] = 300.0,
-    engine: Annotated[EngineKind, typer.Option(help="who runs the stages")] = EngineKind.PIPEPLAN,
-    emulate: Annotated[bool, typer.Option(help="emulate slower device types (sleeps)")] = True,
-    deterministic: Annotated[bool, typer.Option(help="disable dropout")] = False,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -352,14 +321,8 @@ def submit_train(
 
     def build() -> TrainRequest:
         return TrainRequest(
-            **problem_fields(problem),
-            plan=read_document(plan) if plan is not None else None,
-            planner=planner,
-            options=opts.parse_options(planner, option or [], None, None) if planner else {},
-            steps=steps, epochs=epochs, data=data, loss=loss, optimizer=optimizer, lr=lr,
-            momentum=momentum, weight_decay=weight_decay, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every, resume_from=resume_from, timeout_s=timeout,
-            engine=engine, emulate=emulate, deterministic=deterministic,
+            **problem_fields(problem), **training.fields(), data=data,
+            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
         )  # fmt: skip
 
     doc = request_spec(ctx, spec, build)

@@ -14,24 +14,17 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeplan.core._io import read_document
 from pipeplan.executor.checkpoint import export_state_dict
 from pipeplan.service.cli.console import ConsoleReporter, clean_errors, echo_json, say
-from pipeplan.service.cli.options import OptionOpt, ProblemFlags, parse_options, problem_options
-from pipeplan.service.tasks.requests import EngineKind
+from pipeplan.service.cli.options import (
+    NO_TRAIN_FLAGS,
+    ProblemFlags,
+    TrainFlags,
+    problem_options,
+    train_flag_options,
+)
 from pipeplan.service.tasks.train import TrainRequest, train
 
-PlanOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json to train on")]
-PlannerOpt = Annotated[
-    str | None, typer.Option("--planner", help="plan first with this planner (cost model)")
-]
-StepsOpt = Annotated[
-    int | None,
-    typer.Option(help="steps to have trained in all, a resumed run's too (default 10)"),
-]
-EpochsOpt = Annotated[
-    int | None, typer.Option(help="passes over --data instead of --steps (a sized source)")
-]
 DataOpt = Annotated[
     str,
     typer.Option(
@@ -39,10 +32,6 @@ DataOpt = Annotated[
         "package.module:callable (a Dataset, or an iterable of (inputs, targets) batches)"
     ),
 ]
-LossOpt = Annotated[
-    str, typer.Option(help="cross-entropy (next token for LMs) or package.module:callable")
-]
-OptimizerOpt = Annotated[str, typer.Option(help="sgd, adam or adamw")]
 CheckpointDirOpt = Annotated[
     Path | None, typer.Option("--checkpoint-dir", help="where checkpoints go")
 ]
@@ -50,36 +39,21 @@ CheckpointDirOpt = Annotated[
 
 @clean_errors
 @problem_options()
+@train_flag_options()
 def train_command(
     problem: ProblemFlags,
-    plan: PlanOpt = None,
-    planner: PlannerOpt = None,
-    option: OptionOpt = None,
-    steps: StepsOpt = None,
-    epochs: EpochsOpt = None,
+    training: TrainFlags = NO_TRAIN_FLAGS,
     data: DataOpt = "synthetic",
-    loss: LossOpt = "cross-entropy",
-    optimizer: OptimizerOpt = "sgd",
-    lr: Annotated[float, typer.Option(help="learning rate")] = 0.05,
-    momentum: Annotated[float, typer.Option(help="SGD momentum")] = 0.0,
-    weight_decay: Annotated[float, typer.Option(help="weight decay")] = 0.0,
     checkpoint_dir: CheckpointDirOpt = None,
-    checkpoint_every: Annotated[
-        int, typer.Option(help="a checkpoint every N steps (0: after the last step only)")
-    ] = 0,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from --checkpoint-dir's latest")
     ] = False,
     resume_from: Annotated[
         Path | None, typer.Option("--resume-from", help="continue from this checkpoint")
     ] = None,
-    timeout: Annotated[float, typer.Option(help="longest wait for one step, seconds")] = 300.0,
     address: Annotated[
         str | None, typer.Option(help="train on a running Ray cluster: HOST:PORT or 'auto'")
     ] = None,
-    engine: Annotated[EngineKind, typer.Option(help="who runs the stages")] = EngineKind.PIPEPLAN,
-    emulate: Annotated[bool, typer.Option(help="emulate slower device types (sleeps)")] = True,
-    deterministic: Annotated[bool, typer.Option(help="disable dropout")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Train a model on a plan (given, or planned first); checkpoints, resume."""
@@ -90,25 +64,11 @@ def train_command(
     fields: dict[str, Any] = problem.fields()
     request = TrainRequest(
         **fields,
-        plan=read_document(plan) if plan is not None else None,
-        planner=planner,
-        options=parse_options(planner, option or [], None, None) if planner else {},
-        steps=steps,
-        epochs=epochs,
+        **training.fields(),
         data=data,
-        loss=loss,
-        optimizer=optimizer,
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-        checkpoint_every=checkpoint_every,
         resume_from=str(resume_from) if resume_from is not None else None,
-        timeout_s=timeout,
         address=address,
-        engine=engine,
-        emulate=emulate,
-        deterministic=deterministic,
     )
     done = train(request, ConsoleReporter(problem.objective))
     if as_json:
