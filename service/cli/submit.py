@@ -211,12 +211,14 @@ def submit_compare(
 
 @submit_app.command("profile")
 @served
+@opts.model_flag_options()
 def submit_profile(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="zoo model name")] = None,
+    model: Annotated[str | None, typer.Argument(help=f"the model: {opts.MODEL_FORMS}")] = None,
     input_size: opts.InputSizeOpt = None,
     cluster: opts.EmulatedClusterOpt = None,
     measure: opts.MeasureOpt = False,
+    model_flags: opts.ModelFlags = opts.NO_MODEL_FLAGS,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -229,6 +231,7 @@ def submit_profile(
     def build() -> ProfileRequest:
         return ProfileRequest(
             model=require("MODEL", model),
+            **model_flags.fields(),
             input_size=input_size,
             cluster=cluster_ref(cluster) if cluster is not None else None,
             measure=measure,
@@ -240,6 +243,7 @@ def submit_profile(
 
 @submit_app.command("run")
 @served
+@opts.model_flag_options()
 def submit_run(
     ctx: typer.Context,
     plan: Annotated[Path | None, typer.Option("--plan", help="plan.json to run")] = None,
@@ -251,6 +255,7 @@ def submit_run(
     warmup: Annotated[int, typer.Option(help="steps run first and not timed")] = 1,
     data: opts.DataOpt = DataKind.SYNTHETIC,
     seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = 0,
+    model_flags: opts.ModelFlags = opts.NO_MODEL_FLAGS,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -267,7 +272,7 @@ def submit_run(
             plan=read_document(plan),
             cluster=cluster_ref(cluster) if cluster is not None else None,
             model=model, input_size=input_size, profile=document(profile),
-            steps=steps, warmup=warmup, data=data, seed=seed,
+            **model_flags.fields(), steps=steps, warmup=warmup, data=data, seed=seed,
         )  # fmt: skip
 
     doc = request_spec(ctx, spec, build)

@@ -14,7 +14,10 @@ from pipeplan.service.cli.options import InputDtype, ModelFlags
 from tests.service.runner import run_cli as run
 
 MLP = "tests.models.factories:mlp"
-COMMANDS = ("profile", "run", "plan", "compare", "provision", "submit plan", "submit compare")
+COMMANDS = (
+    "profile", "run", "plan", "compare", "provision", "train", "export", "submit plan",
+    "submit compare", "submit profile", "submit run", "submit train",
+)  # fmt: skip
 FLAGS = ("model_option", "input_shape", "input_dtype", "example")
 
 
@@ -33,7 +36,7 @@ def test_every_command_naming_a_model_takes_the_model_flags_as_declared(command:
         mine, theirs = options[name], reference[name]
         assert (mine.opts, mine.help, mine.default) == (theirs.opts, theirs.help, theirs.default)
     assert _options("profile")["model_option"].opts == ["--model-option", "-M"]
-    if "model" in options and command != "profile":
+    if "model" in options and command not in ("profile", "export"):  # export: no hf: models
         assert "hf:ClassName" in options["model"].help and "package.module:factory" in (
             options["model"].help
         )
