@@ -89,6 +89,12 @@ def plan(request: PlanRequest, reporter: Reporter = QUIET) -> Planned:
             warmup=request.warmup,
             address=request.address,
             concurrent=request.concurrent,
+            model_fields={
+                "options": request.model_options,
+                "input_shape": request.input_shape,
+                "input_dtype": request.input_dtype,
+                "example": request.example,
+            },
         )
         found = search(problem, request.planner, options, settings, reporter)
         return Planned(problem, found.result, found)

@@ -19,7 +19,8 @@ the spec is emulated on one machine; :class:`~executor.measured_reward.MeasuredR
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,9 @@ class SearchSettings:
     warmup: int
     address: str | None
     concurrent: bool | None = None
+    model_fields: Mapping[str, Any] = field(default_factory=dict)
+    """How ``model`` is built beyond its name: :func:`~service.tasks.live.model_source`'s
+    ``options``, ``input_shape``, ``input_dtype`` and ``example``."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,8 @@ def search(
         options = {"iterations": MEASURED_ITERATIONS, "batch_size": MEASURED_BATCH_SIZE, **options}
     make_planner(planner, **options)  # bad options fail here, before the cluster starts
     profile = None if settings.model else problem.profile
-    source = model_source(settings.model, settings.input_size, profile)
+    fields = settings.model_fields if settings.model else {}
+    source = model_source(settings.model, settings.input_size, profile, **fields)
     with (
         live_cluster(problem.cluster, settings.address, reporter) as live,
         MeasuredReward(

@@ -228,3 +228,34 @@ def test_every_preset_is_a_valid_cluster() -> None:
     assert {"cloud-mix", "local-hetero", "tapp-paper"} <= set(presets())
     for name in presets():
         assert cluster_spec(name).name
+
+
+def test_a_measured_search_builds_the_model_with_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan --reward measured`` with a factory: the runs build it with its options and
+    input, not its name alone."""
+    from pipeplan.service.tasks import search as search_module
+    from pipeplan.service.tasks.plan import PlanRequest, plan
+
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(model: str | None, input_size: int | None, profile: Any, **kw: Any) -> Any:
+        seen.update(model=model, **kw)
+        raise Stop
+
+    monkeypatch.setattr(search_module, "model_source", capture)
+    request = PlanRequest(
+        cluster="local-hetero", model="tests.models.factories:mlp", planner="tapp",
+        reward="measured", model_options={"width": 6}, input_shape=[6],
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        plan(request)
+    assert seen == {
+        "model": "tests.models.factories:mlp",
+        "options": {"width": 6},
+        "input_shape": [6],
+        "input_dtype": None,
+        "example": None,
+    }
