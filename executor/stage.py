@@ -71,8 +71,9 @@ import torch
 from pipeplan.core.cluster import parse_device_id
 from pipeplan.core.plan import Schedule
 from pipeplan.core.schedules import Op, stage_orders
-from pipeplan.executor import checkpoint, metrics, transport
+from pipeplan.executor import buckets, checkpoint, metrics, transport
 from pipeplan.executor.accelerators import local_device, synchronize
+from pipeplan.executor.buckets import Buckets
 from pipeplan.executor.data import BatchStream, DataSpec, open_stream
 from pipeplan.executor.emulation import emulation_sleep
 from pipeplan.executor.errors import StageFailedError
@@ -264,8 +265,8 @@ class StageWorker:
         self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[tuple[str, int], list[Any]] = {}
-        self._reducing: list[Any] = []
-        """All-reduces under way (replicated stages)."""
+        self._buckets: Buckets | None = None
+        """The step's gradient sums under way (replicated stages)."""
         self._hooked = [0.0, 0.0]
         """Wall and CPU seconds the last backward's hooks took (not slowed by emulation)."""
         self._last_backward = -1
@@ -303,6 +304,7 @@ class StageWorker:
         self.state: dict[str, torch.Tensor] = {
             n: t for n, t in model.state_dict(keep_vars=True).items() if id(t) in held
         }
+        self._bucket_layout = buckets.layout(self.params)
         # A stage of activations and pools alone has nothing to optimise.
         self.optimizer = spec.optimizer.make(self.params.values()) if self.params else None
         if self.device.type == "cpu":
@@ -677,11 +679,14 @@ class StageWorker:
         """For the step's last backward of a replicated stage: as soon as autograd has
         stored a parameter's gradient, add the step's earlier gradient of it (the
         accumulation) and start its all-reduce, so the sums travel while the backward goes on
-        (as DDP's buckets do). Every replica runs the same graph, so the all-reduces start in
-        the same order everywhere. The hooks' own time is kept apart (``_hooked``): the
-        accumulation runs at full speed, as it does after the other backwards."""
+        (in DDP's buckets: :mod:`executor.buckets`). Every replica runs the same graph, so the
+        all-reduces start in the same order everywhere. The hooks' own time is kept apart
+        (``_hooked``): the accumulation runs at full speed, as it does after the other
+        backwards."""
         if self.subgroup is None:
             return []
+
+        self._buckets = Buckets(self._bucket_layout, self.subgroup)
 
         def hook(name: str) -> Callable[[torch.Tensor], None]:
             def ready(p: torch.Tensor) -> None:
@@ -689,7 +694,7 @@ class StageWorker:
                 assert p.grad is not None
                 if name in earlier:
                     p.grad = earlier.pop(name).add_(p.grad)
-                self._reducing.append(transport.all_reduce_sum(p.grad, self.subgroup, wait=False))
+                self._buckets.ready(name, p.grad)
                 wall, cpu = clock.elapsed()
                 self._hooked[0] += wall
                 self._hooked[1] += cpu
@@ -706,9 +711,9 @@ class StageWorker:
         replica (the same graph) and keeps none, as in single-process training. The record
         holds what is left of the all-reduce once the backward is over."""
         clock = Clock.now()
-        for work in self._reducing:  # started during the last backward
-            work.wait()
-        self._reducing.clear()
+        if self._buckets is not None:  # started during the last backward
+            self._buckets.finish()
+            self._buckets = None
         synchronize(self.device)
         synchronize(self.device)
         return self._record("G", step, -1, clock)

@@ -1,0 +1,100 @@
+"""A replicated stage's gradient sums, in buckets of about 25 MB, as DDP sends them.
+
+One ``all_reduce`` per parameter costs a collective's fixed work per parameter: a GPT block
+has a dozen small tensors, and their sums took several times what their bytes alone cost.
+:class:`Buckets` groups the parameters, last first (the order the backward makes their
+gradients), into runs of at most :data:`BUCKET_BYTES` of one dtype and device; once every
+gradient of a bucket is ready it is copied into one flat buffer and summed with one
+``all_reduce`` while the backward goes on, and :meth:`Buckets.finish` waits for every sum
+and copies it back into the gradients. A parameter larger than a bucket is summed in place,
+with no copy.
+
+Every replica of a stage runs the same graph, so the same gradients become ready in the same
+order and the replicas start the same collectives in the same order. A parameter that gets
+no gradient in a step gets none on any replica: its bucket is summed without it when the
+step's backward is over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pipeplan.executor import transport
+
+BUCKET_BYTES = 25 * 2**20
+"""DDP's default bucket size."""
+
+
+def layout(params: Mapping[str, torch.Tensor], limit: int = BUCKET_BYTES) -> list[list[str]]:
+    """The parameters' names in buckets: last parameter first, at most ``limit`` bytes (or one
+    larger parameter) of one dtype and device each."""
+    buckets: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    kind: tuple[torch.dtype, torch.device] | None = None
+    for name in reversed(list(params)):
+        p = params[name]
+        nbytes = p.numel() * p.element_size()
+        if current and (size + nbytes > limit or (p.dtype, p.device) != kind):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += nbytes
+        kind = (p.dtype, p.device)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class Buckets:
+    """One step's gradient sums over a stage's replicas (module docstring)."""
+
+    def __init__(self, buckets: list[list[str]], group: Any) -> None:
+        self.buckets = buckets
+        self.group = group
+        self.bucket_of = {n: i for i, names in enumerate(buckets) for n in names}
+        self.pending = [len(names) for names in buckets]
+        self.grads: dict[str, torch.Tensor] = {}
+        self.started: list[tuple[Any, torch.Tensor | None, list[str]]] = []
+        self.launched: set[int] = set()
+
+    def ready(self, name: str, grad: torch.Tensor) -> None:
+        """Parameter ``name``'s gradient of the step is final: sum its bucket once full."""
+        self.grads[name] = grad
+        i = self.bucket_of[name]
+        self.pending[i] -= 1
+        if self.pending[i] == 0:
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        self.launched.add(i)
+        names = [n for n in self.buckets[i] if n in self.grads]
+        if not names:
+            return
+        if len(names) == 1:
+            work = transport.all_reduce_sum(self.grads[names[0]], self.group, wait=False)
+            self.started.append((work, None, names))
+            return
+        flat = torch.cat([self.grads[n].reshape(-1) for n in names])
+        work = transport.all_reduce_sum(flat, self.group, wait=False)
+        self.started.append((work, flat, names))
+
+    def finish(self) -> None:
+        """Sum what is left (buckets with a parameter that had no gradient), wait for every
+        sum, and write the flat sums back into the gradients."""
+        for i in range(len(self.buckets)):
+            if i not in self.launched:
+                self._start(i)
+        for work, flat, names in self.started:
+            work.wait()
+            if flat is None:
+                continue
+            offset = 0
+            for n in names:
+                grad = self.grads[n]
+                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+        self.started.clear()

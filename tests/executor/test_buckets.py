@@ -1,0 +1,77 @@
+"""Gradient buckets: their layout, and that every gradient gets its sum back whatever the
+order the gradients arrive in, with or without a gradient for every parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from pipeplan.executor import buckets, transport
+from pipeplan.executor.buckets import Buckets
+
+
+def params(*sizes: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    return {f"p{i}": torch.zeros(n, dtype=dtype) for i, n in enumerate(sizes)}
+
+
+def test_layout_takes_the_last_parameters_first_up_to_the_limit() -> None:
+    four_bytes = 4
+    layout = buckets.layout(params(2, 2, 5, 1, 1), limit=4 * four_bytes)
+    assert layout == [["p4", "p3"], ["p2"], ["p1", "p0"]]  # p2 alone: larger than the rest
+    assert buckets.layout(params(10, 1), limit=8) == [["p1"], ["p0"]]  # a large one alone
+    mixed = {**params(1), "h": torch.zeros(1, dtype=torch.float16)}
+    assert buckets.layout(mixed) == [["h"], ["p0"]]  # one dtype a bucket
+
+
+class Work:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait(self) -> None:
+        self.log.append(f"wait {self.name}")
+
+
+@pytest.fixture
+def summed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """all_reduce over two identical replicas: doubles the tensor in place."""
+    log: list[str] = []
+
+    def all_reduce_sum(flat: torch.Tensor, group: Any, wait: bool = True) -> Work:
+        flat.mul_(2)
+        log.append(f"sum {flat.numel()}")
+        return Work(log, str(flat.numel()))
+
+    monkeypatch.setattr(transport, "all_reduce_sum", all_reduce_sum)
+    return log
+
+
+def test_every_gradient_gets_its_sum_back(summed: list[str]) -> None:
+    layout = buckets.layout(params(2, 3, 1, 4), limit=6 * 4)  # [[p3, p2], [p1, p0]]
+    sizes = {"p0": 2, "p1": 3, "p2": 1, "p3": 4}
+    grads = {n: torch.arange(float(k)) + 1 for n, k in sizes.items()}
+    want = {n: g * 2 for n, g in grads.items()}
+    b = Buckets(layout, group=None)
+    b.ready("p3", grads["p3"])
+    assert summed == []  # its bucket waits for p2
+    b.ready("p2", grads["p2"])
+    assert summed == ["sum 5"]  # started during the backward
+    b.ready("p0", grads["p0"])
+    b.ready("p1", grads["p1"])
+    b.finish()
+    assert summed == ["sum 5", "sum 5", "wait 5", "wait 5"]
+    for n in grads:
+        assert torch.equal(grads[n], want[n]), n
+
+
+def test_a_parameter_without_a_gradient_is_left_out_after_the_backward(summed: list[str]) -> None:
+    layout = [["p2", "p1"], ["p0"]]
+    g1, g0 = torch.ones(3), torch.ones(2)
+    b = Buckets(layout, group=None)
+    b.ready("p0", g0)  # a lone parameter: summed in place at once
+    b.ready("p1", g1)  # p2 has no gradient this step: its bucket starts at finish
+    assert summed == ["sum 2"]
+    b.finish()
+    assert summed == ["sum 2", "sum 3", "wait 2", "wait 3"]
+    assert torch.equal(g1, torch.full((3,), 2.0)) and torch.equal(g0, torch.full((2,), 2.0))
