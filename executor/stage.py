@@ -686,7 +686,7 @@ class StageWorker:
         if self.subgroup is None:
             return []
 
-        self._buckets = Buckets(self._bucket_layout, self.subgroup)
+        sums = self._buckets = Buckets(self._bucket_layout, self.subgroup)
 
         def hook(name: str) -> Callable[[torch.Tensor], None]:
             def ready(p: torch.Tensor) -> None:
@@ -694,7 +694,7 @@ class StageWorker:
                 assert p.grad is not None
                 if name in earlier:
                     p.grad = earlier.pop(name).add_(p.grad)
-                self._buckets.ready(name, p.grad)
+                sums.ready(name, p.grad)
                 wall, cpu = clock.elapsed()
                 self._hooked[0] += wall
                 self._hooked[1] += cpu
