@@ -45,9 +45,7 @@ from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.data import DataSpec
 from pipeplan.executor.loss import LossSpec
-from pipeplan.executor.model import OptimizerConfig
 from pipeplan.executor.pipeline import RunConfig, check_engine
-from pipeplan.executor.train import TrainConfig
 from pipeplan.models import zoo
 from pipeplan.models.spec import check_input, names_code, reference_kind
 from pipeplan.service.api.schemas import SPEC_MODELS, JobCreate, JobKind
@@ -72,7 +70,7 @@ from pipeplan.service.tasks.requests import (
     problem_of,
 )
 from pipeplan.service.tasks.simulate import SimulateRequest
-from pipeplan.service.tasks.train import check_train_fields
+from pipeplan.service.tasks.train import check_train_fields, train_config
 
 # DESIGN.md's limits are core.limits', checked here on the raw documents before the core
 # builds anything from them; below, the service's own bounds on the work a request may ask
@@ -315,24 +313,7 @@ def _check_train(request: TrainRequest) -> None:
     LossSpec.parse(request.loss)
     if not request.timeout_s > 0:
         raise RequestError(f"timeout_s: must be > 0, got {request.timeout_s}")
-    optimizer = OptimizerConfig(
-        request.optimizer,  # type: ignore[arg-type]  # checked by check_train_fields
-        request.lr,
-        request.momentum,
-        request.weight_decay,
-    )
-    config = TrainConfig(
-        steps=request.steps or 1,
-        optimizer=optimizer,
-        data=request.data,
-        loss=request.loss,
-        seed=request.seed,
-        checkpoint_dir=Path(folder),
-        checkpoint_every=request.checkpoint_every,
-        timeout_s=request.timeout_s,
-        emulate=request.emulate,
-        engine=request.engine.value,
-    )
+    config = train_config(request, request.steps or 1, Path(folder), None)
     if request.planner is not None:
         fields = {f: getattr(request, f) for f in ProblemRequest.model_fields}
         _check_plan(PlanRequest(**fields, planner=request.planner, options=request.options))

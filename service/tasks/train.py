@@ -27,7 +27,7 @@ from pipeplan.executor.pinning import check_feasible
 from pipeplan.executor.train import TrainConfig, TrainResult, steps_for_epochs
 from pipeplan.executor.train import train as train_plan
 from pipeplan.service.tasks.common import cluster_spec
-from pipeplan.service.tasks.live import live_cluster, model_source
+from pipeplan.service.tasks.live import live_cluster, source_of
 from pipeplan.service.tasks.plan import PlanRequest, plan
 from pipeplan.service.tasks.progress import QUIET, Reporter
 from pipeplan.service.tasks.requests import (
@@ -93,6 +93,32 @@ def _plan_of(request: TrainRequest, reporter: Reporter) -> tuple[Plan, ModelProf
     return planned.result.plan, planned.problem.profile
 
 
+def train_config(
+    request: TrainRequest, steps: int, checkpoint_dir: Path | None, resume: Path | None
+) -> TrainConfig:
+    """The executor's settings of a request (checked: optimizer, steps, checkpoints)."""
+    optimizer = OptimizerConfig(
+        request.optimizer,  # type: ignore[arg-type]  # checked by check_train_fields
+        request.lr,
+        request.momentum,
+        request.weight_decay,
+    )
+    return TrainConfig(
+        steps=steps,
+        optimizer=optimizer,
+        data=request.data,
+        loss=request.loss,
+        seed=request.seed,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=request.checkpoint_every,
+        resume=resume,
+        emulate=request.emulate,
+        deterministic=request.deterministic,
+        timeout_s=request.timeout_s,
+        engine=request.engine.value,
+    )
+
+
 def _checkpoint_dir(request: TrainRequest) -> Path | None:
     """Where checkpoints go: ``checkpoint_dir``, else the resumed checkpoint's directory."""
     if request.checkpoint_dir is not None:
@@ -109,45 +135,18 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
     check_train_fields(request)
     DataSpec.parse(request.data)  # the forms, before planning (nothing is read or imported)
     LossSpec.parse(request.loss)
-    optimizer = OptimizerConfig(
-        request.optimizer,  # type: ignore[arg-type]  # checked above
-        request.lr,
-        request.momentum,
-        request.weight_decay,
-    )
     spec = cluster_spec(request.cluster)
     the_plan, prof = _plan_of(request, reporter)
     the_plan.validate(prof, spec)
     named = None if request.model is not None else prof  # a planner's profile of model
-    source = model_source(
-        request.model,
-        request.input_size,
-        named,
-        request.seed,
-        options=request.model_options,
-        input_shape=request.input_shape,
-        input_dtype=request.input_dtype,
-        example=request.example,
-    )
+    source = source_of(request, named)
     steps = request.steps or 10
     if request.epochs is not None:
         steps = steps_for_epochs(
             source, request.data, request.loss, the_plan.global_batch, request.seed, request.epochs
         )
-    config = TrainConfig(
-        steps=steps,
-        optimizer=optimizer,
-        data=request.data,
-        loss=request.loss,
-        seed=request.seed,
-        checkpoint_dir=_checkpoint_dir(request),
-        checkpoint_every=request.checkpoint_every,
-        resume=Path(request.resume_from) if request.resume_from else None,
-        emulate=request.emulate,
-        deterministic=request.deterministic,
-        timeout_s=request.timeout_s,
-        engine=request.engine.value,
-    )
+    resume = Path(request.resume_from) if request.resume_from else None
+    config = train_config(request, steps, _checkpoint_dir(request), resume)
     with live_cluster(spec, request.address, reporter) as live:
         check_feasible(the_plan, live_nodes())
         predicted = simulate(the_plan, prof, live).batch_time_s if prof is not None else None
