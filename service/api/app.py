@@ -9,6 +9,11 @@ backend (API.md, "Delivery and restarts"): still running -> keep waiting; finish
 ``result`` event -> ``failed`` with the backend's message and the log tail. The same
 reconcile runs every ``reconcile_every_s`` while the service is up, so a job whose driver
 dies ends ``failed`` without a restart. Every error is JSON ``{"detail": "..."}``.
+
+Given a planner pool (:mod:`service.api.pool`), the backend the routes see routes each job
+between the pool and the backend given; the pool's workers start with the service and end
+when it stops. A job that ran in the pool of an earlier service process was lost with it:
+the reconcile on start ends it ``failed`` saying so (:mod:`service.api.pool.routing`).
 """
 
 from __future__ import annotations
@@ -32,8 +37,19 @@ from pipeplan.service.api.calibration import Calibrator
 from pipeplan.service.api.calibration_fit import FitWorker
 from pipeplan.service.api.deps import AppContext
 from pipeplan.service.api.metrics import Metrics, MetricsMiddleware
+from pipeplan.service.api.pool import PlannerPool, route_jobs
 from pipeplan.service.api.ray_jobs import RayJobsBackend
-from pipeplan.service.api.routes import catalog, dashboard, events, health, jobs, metrics, simulate
+from pipeplan.service.api.routes import (
+    catalog,
+    dashboard,
+    events,
+    health,
+    jobs,
+    metrics,
+    plan,
+    simulate,
+    tokens,
+)
 from pipeplan.service.api.schemas import Job, JobState
 from pipeplan.service.api.settings import Settings, get_settings, resolve_token
 from pipeplan.service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
@@ -98,6 +114,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     context: AppContext = app.state.context
     await run_in_threadpool(context.store.create_tables)
     await run_in_threadpool(context.calibrator.start)
+    if context.pool is not None:
+        context.pool.start()
     s = context.settings
     await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
     task = asyncio.create_task(_keep_reconciling(context)) if s.reconcile_every_s > 0 else None
@@ -109,6 +127,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await run_in_threadpool(context.calibrator.stop)
+        if context.pool is not None:
+            await run_in_threadpool(context.pool.close)
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -160,18 +180,24 @@ def create_app(
     store: Store | None = None,
     backend: JobsBackend | None = None,
     fit_worker: FitWorker | None = None,
+    pool: PlannerPool | None = None,
 ) -> FastAPI:
     """The service's app (tests pass their own store, a fake backend, and a calibration fit
-    worker shared by their apps)."""
+    worker shared by their apps). With a planner ``pool`` (started and closed with the app),
+    the jobs that need no device run in it, and ``POST /v1/plan`` answers from it."""
     settings = settings or get_settings()
     store = store or Store(settings.database_url)
+    backend = backend or default_backend(settings)
+    if pool is not None:
+        backend = route_jobs(backend, pool, store.get_job)
     context = AppContext(
         settings=settings,
         token=resolve_token(settings),
         store=store,
-        backend=backend or default_backend(settings),
+        backend=backend,
         metrics=Metrics(store.counts),
         calibrator=Calibrator(store, worker=fit_worker),
+        pool=pool,
     )
     app = FastAPI(
         title="pipeplan",
@@ -180,7 +206,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.context = context
-    for module in (jobs, events, simulate, catalog, health, metrics, dashboard):
+    for module in (jobs, events, simulate, catalog, health, metrics, tokens, plan, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_handlers(app)

@@ -2,23 +2,31 @@
 
 These are the wire formats shared by the routes, the store, the job entrypoint and the
 client. The ``spec`` of a job is the request model of its use-case (``service.tasks``):
-:data:`SPEC_MODELS` maps each kind to it.
+:data:`SPEC_MODELS` maps each kind to it. ``POST /v1/jobs`` takes :data:`JobRequest`, a
+union on ``kind`` whose spec models are those request models with the bounds of
+:data:`FIELD_BOUNDS` stated in the OpenAPI document; :mod:`service.api.validation` enforces
+the same table, so the document and the service agree on every field.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from pipeplan.agents.registry import PLANNERS
+from pipeplan.core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES
 from pipeplan.service.tasks.requests import (
+    BudgetRequest,
     CompareRequest,
     PlanRequest,
     ProfileRequest,
     RunRequest,
     TrainRequest,
+    presets,
 )
 
 
@@ -72,9 +80,15 @@ ENDING_EVENTS = frozenset({EventType.RESULT, EventType.ERROR})
 """Events that end their job (``succeeded`` / ``failed``)."""
 
 
+NAME_PATTERN = r"^[^\x00]*$"
+"""A job's ``name``: any text without a NUL character (the databases refuse one)."""
+
+
 class JobCreate(BaseModel):
-    """``POST /v1/jobs``: what to run. The spec is validated as the kind's request model
-    (and further, as far as it can be without a cluster) before anything is queued."""
+    """A job to create, as the service handles it: the kind, and the spec as a JSON object
+    (validated as the kind's request model, and further, as far as it can be without a
+    cluster, before anything is queued). ``POST /v1/jobs`` takes a :data:`JobRequest`, and
+    :func:`job_create` makes this of it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,6 +98,211 @@ class JobCreate(BaseModel):
     calibration: bool = True
     """Whether the job predicts with its cluster's calibration from use, where there is one
     that applies (:mod:`service.api.calibration`); false: the spec exactly as given."""
+
+
+# --- the body of POST /v1/jobs: one model per kind --------------------------------------------
+
+MAX_INPUT_SIZE = 2048
+"""A zoo model's input size (its example input is built and traced when profiled)."""
+MAX_SEED = 2**63 - 1
+MAX_TRAIN_STEPS = 10_000_000
+"""Steps one job may ask for (``steps``, ``warmup`` and ``checkpoint_every``)."""
+MAX_EPOCHS = 100_000
+MAX_REPEATS = 1000
+"""Timed steps per plan of a measured search."""
+MAX_WORKERS = 1024
+"""Ray tasks a parallel search splits its evaluations over."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A number field's range: at least ``low`` (above it where ``open_low``), at most
+    ``high``; ``None``: no bound on that side."""
+
+    low: float | None = None
+    high: int | None = None
+    open_low: bool = False
+
+    def json_schema(self) -> dict[str, Any]:
+        """The range as JSON Schema keywords."""
+        schema: dict[str, Any] = {}
+        if self.low is not None:
+            schema["exclusiveMinimum" if self.open_low else "minimum"] = self.low
+        if self.high is not None:
+            schema["maximum"] = self.high
+        return schema
+
+
+FIELD_BOUNDS: dict[str, Bound] = {
+    "batch": Bound(1, MAX_GLOBAL_BATCH),
+    "microbatches": Bound(1, MAX_MICROBATCHES),
+    "input_size": Bound(1, MAX_INPUT_SIZE),
+    "seed": Bound(0, MAX_SEED),
+    "min_throughput": Bound(0),
+    "steps": Bound(1, MAX_TRAIN_STEPS),
+    "warmup": Bound(0, MAX_TRAIN_STEPS),
+    "epochs": Bound(1, MAX_EPOCHS),
+    "checkpoint_every": Bound(0, MAX_TRAIN_STEPS),
+    "repeats": Bound(1, MAX_REPEATS),
+    "workers": Bound(1, MAX_WORKERS),
+    "timeout_s": Bound(0, open_low=True),
+    "lr": Bound(0, open_low=True),
+    "momentum": Bound(0),
+    "weight_decay": Bound(0),
+    "evaluations": Bound(1),
+    "seconds": Bound(0, open_low=True),
+}
+"""The range of every number field of a job's spec (and of its ``budget``), by field name:
+stated in the OpenAPI document and enforced by :func:`service.api.validation.check_limits`
+before anything else reads the request."""
+
+NAMED_CHOICES: dict[str, tuple[str, ...]] = {
+    "planner": tuple(PLANNERS),
+    "planners": tuple(PLANNERS),
+    "cluster": tuple(presets()),
+}
+"""String fields whose values are names from a fixed set: a planner, or a cluster preset
+(a ``cluster`` may be a document instead)."""
+
+
+def _with_choices(prop: dict[str, Any], choices: tuple[str, ...]) -> None:
+    """``choices`` as the enum of ``prop``'s string form (itself, a branch, or its items)."""
+    if prop.get("type") == "string":
+        prop["enum"] = list(choices)
+    for branch in prop.get("anyOf", []):
+        _with_choices(branch, choices)
+    if isinstance(prop.get("items"), dict):
+        _with_choices(prop["items"], choices)
+
+
+def _state_fields(schema: dict[str, Any]) -> None:
+    """State each property's bound (:data:`FIELD_BOUNDS`) and named choices
+    (:data:`NAMED_CHOICES`) in a spec model's JSON schema."""
+    for name, prop in schema.get("properties", {}).items():
+        if name in FIELD_BOUNDS:
+            prop.update(FIELD_BOUNDS[name].json_schema())
+        if name in NAMED_CHOICES:
+            _with_choices(prop, NAMED_CHOICES[name])
+
+
+SPEC_CONFIG = ConfigDict(json_schema_extra=_state_fields)
+"""A spec model's config: its request model's, with the ranges and names stated."""
+
+
+class BudgetSpec(BudgetRequest):
+    """Most plan evaluations and search seconds; absent: the use-case's default."""
+
+    model_config = SPEC_CONFIG
+
+
+class ProfileSpec(ProfileRequest):
+    """A model to profile: ``model`` (a zoo name), where its layer times come from (the
+    cost model, or ``measure`` on the cluster)."""
+
+    model_config = SPEC_CONFIG
+
+
+class PlanSpec(PlanRequest):
+    """A planning problem (``model`` or ``profile``, ``cluster``, ``objective``, ``batch``)
+    and the ``planner`` to search it with."""
+
+    model_config = SPEC_CONFIG
+    budget: BudgetSpec = BudgetSpec()
+
+
+class CompareSpec(CompareRequest):
+    """A planning problem and the ``planners`` to run on it (default: the baselines)."""
+
+    model_config = SPEC_CONFIG
+    budget: BudgetSpec = BudgetSpec()
+
+
+class RunSpec(RunRequest):
+    """A ``plan`` document to run on the cluster, with the model it places."""
+
+    model_config = SPEC_CONFIG
+
+
+class TrainSpec(TrainRequest):
+    """What to train, on which ``plan`` (or ``planner``), for how long."""
+
+    model_config = SPEC_CONFIG
+    budget: BudgetSpec = BudgetSpec()
+
+
+class JobRequestBase(BaseModel):
+    """What every kind's request has beside its ``kind`` and ``spec``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=200, pattern=NAME_PATTERN)
+    calibration: bool = True
+    """Whether the job predicts with its cluster's calibration from use, where there is one
+    that applies; false: the spec exactly as given."""
+
+
+class ProfileJob(JobRequestBase):
+    """``kind: profile``: the result is the profile document."""
+
+    kind: Literal[JobKind.PROFILE]
+    spec: ProfileSpec
+
+
+class PlanJob(JobRequestBase):
+    """``kind: plan``: the result is ``{"plan", "estimate", ...}``, as ``pipeplan plan
+    --json`` prints it."""
+
+    kind: Literal[JobKind.PLAN]
+    spec: PlanSpec
+
+
+class CompareJob(JobRequestBase):
+    """``kind: compare``: the result is the rows ``pipeplan compare --json`` prints."""
+
+    kind: Literal[JobKind.COMPARE]
+    spec: CompareSpec
+
+
+class RunJob(JobRequestBase):
+    """``kind: run``: the result is the run, measured and predicted."""
+
+    kind: Literal[JobKind.RUN]
+    spec: RunSpec
+
+
+class TrainJob(JobRequestBase):
+    """``kind: train``: the result is the last checkpoint, the loss curve and the measured
+    and predicted step times."""
+
+    kind: Literal[JobKind.TRAIN]
+    spec: TrainSpec
+
+
+AnyJobRequest = ProfileJob | PlanJob | CompareJob | RunJob | TrainJob
+JobRequest = Annotated[AnyJobRequest, Field(discriminator="kind")]
+"""``POST /v1/jobs``: ``{"kind", "spec", "name"?, "calibration"?}``, the spec's fields those
+of its kind. A spec the schema admits can still be refused (422) by the checks a schema
+cannot state: a document's own consistency, fields that go together, a planner's options."""
+
+REQUEST_SPECS: dict[JobKind, type[BaseModel]] = {
+    JobKind.PROFILE: ProfileSpec,
+    JobKind.PLAN: PlanSpec,
+    JobKind.COMPARE: CompareSpec,
+    JobKind.RUN: RunSpec,
+    JobKind.TRAIN: TrainSpec,
+}
+"""Each kind's spec model in :data:`JobRequest` (a subclass of its :data:`SPEC_MODELS`)."""
+
+
+def job_create(request: AnyJobRequest) -> JobCreate:
+    """The job a request asks for, its spec the fields the request set (defaults stay
+    implicit, so the stored spec reads as it was sent)."""
+    return JobCreate(
+        kind=request.kind,
+        spec=request.spec.model_dump(mode="json", exclude_unset=True),
+        name=request.name,
+        calibration=request.calibration,
+    )
 
 
 class Job(BaseModel):
@@ -101,6 +320,8 @@ class Job(BaseModel):
     result: Any = None
     error: str | None = None
     ray_job_id: str | None = None
+    created_by: str | None = None
+    """The id of the token that submitted it (``bootstrap``: the service's own token)."""
 
 
 class JobPage(BaseModel):

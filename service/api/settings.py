@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     """How much of a failed job's log its error keeps (reconcile)."""
     sse_poll_s: float = Field(default=0.5, gt=0)
     """How often a live event stream looks for new events."""
+    pool_size: int = Field(default=2, ge=0, le=64)
+    """Workers of the planner pool: long-lived Ray actors that run the jobs needing no
+    device (cost-model plans and comparisons, profiles without ``measure``) without a Ray
+    Job's start-up, at most this many at once (0: no pool; every job is a Ray Job)."""
+    pool_address: str | None = None
+    """The Ray cluster's GCS address (``host:port``) the pool's workers start on; ``None``:
+    the embedded cluster's. Joining a cluster by ``ray_address`` without it, the service
+    runs without a pool."""
+    ray_namespace: str = Field(default="pipeplan", min_length=1, max_length=64)
+    """The Ray namespace of the service's own actors (the planner pool's workers)."""
     allow_code: bool = False
     """Whether a job may name code to import (``model``, ``example``: ``package.module:attr``).
     Off, such a job is refused (422); on, the code is imported inside the job's Ray Job,
@@ -61,6 +71,9 @@ class Settings(BaseSettings):
     """Where each job's folder is (``JOBS_DIR/JOB_ID``: a train job's checkpoints when its
     request names no ``checkpoint_dir``); ``None``: ``$XDG_DATA_HOME/pipeplan/jobs``. The
     job's Ray Job writes there, so on a cluster of several machines it is a shared path."""
+    max_open_jobs_per_token: int = Field(default=200, ge=0)
+    """How many jobs one token may have queued or running at once; one more is refused
+    with 429 (0: no limit). The bootstrap token counts too."""
 
     @property
     def database_url(self) -> str:

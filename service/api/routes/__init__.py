@@ -5,5 +5,6 @@
 - :mod:`~service.api.routes.simulate`: the cost model's estimate, synchronously;
 - :mod:`~service.api.routes.catalog`: planners, models, cluster presets;
 - :mod:`~service.api.routes.health`: ``/healthz``, ``/readyz``;
-- :mod:`~service.api.routes.metrics`: ``/metrics``.
+- :mod:`~service.api.routes.metrics`: ``/metrics``;
+- :mod:`~service.api.routes.tokens`: users' tokens (admin).
 """

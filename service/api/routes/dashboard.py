@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from pipeplan.service.api.auth import COOKIE, CSRF_HEADER, is_api_token
+from pipeplan.service.api.auth import COOKIE, CSRF_HEADER, Principal, identify
 from pipeplan.service.api.backend import ClusterSource
 from pipeplan.service.api.calibration import MIN_RUNS
 from pipeplan.service.api.deps import AppContext, ContextDep
@@ -51,16 +51,29 @@ templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 templates.env.filters.update(FILTERS)
 
 
-def signed_in(request: Request, context: AppContext) -> bool:
-    """Whether the request holds the API token: the bearer header when sent (as the API
-    reads it), else the login cookie."""
+def user_of(request: Request, context: AppContext) -> Principal | None:
+    """The user whose valid token the request holds (the bearer header when sent, as the
+    API reads it, else the login cookie), else None. Reads the store."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     header = value.strip() if scheme.lower() == "bearer" else ""
     token = header or request.cookies.get(COOKIE, "")
-    return bool(token) and is_api_token(token, context)
+    if not token:
+        return None
+    try:
+        who = identify(token, context.token.value, context.store)
+    except HTTPException:
+        return None
+    return who if who.is_api else None
 
 
-def _page(request: Request, name: str, values: dict[str, Any], code: int = 200) -> Response:
+def _page(
+    request: Request,
+    name: str,
+    values: dict[str, Any],
+    code: int = 200,
+    who: Principal | None = None,
+) -> Response:
+    """A page of the signed-in user ``who`` (named in the header)."""
     context: AppContext = request.app.state.context
     backend = context.backend
     common = {
@@ -69,7 +82,7 @@ def _page(request: Request, name: str, values: dict[str, Any], code: int = 200) 
         "signed_in": True,
     }
     return templates.TemplateResponse(
-        request, name, common | values, status_code=code, headers=PAGE_HEADERS
+        request, name, common | {"user": who} | values, status_code=code, headers=PAGE_HEADERS
     )
 
 
@@ -121,8 +134,10 @@ async def jobs_page(
     state: JobState | None = None,
     kind: JobKind | None = None,
 ) -> Response:
-    """The jobs table, filtered by ``state`` and ``kind`` (the script keeps it live)."""
-    if not signed_in(request, context):
+    """The jobs table, filtered by ``state`` and ``kind`` (the script keeps it live; it
+    reads the API, which lists a submitter's own jobs only)."""
+    who = await run_in_threadpool(user_of, request, context)
+    if who is None:
         return login_page(request, _stale_cookie(request))
     values = {
         "state": state.value if state else "",
@@ -130,24 +145,28 @@ async def jobs_page(
         "states": [s.value for s in JobState],
         "kinds": [k.value for k in JobKind],
     }
-    return _page(request, "jobs.html", values)
+    return _page(request, "jobs.html", values, who=who)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(request: Request, job_id: JobId, context: ContextDep) -> Response:
     """One job: its figures, the search chart (a train job's loss and samples/s curve, as
-    it stands, in the page), the plan, the log tail (kept live)."""
-    if not signed_in(request, context):
+    it stands, in the page), the plan, the log tail (kept live). A submitter sees its own
+    jobs only: another's is missing, as in the API."""
+    who = await run_in_threadpool(user_of, request, context)
+    if who is None:
         return login_page(request, _stale_cookie(request))
     try:
         job = await run_in_threadpool(context.store.get_job, job_id)
+        if not who.may_see(job.created_by):
+            raise JobNotFound(job_id)
     except JobNotFound as e:
-        return _page(request, "missing.html", {"message": str(e)}, 404)
+        return _page(request, "missing.html", {"message": str(e)}, 404, who)
     curve = None
     if job.kind is JobKind.TRAIN:
         events = await run_in_threadpool(context.store.events_after, job_id, -1, MAX_EVENTS)
         curve = train_curve(events).to_json()
-    return _page(request, "job.html", {"job": job, "train_curve": curve})
+    return _page(request, "job.html", {"job": job, "train_curve": curve}, who=who)
 
 
 def _event(context: AppContext, job_id: str, seq: int | None) -> Event | None:
@@ -168,10 +187,13 @@ def plan_fragment(
 ) -> Response:
     """The plan panel of the job page: the plan of evaluation ``seq`` (a search's best so
     far), else the job's own; its stages x devices, Gantt chart and measured stage times."""
-    if not signed_in(request, context):
+    who = user_of(request, context)
+    if who is None:
         return _denied_fragment()
     try:
         job = context.store.get_job(job_id)
+        if not who.may_see(job.created_by):
+            raise JobNotFound(job_id)
     except JobNotFound as e:
         return HTMLResponse(f"<p class='note'>{e}</p>", 404, headers=PAGE_HEADERS)
     panel = plan_panel(job, _event(context, job_id, seq))
@@ -184,16 +206,17 @@ def plan_fragment(
 def cluster_page(request: Request, context: ContextDep) -> Response:
     """Device types, the nodes alive and what they use, links to Ray's dashboard, and the
     calibrations the service fitted from the runs its jobs measured."""
-    if not signed_in(request, context):
+    who = user_of(request, context)
+    if who is None:
         return login_page(request, _stale_cookie(request))
     view = cluster_view(context.settings, context.backend, context.store)
-    return _page(request, "cluster.html", {"view": view, "min_runs": MIN_RUNS})
+    return _page(request, "cluster.html", {"view": view, "min_runs": MIN_RUNS}, who=who)
 
 
 @router.get("/cluster/nodes", response_class=HTMLResponse)
 def cluster_nodes_fragment(request: Request, context: ContextDep) -> Response:
     """The cluster page's live part (its script reloads it)."""
-    if not signed_in(request, context):
+    if user_of(request, context) is None:
         return _denied_fragment()
     view = cluster_view(context.settings, context.backend)
     return templates.TemplateResponse(
@@ -215,17 +238,31 @@ async def _form(request: Request) -> dict[str, str] | str:
     return {k: v[0] for k, v in fields.items()}
 
 
+def _login_refusal(token: str, context: AppContext) -> str | None:
+    """Why ``token`` may not log in, else None."""
+    if not token:
+        return "Wrong token."
+    try:
+        who = identify(token, context.token.value, context.store)
+    except HTTPException as e:
+        detail = str(e.detail).removeprefix("Authorization: ")
+        return "Wrong token." if detail == "unknown token" else f"That {detail}."
+    return None if who.is_api else "That is a job's token, not a user's."
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request, context: ContextDep) -> Response:
-    """Check the form's ``token``; right: set the cookie and go to ``next``; wrong: the
-    form again (403)."""
+    """Check the form's ``token`` (any user's: the pages then show what its role may see);
+    valid: set the cookie and go to ``next``; else the form again (403), saying why when
+    the token is known (expired, revoked, a job's)."""
     form = await _form(request)
     if isinstance(form, str):
         return login_page(request, form, status.HTTP_400_BAD_REQUEST, "/")
     token = form.get("token", "").strip()
     target = local_path(form.get("next"))
-    if not token or not is_api_token(token, context):
-        return login_page(request, "Wrong token.", status.HTTP_403_FORBIDDEN, target)
+    refusal = await run_in_threadpool(_login_refusal, token, context)
+    if refusal is not None:
+        return login_page(request, refusal, status.HTTP_403_FORBIDDEN, target)
     response = RedirectResponse(target, status.HTTP_303_SEE_OTHER, headers=PAGE_HEADERS)
     response.set_cookie(
         COOKIE,

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from pipeplan.service.api.auth import ApiAuth, JobAuth
+from pipeplan.service.api.auth import JobAuth, JobUserAuth
 from pipeplan.service.api.calibration import parse_observations
 from pipeplan.service.api.deps import CalibratorDep, MetricsDep, SettingsDep, StoreDep
 from pipeplan.service.api.routes.jobs import JobId
@@ -62,7 +62,7 @@ async def stream(
 def list_events(
     job_id: JobId,
     request: Request,
-    _: ApiAuth,
+    _: JobUserAuth,
     store: StoreDep,
     settings: SettingsDep,
     after: Annotated[int, Query(ge=-1, le=SEQ_MAX)] = -1,

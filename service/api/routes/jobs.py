@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import PlainTextResponse
 
-from pipeplan.service.api.auth import ApiAuth, JobAuth, hash_token, new_job_token
+from pipeplan.service.api.auth import (
+    ApiAuth,
+    JobAuth,
+    JobUserAuth,
+    SubmitAuth,
+    hash_token,
+    new_job_token,
+)
 from pipeplan.service.api.backend import JobsBackend, Submission
 from pipeplan.service.api.calibration import calibrated_job
 from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
@@ -29,12 +36,15 @@ def submit(
     backend: JobsBackend,
     server_url: str,
     job_id: str | None = None,
+    created_by: str | None = None,
 ) -> Job:
-    """Store the job (queued, with a token of its own; ``job_id``: its id, drawn before),
-    then hand it to the backend; a backend that refuses it ends it ``failed`` with the
-    reason."""
+    """Store the job (queued, with a token of its own; ``job_id``: its id, drawn before;
+    ``created_by``: the submitting token's id), then hand it to the backend; a backend that
+    refuses it ends it ``failed`` with the reason."""
     token = new_job_token()
-    job = store.create_job(create.kind, create.spec, create.name, hash_token(token), job_id)
+    job = store.create_job(
+        create.kind, create.spec, create.name, hash_token(token), job_id, created_by
+    )
     try:
         ray_job_id = backend.submit(Submission(job.id, server_url, token))
     except Exception as e:  # whatever the backend raises, the job fails with its reason
@@ -43,9 +53,13 @@ def submit(
     return store.get_job(job.id)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 429))
 def create_job(
-    create: JobCreate, _: ApiAuth, store: StoreDep, backend: BackendDep, settings: SettingsDep
+    create: JobCreate,
+    who: SubmitAuth,
+    store: StoreDep,
+    backend: BackendDep,
+    settings: SettingsDep,
 ) -> Job:
     """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
     ``cluster`` becomes the calibrated spec where the service has a calibration for it that
@@ -56,20 +70,23 @@ def create_job(
     if create.kind is JobKind.TRAIN:
         spec = train_spec(create.spec, job_id, store, settings.jobs_root)
         create = create.model_copy(update={"spec": spec})
-    return submit(calibrated_job(create, store), store, backend, settings.public_url, job_id)
+    return submit(
+        calibrated_job(create, store), store, backend, settings.public_url, job_id, who.token_id
+    )
 
 
 @router.get("")
 def list_jobs(
-    _: ApiAuth,
+    who: ApiAuth,
     store: StoreDep,
     state: JobState | None = None,
     kind: JobKind | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> JobPage:
-    """Newest first; ``next`` is the cursor of the following page (null: the last)."""
-    page = store.list_jobs(state, kind, limit, cursor)
+    """Newest first; ``next`` is the cursor of the following page (null: the last). A
+    submitter's token lists its own jobs only."""
+    page = store.list_jobs(state, kind, limit, cursor, who.owned())
     return JobPage(items=page.jobs, next=page.next)
 
 
@@ -80,7 +97,7 @@ def get_job(job_id: JobId, _: JobAuth, store: StoreDep) -> Job:
 
 
 @router.post("/{job_id}/cancel", responses=error_responses(404, 409, 502))
-def cancel_job(job_id: JobId, _: ApiAuth, store: StoreDep, backend: BackendDep) -> Job:
+def cancel_job(job_id: JobId, _: JobUserAuth, store: StoreDep, backend: BackendDep) -> Job:
     """Stop the job's work and end it ``cancelled``; 409 when it had ended."""
     job = store.get_job(job_id)
     if job.state.terminal:
@@ -102,7 +119,7 @@ def cancel_job(job_id: JobId, _: ApiAuth, store: StoreDep, backend: BackendDep) 
         **error_responses(404, 502),
     },
 )
-def job_logs(job_id: JobId, _: ApiAuth, store: StoreDep, backend: BackendDep) -> str:
+def job_logs(job_id: JobId, _: JobUserAuth, store: StoreDep, backend: BackendDep) -> str:
     """The log text of the job's work ("" before it has any)."""
     store.get_job(job_id)
     try:

@@ -32,8 +32,8 @@ from sqlalchemy import (
 )
 
 from pipeplan.service.api.schemas import TERMINAL, Job, JobKind, JobState
-from pipeplan.service.api.store.calibrations import CalibrationStore
 from pipeplan.service.api.store.database import finite, now, utc
+from pipeplan.service.api.store.tokens import TokenStore
 
 OPEN_STATES = (JobState.QUEUED.value, JobState.RUNNING.value)
 
@@ -83,7 +83,8 @@ def job_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
         Column("result", JSON),
         Column("error", Text),
         Column("ray_job_id", String(128)),
-        Column("token_hash", String(64), nullable=False),
+        Column("token_hash", String(64), nullable=False, index=True),
+        Column("created_by", String(32), index=True),
     )
     events = Table(
         f"{prefix}events",
@@ -103,10 +104,10 @@ class Page:
     next: str | None
 
 
-class JobStore(CalibrationStore):
+class JobStore(TokenStore):
     """Jobs in the database at ``url`` (tables named ``{prefix}jobs`` and
-    ``{prefix}events``; tests use a prefix of their own), beside the calibration tables of
-    :class:`CalibrationStore`; the events' methods are :class:`service.api.store.Store`'s."""
+    ``{prefix}events``; tests use a prefix of their own), beside the tokens and calibration
+    tables of :class:`TokenStore`; the events' methods are :class:`service.api.store.Store`'s."""
 
     def __init__(self, url: str, prefix: str = "") -> None:
         super().__init__(url, prefix)
@@ -129,6 +130,7 @@ class JobStore(CalibrationStore):
             result=m["result"],
             error=m["error"],
             ray_job_id=m["ray_job_id"],
+            created_by=m["created_by"],
         )
 
     def create_job(
@@ -138,9 +140,11 @@ class JobStore(CalibrationStore):
         name: str | None,
         token_hash: str,
         job_id: str | None = None,
+        created_by: str | None = None,
     ) -> Job:
         """A new ``queued`` job (``job_id``: one drawn with :func:`new_job_id` beforehand,
-        for a spec that names the job's own folder)."""
+        for a spec that names the job's own folder; ``created_by``: the submitting token's
+        id)."""
         job_id = job_id or new_job_id()
         with self.engine.begin() as conn:
             conn.execute(
@@ -152,6 +156,7 @@ class JobStore(CalibrationStore):
                     spec=finite(spec),
                     created_at=now(),
                     token_hash=token_hash,
+                    created_by=created_by,
                 )
             )
         return self.get_job(job_id)
@@ -171,15 +176,27 @@ class JobStore(CalibrationStore):
             ).scalar()
         return None if value is None else str(value)
 
+    def job_of_token(self, token_hash: str) -> str | None:
+        """The id of the job whose token hashes to ``token_hash``, else None."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(self.jobs.c.id).where(self.jobs.c.token_hash == token_hash).limit(1)
+            ).scalar()
+        return None if value is None else str(value)
+
     def list_jobs(
         self,
         state: JobState | None = None,
         kind: JobKind | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        created_by: str | None = None,
     ) -> Page:
-        """Newest first; ``cursor`` (opaque) continues after the last job of a page."""
+        """Newest first; ``cursor`` (opaque) continues after the last job of a page;
+        ``created_by``: only the jobs that token submitted."""
         query = select(self.jobs).order_by(self.jobs.c.num.desc()).limit(limit + 1)
+        if created_by is not None:
+            query = query.where(self.jobs.c.created_by == created_by)
         if state is not None:
             query = query.where(self.jobs.c.state == state.value)
         if kind is not None:
@@ -200,6 +217,13 @@ class JobStore(CalibrationStore):
         )
         with self.engine.connect() as conn:
             return [self._job(r) for r in conn.execute(query).all()]
+
+    def open_jobs_of(self, created_by: str) -> int:
+        """How many jobs the token ``created_by`` submitted are queued or running."""
+        j = self.jobs
+        query = select(func.count()).where(j.c.created_by == created_by, j.c.state.in_(OPEN_STATES))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
 
     def counts(self) -> Counter[tuple[str, str]]:
         """How many jobs of each (state, kind)."""

@@ -1,5 +1,6 @@
-"""Auth as API.md says: no header 401, a wrong token 403, the API token everything, a job
-token its own job only; the token file (mode 0600) and the bind check."""
+"""Auth as API.md says: no header or an unknown token 401, the API (bootstrap) token
+everything, a job token its own job only (403 elsewhere); the token file (mode 0600) and the
+bind check. Users' tokens and roles: ``test_users.py``."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ def _submit(client: TestClient) -> str:
     return str(r.json()["id"])
 
 
-def test_no_token_is_401_and_a_wrong_one_403(anon_client: TestClient) -> None:
+def test_no_token_or_an_unknown_one_is_401(anon_client: TestClient) -> None:
     r = anon_client.get("/v1/jobs")
     assert r.status_code == 401 and "Authorization" in r.json()["detail"]
     assert r.headers["www-authenticate"] == "Bearer"
     r = anon_client.get("/v1/jobs", headers={"Authorization": "Bearer nope"})
-    assert r.status_code == 403 and r.json() == {"detail": "Authorization: wrong token"}
+    assert r.status_code == 401 and r.json() == {"detail": "Authorization: unknown token"}
+    assert r.headers["www-authenticate"] == "Bearer"
     assert anon_client.get("/v1/jobs", headers={"Authorization": "Basic x"}).status_code == 401
     assert anon_client.get("/healthz").status_code == 200
     assert anon_client.get("/metrics").status_code == 401
@@ -54,6 +56,7 @@ def test_a_job_token_reads_and_reports_its_own_job_only(
     ]:
         r = anon_client.request(method, path, headers=as_job, json=event)
         assert r.status_code == 403, (method, path, r.text)
+        assert r.json()["detail"] == f"Authorization: a job's token may not {method} {path}"
     assert app_client.get(f"/v1/jobs/{mine}").json()["state"] == "running"
 
 

@@ -353,10 +353,10 @@ def test_the_api_takes_the_cookie_where_no_header_is_sent_and_the_header_rules_s
     assert anon_client.get(f"/v1/jobs/{seeded.finished}").json()["state"] == "succeeded"
     assert anon_client.get(f"/v1/jobs/{seeded.finished}/logs").text.endswith("done")
     wrong = anon_client.get("/v1/jobs", headers={"Authorization": "Bearer nope"})
-    assert wrong.status_code == 403 and wrong.json() == {"detail": "Authorization: wrong token"}
+    assert wrong.status_code == 401 and wrong.json() == {"detail": "Authorization: unknown token"}
     anon_client.cookies.set(COOKIE, "nope")
     r = anon_client.get("/v1/jobs")
-    assert r.status_code == 403 and r.json() == {"detail": "Authorization: wrong token"}
+    assert r.status_code == 401 and r.json() == {"detail": "Authorization: unknown token"}
     assert anon_client.get("/v1/jobs", headers=AUTH).status_code == 200  # the header counts
     job_token = {"Authorization": f"Bearer {seeded.tokens[seeded.running]}"}
     assert anon_client.get(f"/v1/jobs/{seeded.running}", headers=job_token).status_code == 200
