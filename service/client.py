@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ import httpx
 
 from pipeplan.service.api.schemas import ENDING_EVENTS, Event, Job, JobKind, JobPage, JobState
 from pipeplan.service.api.settings import config_dir
+from pipeplan.service.api.tokens import Role, Token, TokenCreate, TokenCreated
+
+Tokens = list[Token]
 
 DEFAULT_SERVER = "http://127.0.0.1:8321"
 TIMEOUT_S = 30.0
@@ -314,3 +318,20 @@ class Client:
             time.sleep(POLL_S)
             job = self.get(job_id)
         return job
+
+    # --- users' tokens (admin) ------------------------------------------------------------
+
+    def create_token(
+        self, name: str, role: Role | str, expires_at: datetime | None = None
+    ) -> TokenCreated:
+        """A new token for ``name``; its secret is in this answer only."""
+        body = TokenCreate(name=name, role=Role(role), expires_at=expires_at)
+        doc = self._send("POST", "/v1/tokens", json=body.model_dump(mode="json"))
+        return TokenCreated.model_validate(doc.json())
+
+    def tokens(self) -> Tokens:
+        """Every token, revoked and expired ones too, oldest first."""
+        return [Token.model_validate(t) for t in self._send("GET", "/v1/tokens").json()]
+
+    def revoke_token(self, token_id: str) -> Token:
+        return Token.model_validate(self._send("DELETE", f"/v1/tokens/{token_id}").json())

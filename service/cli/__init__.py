@@ -11,6 +11,7 @@ request, calling one use-case (:mod:`service.tasks`) and rendering the result.
 - :mod:`~service.cli.job`: ``job run`` (the entrypoint of a service job's Ray Job);
 - :mod:`~service.cli.submit`: ``submit KIND`` (a job for the service);
 - :mod:`~service.cli.jobs`: ``jobs ls|show|logs|cancel|events`` (the service's jobs);
+- :mod:`~service.cli.tokens`: ``tokens create|ls|revoke`` (users' tokens, admin);
 - :mod:`~service.cli.deploy`: ``deploy render`` (the cluster-dependent parts of deploy/);
 - :mod:`~service.cli.provision`: ``provision``; :mod:`~service.cli.calibrate`: ``calibrate``.
 
@@ -110,6 +111,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": (
         "pipeplan.service.cli.jobs:register",
         "The service's jobs: list, show, logs, cancel, events.",
+    ),
+    "tokens": (
+        "pipeplan.service.cli.tokens:register",
+        "Users' tokens of the service (admin): create, ls, revoke.",
     ),
     "deploy": (
         "pipeplan.service.cli.deploy:register",

@@ -5,6 +5,7 @@ walks every route of the OpenAPI document with every role."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +22,8 @@ from pipeplan.service.api.schemas import JobKind
 from pipeplan.service.api.store import Store
 from pipeplan.service.api.store.database import now
 from pipeplan.service.api.tokens import Role
-from tests.service.api.conftest import AUTH, FakeBackend, make_settings
+from tests.service.api.conftest import API_TOKEN, AUTH, FakeBackend, make_settings
+from tests.service.api.test_client import cli_on
 
 SPEC = {"cluster": "local-hetero", "model": "alexnet", "planner": "dp"}
 
@@ -217,3 +219,37 @@ def test_every_route_answers_each_role_as_its_rights_say(
             assert own not in (401, 403, 404), (role, method, template, own)
         else:
             assert status not in (401, 403), (role, method, path, status)
+
+
+# --- pipeplan tokens ------------------------------------------------------------------------
+
+
+def test_the_tokens_commands_make_list_and_revoke(
+    app_client: TestClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", API_TOKEN)
+    cli = cli_on(app_client, monkeypatch, capsys)
+    code, out, err = cli("tokens", "create", "erin", "--role", "viewer", "--expires-in", "2")
+    assert code == 0, err
+    token_id, secret = err.split()[0], out.strip()
+    assert token_id.startswith("tk-") and "erin (viewer)" in err
+    assert anon_get(app_client, secret).status_code == 200
+    code, out, _ = cli("tokens", "ls", "--json")
+    listed = json.loads(out)
+    assert code == 0 and [(t["id"], t["role"], t["valid"]) for t in listed] == [
+        (token_id, "viewer", True)
+    ]
+    assert listed[0]["expires_at"] is not None
+    assert cli("tokens", "revoke", token_id)[1].strip() == f"{token_id} erin revoked"
+    assert anon_get(app_client, secret).status_code == 401
+    code, _, err = cli("tokens", "create", "frank", "--role", "owner")
+    assert code == 2 and "owner" in err
+    code, _, err = cli("tokens", "create", "frank", "--expires-in", "-1")
+    assert code == 2 and "--expires-in" in err and "-1" in err
+    monkeypatch.setenv("PIPEPLAN_API_TOKEN", secret)
+    code, _, err = cli("tokens", "ls")
+    assert code == 2 and "revoked" in err
+
+
+def anon_get(client: TestClient, token: str) -> Any:
+    return client.get("/v1/jobs", headers=_as(token))
