@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from pipeplan.service.api.backend import JobsBackend
 from pipeplan.service.api.calibration import Calibrator
 from pipeplan.service.api.metrics import Metrics
+from pipeplan.service.api.pool import PlannerPool
 from pipeplan.service.api.settings import ApiToken, Settings
 from pipeplan.service.api.store import Store
 
@@ -24,8 +25,9 @@ MAX_TOKEN_HASHES = 10_000
 
 @dataclass
 class AppContext:
-    """The service's parts: settings, the API token, the store, the backend, metrics, and
-    the calibrator that refits clusters from the runs their jobs measured."""
+    """The service's parts: settings, the API token, the store, the backend, metrics, the
+    calibrator that refits clusters from the runs their jobs measured, and the planner pool
+    (None: there is none)."""
 
     settings: Settings
     token: ApiToken
@@ -33,6 +35,7 @@ class AppContext:
     backend: JobsBackend
     metrics: Metrics
     calibrator: Calibrator
+    pool: PlannerPool | None = None
     token_hashes: dict[str, str] = field(default_factory=dict)
     """Job id -> its token's hash, as read from the store (they never change)."""
 
@@ -69,8 +72,13 @@ async def get_calibrator(context: ContextDep) -> Calibrator:
     return context.calibrator
 
 
+async def get_pool(context: ContextDep) -> PlannerPool | None:
+    return context.pool
+
+
 StoreDep = Annotated[Store, Depends(get_store)]
 CalibratorDep = Annotated[Calibrator, Depends(get_calibrator)]
 BackendDep = Annotated[JobsBackend, Depends(get_backend)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+PoolDep = Annotated[PlannerPool | None, Depends(get_pool)]

@@ -32,7 +32,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV
-from pipeplan.service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind
+from pipeplan.service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind, JobState
 from pipeplan.service.cli.console import say, validation_message
 from pipeplan.service.tasks.common import ProblemRequest, cluster_spec
 from pipeplan.service.tasks.compare import CompareRequest, compare, planner_names
@@ -152,6 +152,8 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
+ENDED = frozenset(s.value for s in JobState if s.terminal)
+"""The states of a job that has ended."""
 NOTHING_DONE: dict[str, Any] = {"evaluations": 0, "best_value": None, "elapsed_s": 0.0}
 """The first ``progress`` of a job (of a ``train`` job: :data:`NO_STEP_DONE`)."""
 NO_STEP_DONE: dict[str, Any] = {"step": None, "loss": None, "samples_per_s": None}
@@ -186,15 +188,30 @@ def run_job(
     job_id: str, server: str, token: str, transport: httpx.BaseTransport | None = None
 ) -> int:
     """Fetch job ``job_id`` from ``server``, run it, deliver every event; the exit code.
-    (``transport``: httpx's, for tests.)"""
+    A job that has ended (cancelled meanwhile, or finished by an earlier attempt that was
+    cut short) is not run again. (``transport``: httpx's, for tests.)"""
     with httpx.Client(base_url=server, timeout=30.0, transport=transport) as client:
         job = fetch_job(client, job_id, token)
+        if job.get("state") in ENDED:
+            say(f"job {job_id} is {job['state']} already: nothing to run")
+            return 0
         channel = EventChannel(client, job_id, token)
         try:
             code = execute(job, channel)
         finally:
             channel.close()
     return code
+
+
+def run_in_process(job_id: str, server: str, token: str) -> int:
+    """Run job ``job_id`` in this process; the exit code (1 when its events could not be
+    delivered, said on stderr). The Ray Job's command and the service's planner pool
+    (:mod:`service.api.pool`) both run a job through here."""
+    try:
+        return run_job(job_id, server, token)
+    except EventDeliveryError as e:
+        say(f"error: {e}")
+        return 1
 
 
 def run_command(
@@ -206,12 +223,7 @@ def run_command(
     if not token:
         say(f"error: {JOB_TOKEN_ENV}: not set (the service passes the job's token there)")
         raise typer.Exit(2)
-    try:
-        code = run_job(job, server, token)
-    except EventDeliveryError as e:
-        say(f"error: {e}")
-        raise typer.Exit(1) from None
-    raise typer.Exit(code)
+    raise typer.Exit(run_in_process(job, server, token))
 
 
 def register(app: typer.Typer) -> None:
