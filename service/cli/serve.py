@@ -9,6 +9,10 @@ ports, recorded under ``--state-dir``
 outlives a crash of the service; a service started again with the same state directory
 reattaches to it, and a clean shutdown (Ctrl-C, SIGTERM) stops it, leaving no Ray process.
 
+Jobs that need no device run in the service's **planner pool** (``pool_size`` workers, Ray
+actors in the ``ray_namespace`` namespace, started with the service on its cluster and ended
+with it; :mod:`service.api.pool`): the embedded cluster's, or the one ``pool_address`` names.
+
 The API's socket is bound before the embedded cluster starts: a port that is taken is an
 error at once, with no cluster started, and none of Ray's processes (which take free ports
 of their own while they start) can take the service's port in the meantime.
@@ -36,7 +40,9 @@ from pipeplan.executor.local.persistent_cluster import (
     start_persistent,
     stop_persistent,
 )
+from pipeplan.executor.worker_pool import RayWorkers
 from pipeplan.service.api.app import create_app
+from pipeplan.service.api.pool import WARM_MODULES, PlannerPool
 from pipeplan.service.api.ray_jobs import RayJobsBackend
 from pipeplan.service.api.settings import Settings, SettingsError, check_bind, resolve_token
 from pipeplan.service.cli.console import clean_errors, cluster_ref, say
@@ -119,12 +125,34 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(settings: Settings, jobs_address: str, listener: socket.socket) -> None:
+def planner_pool(settings: Settings, gcs_address: str | None) -> PlannerPool | None:
+    """The planner pool the settings ask for, on the cluster at ``gcs_address`` (the
+    embedded one's; ``pool_address`` wins); None when ``pool_size`` is 0 or no address is
+    known (said)."""
+    address = settings.pool_address or gcs_address
+    if settings.pool_size == 0:
+        return None
+    if address is None:
+        say("planner pool: off (joining by ray_address: set pool_address, the GCS address)")
+        return None
+    workers = RayWorkers(address, settings.ray_namespace, WARM_MODULES, prefix="planner")
+    return PlannerPool(workers, settings.pool_size)
+
+
+def run_server(
+    settings: Settings,
+    jobs_address: str,
+    listener: socket.socket,
+    gcs_address: str | None = None,
+) -> None:
     """The app on uvicorn, on the bound ``listener``, until SIGINT or SIGTERM (then
     :class:`Shutdown`)."""
-    app = create_app(settings, backend=RayJobsBackend(jobs_address))
+    pool = planner_pool(settings, gcs_address)
+    app = create_app(settings, backend=RayJobsBackend(jobs_address), pool=pool)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
     say(f"pipeplan service at {settings.public_url} (jobs on Ray at {jobs_address})")
+    if pool is not None:
+        say(f"planner pool: {pool.size} worker{'s' if pool.size != 1 else ''} (starting)")
     uvicorn.Server(config).run(sockets=[listener])
 
 
@@ -178,7 +206,7 @@ def serve_command(
                 return
             with embedded_cluster(settings.cluster, state_dir or serve_state_dir()) as state:
                 say(f"Ray dashboard (Jobs API) at {state.dashboard_url}")
-                run_server(settings, state.dashboard_url, listener)
+                run_server(settings, state.dashboard_url, listener, state.address)
         except Shutdown as e:
             say(f"stopped ({e})")
 

@@ -86,6 +86,7 @@ def start_serve(tmp: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PIPEPLAN_API_TOKEN": TOKEN,
+        "PIPEPLAN_POOL_SIZE": "0",  # every job a Ray Job (the pool has test_pool_ray.py)
         "XDG_CONFIG_HOME": str(tmp / "config"),
         "XDG_DATA_HOME": str(tmp / "data"),
     }
