@@ -30,17 +30,20 @@ import secrets
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.service.api.deps import ContextDep, StoreDep
+from pipeplan.service.api.schemas import JOB_ID_PATTERN
 from pipeplan.service.api.store import JobNotFound, Store
 from pipeplan.service.api.store.database import now
 from pipeplan.service.api.tokens import Role
 
 bearer = HTTPBearer(auto_error=False, description="A user's token (or a job's own token)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+PathJobId = Annotated[str, Path(pattern=JOB_ID_PATTERN)]
+"""The path's job id, as the routes declare it (the document states one pattern)."""
 
 BOOTSTRAP = "bootstrap"
 """The id and name the service's own (bootstrap) token goes by."""
@@ -215,7 +218,11 @@ def _visible(who: Principal, job_id: str, store: Store) -> None:
 
 
 async def require_job_user(
-    job_id: str, credentials: Credentials, request: Request, context: ContextDep, store: StoreDep
+    job_id: PathJobId,
+    credentials: Credentials,
+    request: Request,
+    context: ContextDep,
+    store: StoreDep,
 ) -> Principal:
     """A user's token that may see job ``job_id`` (a submitter: its own; else 404), or
     401/403."""
@@ -225,7 +232,11 @@ async def require_job_user(
 
 
 async def require_job_access(
-    job_id: str, credentials: Credentials, request: Request, context: ContextDep, store: StoreDep
+    job_id: PathJobId,
+    credentials: Credentials,
+    request: Request,
+    context: ContextDep,
+    store: StoreDep,
 ) -> Principal:
     """The token of job ``job_id`` (the path's job), or a user's that may see it, or
     401/403/404. A job's token hash never changes, so it is read from the store once per

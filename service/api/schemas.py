@@ -38,6 +38,11 @@ class JobKind(StrEnum):
     TRAIN = "train"
 
 
+JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+"""A job id (``/v1/jobs/{job_id}``): the routes and the auth dependencies that read one
+from the path declare this pattern, so the document states it."""
+
+
 class JobState(StrEnum):
     """``queued -> running -> succeeded | failed | cancelled``; terminal states never change."""
 
@@ -104,7 +109,9 @@ class JobCreate(BaseModel):
 
 MAX_INPUT_SIZE = 2048
 """A zoo model's input size (its example input is built and traced when profiled)."""
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**53 - 1
+"""The largest seed, as the largest integer every JSON reader holds exactly (the
+document's bounds are JSON numbers)."""
 MAX_TRAIN_STEPS = 10_000_000
 """Steps one job may ask for (``steps``, ``warmup`` and ``checkpoint_every``)."""
 MAX_EPOCHS = 100_000
@@ -119,7 +126,7 @@ class Bound:
     """A number field's range: at least ``low`` (above it where ``open_low``), at most
     ``high``; ``None``: no bound on that side."""
 
-    low: float | None = None
+    low: int | None = None
     high: int | None = None
     open_low: bool = False
 
@@ -165,6 +172,26 @@ NAMED_CHOICES: dict[str, tuple[str, ...]] = {
 (a ``cluster`` may be a document instead)."""
 
 
+MODEL_PATTERNS = (r"^hf:[A-Za-z_]\w*$", r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+"""A ``model`` beside a zoo name: ``hf:ClassName``, or ``package.module:factory`` (which
+only a service with ``PIPEPLAN_ALLOW_CODE`` takes)."""
+
+
+def model_forms() -> list[dict[str, Any]]:
+    """The forms of a ``model``: a zoo name (the zoo is read here, when the document is
+    written, so that importing this module imports no torch) or :data:`MODEL_PATTERNS`."""
+    from pipeplan.models import zoo
+
+    return [{"enum": list(zoo.MODELS)}, *({"pattern": p} for p in MODEL_PATTERNS)]
+
+
+def _with_model_forms(prop: dict[str, Any]) -> None:
+    """:func:`model_forms` as the forms of ``prop``'s string (itself, or a branch)."""
+    for branch in [prop, *prop.get("anyOf", [])]:
+        if branch.get("type") == "string":
+            branch["anyOf"] = model_forms()
+
+
 def _with_choices(prop: dict[str, Any], choices: tuple[str, ...]) -> None:
     """``choices`` as the enum of ``prop``'s string form (itself, a branch, or its items)."""
     if prop.get("type") == "string":
@@ -183,6 +210,8 @@ def _state_fields(schema: dict[str, Any]) -> None:
             prop.update(FIELD_BOUNDS[name].json_schema())
         if name in NAMED_CHOICES:
             _with_choices(prop, NAMED_CHOICES[name])
+        if name == "model":
+            _with_model_forms(prop)
 
 
 SPEC_CONFIG = ConfigDict(json_schema_extra=_state_fields)
@@ -331,13 +360,18 @@ class JobPage(BaseModel):
     next: str | None = None
 
 
+SEQ_MAX = 2**53 - 1
+"""The largest seq: the largest integer every JSON reader holds exactly (JavaScript's
+``Number.MAX_SAFE_INTEGER``), so a schema's bound means the same to every client."""
+
+
 class EventIn(BaseModel):
     """``POST /v1/jobs/{id}/events`` (the control endpoint, with the job's token). Idempotent
     on ``seq``: a repeated seq is acknowledged and not stored twice."""
 
     model_config = ConfigDict(extra="forbid")
 
-    seq: int = Field(ge=0, le=2**62)
+    seq: int = Field(ge=0, le=SEQ_MAX)
     type: EventType
     data: dict[str, Any] = {}
 

@@ -15,12 +15,11 @@ from starlette.concurrency import run_in_threadpool
 from pipeplan.service.api.auth import JobAuth, JobUserAuth
 from pipeplan.service.api.calibration import parse_observations
 from pipeplan.service.api.deps import CalibratorDep, MetricsDep, SettingsDep, StoreDep
-from pipeplan.service.api.routes.jobs import JobId
-from pipeplan.service.api.schemas import Event, EventAck, EventPost, error_responses
+from pipeplan.service.api.routes.jobs import JobId, refuse_other_methods
+from pipeplan.service.api.schemas import SEQ_MAX, Event, EventAck, EventPost, error_responses
 from pipeplan.service.api.store import Store
 
 MAX_EVENTS = 10_000
-SEQ_MAX = 2**62
 STREAM = "text/event-stream"
 
 router = APIRouter(
@@ -56,6 +55,7 @@ async def stream(
 
 @router.get(
     "",
+    operation_id="list_events",
     response_model=list[Event],
     responses={200: {"content": {STREAM: {"schema": {"type": "string"}}}}},
 )
@@ -67,19 +67,19 @@ def list_events(
     settings: SettingsDep,
     after: Annotated[int, Query(ge=-1, le=SEQ_MAX)] = -1,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = MAX_EVENTS,
-    last_event_id: Annotated[int | None, Header(ge=-1, le=SEQ_MAX)] = None,
+    last_event_id: Annotated[int, Header(ge=-1, le=SEQ_MAX)] = -1,
 ) -> list[Event] | StreamingResponse:
     """The events after seq ``after``, oldest first; with ``Accept: text/event-stream`` a
     live stream (resumed after ``Last-Event-ID``) that ends when the job does."""
     store.get_job(job_id)
     if STREAM in request.headers.get("accept", ""):
-        start = after if last_event_id is None else max(after, last_event_id)
+        start = max(after, last_event_id)
         body = stream(request, store, job_id, start, settings.sse_poll_s)
         return StreamingResponse(body, media_type=STREAM, headers={"Cache-Control": "no-cache"})
     return store.events_after(job_id, after, limit)
 
 
-@router.post("", responses=error_responses(400, 409, 413))
+@router.post("", operation_id="post_events", responses=error_responses(400, 409, 413))
 def post_event(
     job_id: JobId,
     posted: Annotated[EventPost, Body()],
@@ -109,3 +109,6 @@ def post_event(
             metrics.events.labels(event.type.value).inc()
     acks = [EventAck(seq=e.seq, stored=new) for e, new in zip(batch, stored, strict=True)]
     return acks if isinstance(posted, list) else acks[0]
+
+
+refuse_other_methods(router, "", ("GET", "POST"))

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from pipeplan.service.api.auth import AdminAuth, hash_token, new_user_token
 from pipeplan.service.api.deps import StoreDep
+from pipeplan.service.api.routes.jobs import refuse_other_methods
 from pipeplan.service.api.schemas import error_responses
 from pipeplan.service.api.store.database import now
 from pipeplan.service.api.store.tokens import TokenNotFound, TokenRecord
@@ -63,3 +64,6 @@ async def revoke_token(token_id: TokenId, _: AdminAuth, store: StoreDep) -> Toke
     except TokenNotFound as e:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(e)) from None
     return shown(record)
+
+
+refuse_other_methods(router, "", ("GET", "POST"))

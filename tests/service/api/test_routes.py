@@ -168,7 +168,7 @@ BAD_SPECS = [
     ("plan", SPEC | {"model": "lenet"}, "model: unknown model 'lenet'"),
     ("plan", SPEC | {"objective": "cost"}, "min_throughput: required with objective cost"),
     ("plan", SPEC | {"objective": "speed"}, "spec.objective: Input should be"),
-    ("plan", SPEC | {"batch": 0}, "global_batch: must be an integer >= 1, got 0"),
+    ("plan", SPEC | {"batch": 0}, "spec.batch: must be >= 1, got 0"),
     ("plan", SPEC | {"input_size": 5}, "alexnet.input_size: must be >= 63, got 5"),
     ("plan", SPEC | {"unknown": 1}, "spec.unknown: Extra inputs are not permitted"),
     (

@@ -49,7 +49,7 @@ BAD_SPECS: list[tuple[dict[str, Any], str]] = [
     (SPEC | {"steps": 0}, "steps: must be >= 1, got 0"),
     (SPEC | {"checkpoint_every": -1}, "checkpoint_every: must be >= 0, got -1"),
     (SPEC | {"steps": 10**12}, "spec.steps: 1000000000000 is over the limit of 10000000"),
-    (SPEC | {"lr": 0}, "optimizer.lr: must be > 0, got 0"),
+    (SPEC | {"lr": 0}, "spec.lr: must be > 0, got 0"),
     (SPEC | {"timeout_s": 0}, "timeout_s: must be > 0, got 0"),
     (SPEC | {"data": "parquet:/x"}, "data: 'parquet:/x' is none of"),
     (SPEC | {"data": "imagefolder:images"}, "data: the service needs an absolute path"),
