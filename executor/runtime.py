@@ -53,6 +53,7 @@ __all__ = [
     "free_resources_by_node",
     "is_connected",
     "keep_given_node_ip",
+    "keep_signal_handlers",
     "shutdown",
     "start_cluster",
     "start_local",
@@ -61,6 +62,7 @@ __all__ = [
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch: ``0`` keeps the nodes this machine starts on 127.0.0.1."""
+FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
 DEFAULT_NUM_CPUS = 2
 DEFAULT_OBJECT_STORE_MEMORY = 200 * 2**20
@@ -73,6 +75,15 @@ def use_loopback() -> None:
     """Keep Ray nodes started from now on (in this process and its children) on loopback."""
     os.environ[LOOPBACK_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def keep_signal_handlers() -> None:
+    """Leave this process's signal handling alone when it connects as a driver from now on:
+    Ray otherwise installs its failure signal handler, which takes SIGTERM before the
+    process's own handler and makes a process that shuts down gracefully on SIGTERM (the
+    service) abort at exit."""
+    os.environ[FAILURE_HANDLER_ENV] = "1"
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -188,6 +188,7 @@ class RayWorkers:
     def _join(self) -> None:
         with self._lock:
             if not runtime.is_connected():
+                runtime.keep_signal_handlers()  # its owner shuts down on SIGTERM
                 runtime.connect(self.address)
                 self._joined = True
 

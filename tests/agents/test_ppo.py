@@ -33,13 +33,6 @@ from pipeplan.executor import runtime
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def ray_session():  # type: ignore[no-untyped-def]
-    runtime.start_local(num_cpus=2)
-    yield
-    runtime.shutdown()
-
-
 def chain(n: int = 6) -> ModelProfile:
     layers = [
         LayerProfile(
@@ -52,8 +45,7 @@ def chain(n: int = 6) -> ModelProfile:
 
 @pytest.mark.rllib
 def test_ppo_refuses_to_run_without_a_connected_ray() -> None:
-    if runtime.is_connected():
-        pytest.skip("another test left Ray connected")
+    assert not runtime.is_connected(), "Ray is connected: a test before this one left it so"
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, budget=Budget(None, None))
     with pytest.raises(PipeplanError, match="ppo: needs a connected Ray cluster"):
@@ -63,7 +55,7 @@ def test_ppo_refuses_to_run_without_a_connected_ray() -> None:
 @pytest.mark.rllib
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_session, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_one_iteration_with_one_env_runner_returns_a_valid_plan(ray_local, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, seed=1, budget=Budget(None, None))
     ckpt = tmp_path / "ppo"
@@ -195,7 +187,7 @@ def test_slot_scores_add_one_shared_function_of_each_slot_row_to_its_logit() -> 
 @pytest.mark.rllib
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_session) -> None:  # type: ignore[no-untyped-def]
+def test_elites_reach_every_env_and_a_restart_brings_the_first_policy_back(ray_local) -> None:  # type: ignore[no-untyped-def]
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "local-hetero.yaml")
     problem = Problem(chain(), cluster, global_batch=8, seed=2, budget=Budget(None, None))
     planner = PPOPlanner(num_env_runners=1, train_batch=60, minibatch=30, epochs=1,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,12 +34,6 @@ SPEC = ClusterSpec(
 )
 DIGITS = ModelSource("digits_cnn", 8, seed=0)
 PLAN = Plan(16, (Stage((0, 3), ("n0/fast:0",), 8), Stage((3, 8), ("n1/slow:0",), 4)))
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(SPEC, object_store_mb=100) as c:
-        yield c
 
 
 @pytest.mark.timeout(200)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,12 +30,6 @@ SPEC = ClusterSpec(
 )
 DIGITS = ModelSource("digits_cnn", 8, seed=1)
 OPTIONS: dict[str, Any] = {"batch_sizes": (2, 8), "warmup": 1, "repeats": 3, "timeout_s": 120.0}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(SPEC, object_store_mb=100) as c:
-        yield c
 
 
 def _total(profile: ModelProfile, dtype: str) -> float:

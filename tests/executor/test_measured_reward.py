@@ -59,8 +59,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_without_a_connected_cluster_it_says_what_to_do() -> None:
-    if runtime.is_connected():
-        pytest.skip("another test left Ray connected")
+    assert not runtime.is_connected(), "Ray is connected: a test before this one left it so"
     reward = MeasuredReward(ModelSource("digits_cnn", 8), cloud())
     with pytest.raises(ExecutorError, match="not connected to a Ray cluster"):
         reward.run([two_devices(cloud())])

@@ -61,8 +61,7 @@ def test_bad_workers_are_refused() -> None:
 
 
 def test_without_a_connected_cluster_it_says_what_to_do() -> None:
-    if runtime.is_connected():
-        pytest.skip("another test left Ray connected")
+    assert not runtime.is_connected(), "Ray is connected: a test before this one left it so"
     p = problem()
     with pytest.raises(ExecutorError, match="not connected to a Ray cluster"):
         ParallelReward(2).evaluate(p, population(p))
@@ -70,17 +69,13 @@ def test_without_a_connected_cluster_it_says_what_to_do() -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(180)
-def test_two_workers_give_the_in_process_values_and_tapp_answer() -> None:
+def test_two_workers_give_the_in_process_values_and_tapp_answer(ray_local: object) -> None:
     p = problem(seed=2)
     batch = population(p)
     local_run = make_planner("tapp", batch_size=8).plan(p)
-    runtime.start_local(num_cpus=2)
-    try:
-        source = ParallelReward(2)
-        values = source.evaluate(p, batch).values
-        ray_run = make_planner("tapp", reward=source, batch_size=8).plan(p)
-    finally:
-        runtime.shutdown()
+    source = ParallelReward(2)
+    values = source.evaluate(p, batch).values
+    ray_run = make_planner("tapp", reward=source, batch_size=8).plan(p)
     assert np.array_equal(values, SimulatedReward().evaluate(p, batch).values)
     assert ray_run.plan == local_run.plan and ray_run.value == local_run.value
     assert ray_run.evaluations == local_run.evaluations

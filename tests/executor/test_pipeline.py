@@ -95,12 +95,6 @@ def train_and_compare(
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(SPEC, object_store_mb=100) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def digits_pipe(cluster: LocalCluster) -> Iterator[Pipeline]:
     with Pipeline(digits_plan(16, (4, 4, 4)), DIGITS, SPEC, CONFIG) as pipe:
         yield pipe

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,12 +83,6 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 def weights(folder: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return checkpoint.export_state_dict(folder, tmp / f"export-{time.monotonic_ns()}.pt")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(SPEC, object_store_mb=100) as c:
-        yield c
 
 
 @pytest.mark.timeout(300)
