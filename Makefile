@@ -32,11 +32,15 @@ install: $(VENV)/.installed
 lock: install
 	$(PY) -m pip freeze --exclude-editable | grep -v '^pip==' > requirements.lock
 
+# PYTHONDONTWRITEBYTECODE= (empty: off) lets Python and pytest keep compiled and
+# assert-rewritten modules in __pycache__ (ignored by git) where the environment turns that
+# off: otherwise each run compiles the tests and the project again and rewrites some 400
+# modules of the pytest plugins' packages (hypothesis, schemathesis, ...), 6 s of CPU.
 test: install
-	$(PY) -m pytest -q
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
 
 test-fast: install
-	$(PY) -m pytest -q -m "not ray and not rllib and not browser and not slow"
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m "not ray and not rllib and not browser and not slow"
 
 demo: install
 	$(VENV)/bin/pipeplan demo --model $(MODEL) --input-size $(INPUT_SIZE) --cluster $(CLUSTER) \
