@@ -121,6 +121,16 @@ def train(d: Doc) -> str:
     return f"planned over single device: {single}; over BSP {bsp}; loss vs one process {worst:.1e}"
 
 
+def service_latency(d: Doc) -> str:
+    r = d["summary"]["rows"]
+    one = [
+        f"{k[:-3]} {v['ray_jobs_p50_s']:.1f} -> {v['pool_p50_s']:.2f}"
+        for k, v in r.items()
+        if k.endswith(" x1")
+    ]
+    return "p50 s, one job, Ray Jobs -> pool: " + ", ".join(one)
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
     "train": train,
     "train_quick": train,
@@ -137,6 +147,8 @@ HEADLINES: dict[str, Callable[[Doc], str]] = {
     "ppo_quality": ppo_quality,
     "service_load": service_load,
     "service_load_quick": service_load,
+    "service_latency": service_latency,
+    "service_latency_quick": service_latency,
     "simulator_speed": simulator_speed,
     "plan_quality_realistic": plan_quality_realistic,
 }

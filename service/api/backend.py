@@ -1,7 +1,8 @@
 """Where a job's work runs: the :class:`JobsBackend` protocol the routes talk to.
 
 The service stores a job, then hands it to the backend: Ray's Jobs API in production
-(:mod:`service.api.ray_jobs`), a fake in the API's unit tests. The pipeplan job id is the
+(:mod:`service.api.ray_jobs`), behind the router that sends cost-model jobs to the planner
+pool (:mod:`service.api.pool`), and a fake in the API's unit tests. The pipeplan job id is the
 backend's submission id, so a retried submission cannot start a job twice.
 """
 
@@ -46,8 +47,9 @@ class Submission:
 
 class JobsBackend(Protocol):
     def submit(self, submission: Submission) -> str:
-        """Start the job's entrypoint; returns the backend's job id (= ``job_id``).
-        Submitting an id that exists already starts nothing."""
+        """Start the job's entrypoint; returns the Ray job id (= ``job_id``; ``""`` where
+        the work is not a Ray Job, e.g. in the planner pool). Submitting an id that exists
+        already starts nothing."""
         ...
 
     def stop(self, job_id: str) -> None:

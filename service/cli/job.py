@@ -1,8 +1,9 @@
 """``pipeplan job run --job ID --server URL``: the entrypoint of a service job's Ray Job.
 
 The service submits this command as the job's Ray Job (:mod:`service.api.ray_jobs`), with
-the job's own token in ``PIPEPLAN_JOB_TOKEN``. It fetches the job's spec with that token,
-runs the kind's use-case with an :class:`~service.tasks.events.EventReporter` (every
+the job's own token in ``PIPEPLAN_JOB_TOKEN``; its planner pool runs the same work in a warm
+worker (:func:`run_in_process`, :mod:`service.api.pool`). It fetches the job's spec with
+that token, runs the kind's use-case with an :class:`~service.tasks.events.EventReporter` (every
 evaluation, progress, measurements as events), then posts ``result`` (the result's
 ``to_dict()``) and exits 0, or posts ``error`` (``{"message": one line}``) and exits 1.
 
