@@ -42,6 +42,11 @@ END = "end"
 """The event that closes a live stream once its job has ended (no seq, not stored)."""
 POLL_S = 0.5
 """Between two polls when the service does not stream events."""
+WAIT_MARGIN_S = 10.0
+"""A long poll's read timeout is its wait and this."""
+ENDING_WAIT_S = 10.0
+"""How long one read of a job whose ending event has arrived waits for its state to
+follow (``GET /v1/jobs/{id}?wait=S``)."""
 
 EventCallback = Callable[[Event], None]
 Events = list[Event]
@@ -209,8 +214,17 @@ class Client:
         body = {"kind": str(kind), "spec": spec, "name": name}
         return Job.model_validate(self._send("POST", "/v1/jobs", json=body).json())
 
-    def get(self, job_id: str) -> Job:
-        return Job.model_validate(self._send("GET", f"/v1/jobs/{job_id}").json())
+    def get(self, job_id: str, wait: float | None = None) -> Job:
+        """The job; with ``wait`` (seconds, at most ``MAX_WAIT_S``), the service answers as
+        soon as the job has ended, or with the job as it is after ``wait`` seconds."""
+        params: dict[str, str] = {}
+        extra: dict[str, Any] = {}
+        if wait is not None:
+            params["wait"] = str(wait)
+            if wait + WAIT_MARGIN_S > TIMEOUT_S:  # a read that outlasts the usual timeout
+                extra["timeout"] = httpx.Timeout(wait + WAIT_MARGIN_S)
+        response = self._send("GET", f"/v1/jobs/{job_id}", params=params, **extra)
+        return Job.model_validate(response.json())
 
     def list(
         self,
@@ -315,8 +329,9 @@ class Client:
                 on_event(event)
         job = self.get(job_id)
         while not job.state.terminal:  # the ending event is stored before the state changes
-            time.sleep(POLL_S)
-            job = self.get(job_id)
+            job = self.get(job_id, wait=ENDING_WAIT_S)
+            if not job.state.terminal:
+                time.sleep(POLL_S)  # a service without ``wait`` answers at once
         return job
 
     # --- users' tokens (admin) ------------------------------------------------------------

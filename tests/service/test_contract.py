@@ -6,7 +6,8 @@
   request model's;
 - the cursor's pattern admits every cursor the store issues and only cursors it reads;
 - ``GET /v1/jobs/{id}?wait=S`` answers as soon as the job ends, or with the job as it is
-  after ``S`` seconds; ``wait`` beyond its bound is 422 naming it.
+  after ``S`` seconds; ``wait`` beyond its bound is 422 naming it; the hand-written client
+  (:mod:`service.client`, which parses every answer with the API's own models) waits so.
 """
 
 # ruff: noqa: F811  (the fixtures imported from the API tests are the parameters)
@@ -31,10 +32,13 @@ from pipeplan.service.api.schemas import (
     EventIn,
     EventType,
     JobKind,
+    JobState,
 )
 from pipeplan.service.api.store import Store
 from pipeplan.service.api.store.jobs import _decode_cursor, _encode_cursor
+from pipeplan.service.client import Client
 from tests.service.api.conftest import (  # noqa: F401  (the API tests' fixtures)
+    API_TOKEN,
     api_settings,
     app,
     app_client,
@@ -190,3 +194,17 @@ def test_wait_beyond_its_bound_is_422_naming_it(app_client: TestClient, wait: ob
 def test_an_unknown_job_is_404_at_once_with_wait(app_client: TestClient) -> None:
     r = app_client.get("/v1/jobs/pp-nothere", params={"wait": 30})
     assert r.status_code == 404, r.text
+
+
+def test_the_hand_written_client_waits_with_the_service(
+    app_client: TestClient, store: Store
+) -> None:
+    client = Client("http://testserver", API_TOKEN, http=app_client)
+    job = client.submit("plan", VALID[JobKind.PLAN])
+    assert client.get(job.id, wait=0.2).state is JobState.QUEUED
+    done = EventIn(seq=0, type=EventType.RESULT, data={"plan": {}})
+    timer = threading.Timer(0.3, store.add_event, (job.id, done))
+    timer.start()
+    ended = client.get(job.id, wait=20)
+    timer.join()
+    assert ended.state is JobState.SUCCEEDED and ended.result == {"plan": {}}
