@@ -43,6 +43,7 @@ from tests.deploy.common import (
     yaml_docs,
 )
 from tests.service.runner import run_cli
+from tests.work import AT_ONCE, counting_calls
 
 REGENERATE = (
     "the committed files differ from what `pipeplan deploy render` writes now; render them "
@@ -226,11 +227,10 @@ BAD = [
 
 @pytest.mark.parametrize(("doc", "message"), BAD, ids=[m[:40] for _, m in BAD])
 def test_a_bad_spec_is_refused_naming_the_field_and_the_value(doc: Any, message: str) -> None:
-    t0 = time.perf_counter()
-    with pytest.raises(PipeplanError) as e:
+    with pytest.raises(PipeplanError) as e, counting_calls() as work:
         render(DeployRenderRequest(spec=doc))
     assert message in str(e.value)
-    assert time.perf_counter() - t0 < 1.0  # a billion nodes are refused, not made
+    assert work.calls < AT_ONCE  # a billion nodes are refused, not made
 
 
 # --- random specs -----------------------------------------------------------------------------
@@ -285,9 +285,11 @@ def test_a_large_spec_renders_quickly() -> None:
     types = {f"gpu_{k}": {"accelerator": "cuda"} for k in range(64)}
     nodes = [{"name": f"n{i}", "devices": {f"gpu_{i % 64}": 8}} for i in range(512)]
     doc = spec_doc(types, nodes)
-    t0 = time.perf_counter()
+    cpu = time.thread_time()
     request, rendered = both(doc)
-    assert time.perf_counter() - t0 < 10.0
+    # this thread's CPU time (~3 s here), which other processes' load does not add to as it
+    # does to the wall clock (9.2 s of it once under a load of 12)
+    assert time.thread_time() - cpu < 10.0
     check_rendered(request, rendered)
 
 

@@ -28,7 +28,8 @@ from pipeplan.executor.measured_reward import (
 from pipeplan.executor.model import ModelSource
 
 ROOT = Path(__file__).resolve().parents[2]
-SLEEP_S = 0.3
+GATE_S = 30.0
+"""How long a fake run waits for the others of its set (reached only when they never come)."""
 
 
 def test_groups_are_first_fit_and_pairwise_disjoint() -> None:
@@ -90,32 +91,42 @@ def _fake(plan: Plan, seconds: float) -> Measurement:
 
 
 class FakeRuns:
-    """Stands in for ``MeasuredReward._measure``: each run sleeps; records how many ran at
-    once; the plans in ``failing`` fail."""
+    """Stands in for ``MeasuredReward._measure``: records how many runs were in at once and
+    when each ended; the plans in ``failing`` fail. A run waits (at most :data:`GATE_S`)
+    until ``together`` runs have been in at once, so that runs started together are seen
+    together however slowly their threads start; runs one at a time (``together`` 1) never
+    wait."""
 
-    def __init__(self, failing: tuple[Plan, ...] = ()) -> None:
+    def __init__(self, failing: tuple[Plan, ...] = (), together: int = 1) -> None:
         self.failing = failing
-        self.lock = threading.Lock()
+        self.together = together
+        self.gate = threading.Condition()
         self.now = 0
         self.most = 0
+        self.ended: dict[Plan, float] = {}
 
     def __call__(self, plan: Plan) -> Measurement:
-        with self.lock:
+        with self.gate:
             self.now += 1
             self.most = max(self.most, self.now)
-        time.sleep(SLEEP_S)
-        with self.lock:
+            self.gate.notify_all()
+            self.gate.wait_for(lambda: self.most >= self.together, timeout=GATE_S)
             self.now -= 1
+            self.ended[plan] = time.time()
         if plan in self.failing:
             raise ExecutorError(f"stage 0 on {plan.devices[0]}: lost")
         return _fake(plan, 0.1 * len(plan.devices))
 
 
 def _evaluate(
-    monkeypatch: pytest.MonkeyPatch, plans: list[Plan], concurrent: bool, failing: tuple = ()
-) -> tuple[list[Outcome], list[Plan], FakeRuns, float]:
+    monkeypatch: pytest.MonkeyPatch,
+    plans: list[Plan],
+    concurrent: bool,
+    failing: tuple = (),
+    together: int = 1,
+) -> tuple[list[Outcome], list[Plan], FakeRuns]:
     monkeypatch.setattr(runtime, "is_connected", lambda: True)
-    runs = FakeRuns(failing)
+    runs = FakeRuns(failing, together)
     seen: list[Plan] = []
     source = MeasuredReward(
         ModelSource("digits_cnn", 8),
@@ -125,9 +136,8 @@ def _evaluate(
         on_outcome=lambda o: seen.append(o.plan),
     )
     monkeypatch.setattr(source, "_measure", runs)
-    t0 = time.perf_counter()
     outcomes = source.run(plans, _problem())
-    return outcomes, seen, runs, time.perf_counter() - t0
+    return outcomes, seen, runs
 
 
 PLANS = [
@@ -143,8 +153,8 @@ PLANS = [
 def test_disjoint_plans_run_at_once_with_the_answer_of_one_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    alone, seen_alone, runs_alone, t_alone = _evaluate(monkeypatch, PLANS, concurrent=False)
-    together, seen_together, runs, t_together = _evaluate(monkeypatch, PLANS, concurrent=True)
+    alone, seen_alone, runs_alone = _evaluate(monkeypatch, PLANS, concurrent=False)
+    together, seen_together, runs = _evaluate(monkeypatch, PLANS, concurrent=True, together=3)
     assert runs_alone.most == 1 and runs.most == 3  # {0, 2, 4} at once, then {1}
     assert [(o.plan, o.value, o.error) for o in together] == [
         (o.plan, o.value, o.error) for o in alone
@@ -153,17 +163,18 @@ def test_disjoint_plans_run_at_once_with_the_answer_of_one_at_a_time(
     assert "replicas" in together[3].error and together[3].measurement is None
     assert seen_alone == PLANS[:5]
     assert seen_together == [PLANS[i] for i in (0, 2, 3, 4, 1)]  # set by set
-    assert t_alone > 4 * SLEEP_S and t_together < 3 * SLEEP_S
-    starts = [together[i].started for i in (0, 2, 4)]
-    assert max(starts) - min(starts) < SLEEP_S  # they overlapped
+    first = [PLANS[i] for i in (0, 2, 4)]
+    # they overlapped: each began before any of them ended (and the next set after them)
+    assert max(together[i].started for i in (0, 2, 4)) <= min(runs.ended[p] for p in first)
+    assert together[1].started >= max(runs.ended[p] for p in first)
 
 
 def test_failures_in_a_row_are_counted_in_order_within_a_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     plans = [_plan("n/cpu:0"), _plan("n/cpu:1"), _plan("n/cpu:2")]
-    outcomes, _, _, _ = _evaluate(monkeypatch, plans, True, failing=tuple(plans[:2]))
+    outcomes, _, _ = _evaluate(monkeypatch, plans, True, tuple(plans[:2]), together=3)
     assert [o.value for o in outcomes] == [math.inf, math.inf, 0.1]
     assert outcomes[0].error == "stage 0 on n/cpu:0: lost"
     with pytest.raises(ExecutorError, match="3 plans failed in a row; last: stage 0 on n/cpu:2"):
-        _evaluate(monkeypatch, plans, True, failing=tuple(plans))
+        _evaluate(monkeypatch, plans, True, tuple(plans), together=3)
