@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from bench import tapp_table
 from bench.common import BLIND, Observed
 from bench.tapp_table import (
     PIPELINED,
@@ -53,28 +54,81 @@ def test_the_pipelined_search_keeps_several_stages() -> None:
     piped.validate(prof, spec)
 
 
-def test_rows_get_held_out_calibrated_predictions_with_and_without_the_update_term() -> None:
-    """Two "models" (the same profile under two labels), four plans each, "measured" as the
-    cost model's answers on a cluster whose slow type updates at 6 GB/s (the spec says 30):
-    every measured row gets its held-out predictions, a twin row its twin's, and the fits
-    that see the updates predict the held-out plans better than the ones blind to them."""
+PLANS = {
+    "SingleCPU": Plan(16, (Stage((0, 6), (S0,), 16),)),
+    "BSP": Plan(16, (Stage((0, 6), (S0, S1), 8),)),
+    "Planned": Plan(16, (Stage((0, 3), (F,), 8), Stage((3, 6), (S0, S1), 8))),
+    "Pipe-Torch": Plan(16, (Stage((0, 4), (F,), 8), Stage((4, 6), (S0,), 8))),
+}
+
+
+def measured_rows() -> tuple[list[dict[str, Any]], dict[tuple[str, str], Observed]]:
+    """Two "models" (the same profile under two labels), :data:`PLANS` each, "measured" as
+    the cost model's answers on a cluster whose slow type updates at 6 GB/s (the spec says
+    30); each model's Pipelined row is its Planned row's twin."""
     truth = cluster().calibrated(Calibration(memory_bandwidth_gbps={"slow": 6.0}))
-    plans = {
-        "SingleCPU": Plan(16, (Stage((0, 6), (S0,), 16),)),
-        "BSP": Plan(16, (Stage((0, 6), (S0, S1), 8),)),
-        "Planned": Plan(16, (Stage((0, 3), (F,), 8), Stage((3, 6), (S0, S1), 8))),
-        "Pipe-Torch": Plan(16, (Stage((0, 4), (F,), 8), Stage((4, 6), (S0,), 8))),
-    }
     docs, observed = [], {}
     for model in ("A", "B"):
         rows = []
-        for method, plan in plans.items():
+        for method, plan in PLANS.items():
             o = observe(truth, plan, heavy())
             predicted = simulate(plan, heavy(), cluster()).batch_time_s
             rows.append(row_doc(method, o.batch_time_s, predicted))
             observed[(model, method)] = Observed(model, plan, heavy(), (o,))
         rows.append(row_doc("Pipelined", rows[2]["measured_s"], rows[2]["predicted_s"], "Planned"))
         docs.append({"model": model, "rows": rows})
+    return docs, observed
+
+
+def test_rows_get_their_plans_held_out_predictions_and_a_twin_its_twins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bookkeeping of ``calibrate_rows`` (the fits stand-ins: each held-out kind predicts
+    a fixed factor of the measured time, further off when blind to the updates): every
+    measured row gets each kind's prediction and error, the blind kinds are fitted to the
+    runs without their updates, a twin row takes its twin's and is counted once."""
+    factors = {"held-out model": 1.02, "held-out plan": 0.99}
+    calls: list[list[Observed]] = []
+
+    def fake_held_out(
+        rows: list[Observed], spec: object
+    ) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        calls.append(list(rows))
+        blind = all(o.update_s == () for r in rows for o in r.runs)
+        return [
+            {k: r.runs[0].batch_time_s * (f + 0.1 if blind else f) for k, f in factors.items()}
+            for r in rows
+        ], {}
+
+    monkeypatch.setattr(tapp_table, "held_out", fake_held_out)
+    docs, observed = measured_rows()
+    verdicts = calibrate_rows(docs, observed, cluster())
+    assert [[r.plan for r in rows] for rows in calls] == [[o.plan for o in observed.values()]] * 2
+    assert all(o.update_s for r in calls[0] for o in r.runs)  # the runs as measured
+    assert all(o.update_s == () for r in calls[1] for o in r.runs)  # then blind to the updates
+    assert verdicts["uncalibrated"]["max"] > 0.05 and verdicts["uncalibrated"]["plans"] == 8
+    for kind, f in factors.items():
+        assert verdicts[kind] == {"median": pytest.approx(abs(f - 1)),
+                                  "max": pytest.approx(abs(f - 1)), "plans": 8}  # fmt: skip
+        assert verdicts[kind + BLIND]["max"] == pytest.approx(abs(f + 0.1 - 1))
+    for d in docs:
+        for r in d["rows"]:
+            assert r["calibrated_predicted_s"] == {
+                k: pytest.approx(r["measured_s"] * f) for k, f in factors.items()
+            } | {k + BLIND: pytest.approx(r["measured_s"] * (f + 0.1)) for k, f in factors.items()}
+            assert r["calibrated_rel_error"] == {
+                k: pytest.approx(v / r["measured_s"] - 1)
+                for k, v in r["calibrated_predicted_s"].items()
+            }
+        assert d["rows"][4]["calibrated_predicted_s"] == d["rows"][2]["calibrated_predicted_s"]
+
+
+@pytest.mark.slow
+def test_rows_get_held_out_calibrated_predictions_with_and_without_the_update_term() -> None:
+    """:func:`measured_rows` with the real held-out fits (20 of them, ~15 s): every measured
+    row gets its held-out predictions, a twin row its twin's, and the fits that see the
+    updates predict the held-out plans better than the ones blind to them."""
+    docs, observed = measured_rows()
     verdicts = calibrate_rows(docs, observed, cluster())
     kinds = {"held-out model", "held-out plan"}
     assert set(verdicts) == {"uncalibrated"} | kinds | {k + BLIND for k in kinds}

@@ -24,8 +24,10 @@ from pipeplan.core.profile import LayerProfile, LayerTiming, ModelProfile
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
 SMALL_GA = {"population": 16, "generations": 8, "seed_candidates": 16, "max_stages": 4}
-SMALL_BAYES = {"n_trials": 8, "n_startup_trials": 3, "seeds": 2, "max_stages": 4}
+SMALL_BAYES = {"n_trials": 6, "n_startup_trials": 3, "seeds": 2, "max_stages": 4}
 SMALL = {"genetic": SMALL_GA, "bayes": SMALL_BAYES}
+"""Small searches; bayes's: 2 seeds and 3 random trials, then one trial of the GP (each GP
+trial costs ~0.3 s on 2 cores)."""
 
 
 @cache
@@ -90,8 +92,9 @@ def test_valid_memory_feasible_plan_on_every_preset(planner: str, path: Path) ->
 def test_same_seed_same_plan(planner: str) -> None:
     cluster = preset(ROOT / "examples/clusters/cloud-mix.yaml")
     problem = Problem(alexnet(), cluster, global_batch=64, seed=7)
-    first = make_planner(planner, **SMALL[planner]).plan(problem)
-    again = make_planner(planner, **SMALL[planner]).plan(problem)
+    options = {**SMALL[planner], "n_trials": 7} if planner == "bayes" else SMALL[planner]
+    first = make_planner(planner, **options).plan(problem)  # bayes: a second GP trial
+    again = make_planner(planner, **options).plan(problem)
     assert first.plan == again.plan
     assert first.evaluations == again.evaluations
 

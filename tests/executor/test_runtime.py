@@ -48,7 +48,8 @@ def test_connect_in_job_needs_the_job_address(monkeypatch: pytest.MonkeyPatch) -
 def test_importing_the_executor_has_no_side_effect() -> None:
     env = {k: v for k, v in os.environ.items() if k != runtime.LOOPBACK_ENV}
     code = (
-        "import os, executor, executor.pipeline, executor.local_cluster, executor.runtime;"
+        "import os, pipeplan.executor, pipeplan.executor.pipeline, pipeplan.executor.local_cluster;"
+        "import pipeplan.executor.runtime;"
         f"print(os.environ.get({runtime.LOOPBACK_ENV!r}))"
     )
     out = subprocess.run(
