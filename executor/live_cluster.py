@@ -64,6 +64,8 @@ class LiveNode:
     memory_bytes: float = 0.0
     gpus: float = 0.0
     """Ray's ``GPU`` resource of the node: the GPUs Ray counted when the node started."""
+    address: str = ""
+    """The node's IP address (Ray's ``node:IP`` resource names it)."""
 
 
 def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
@@ -80,7 +82,8 @@ def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]]) -> list[LiveNode]:
         }
         name = markers[0] if markers else f"node-{node_id[:8]}"
         memory, gpus = float(res.get("memory", 0.0)), float(res.get("GPU", 0.0))
-        found.append(LiveNode(name, node_id, devices, bool(markers), memory, gpus))
+        address = str(rec.get("NodeManagerAddress", ""))
+        found.append(LiveNode(name, node_id, devices, bool(markers), memory, gpus, address))
     return sorted(found, key=lambda n: n.name)
 
 

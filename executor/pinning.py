@@ -13,7 +13,7 @@ actor one of the node's GPUs, alone, through ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -96,27 +96,6 @@ def check_feasible(plan: Plan, nodes: Sequence[LiveNode]) -> None:
                 f"plan: {len(devices)} {dtype!r} devices on node {node!r} "
                 f"({', '.join(devices)}) but the live node has {have}"
             )
-
-
-def busy_devices(
-    plan: Plan, nodes: Sequence[LiveNode], free: Mapping[str, Mapping[str, float]]
-) -> list[str]:
-    """Plan devices whose node has too few ``device:TYPE`` free right now (``free``: Ray node
-    id -> available resources), e.g. held by another pipeline's actors."""
-    by_name = {n.name: n for n in nodes}
-    wanted: dict[tuple[str, str], list[str]] = {}
-    for d in plan.devices:
-        node, dtype, _ = parse_device_id(d)
-        wanted.setdefault((node, dtype), []).append(d)
-    busy = []
-    for (node, dtype), devices in wanted.items():
-        available = free.get(by_name[node].node_id, {}).get(device_resource(dtype), 0.0)
-        if available + 1e-9 < len(devices):
-            busy.append(
-                f"{', '.join(devices)} (node {node} has {available:g} of "
-                f"{by_name[node].devices.get(dtype, 0)} {dtype!r} free)"
-            )
-    return busy
 
 
 def actor_options(

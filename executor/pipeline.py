@@ -47,7 +47,7 @@ from pipeplan.core.cluster import ClusterSpec, parse_device_id
 from pipeplan.core.errors import PlanError
 from pipeplan.core.plan import Plan
 from pipeplan.core.schedules import microbatch_count
-from pipeplan.executor import metrics, runtime
+from pipeplan.executor import metrics
 from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes
 from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import device_slowdowns
@@ -57,7 +57,8 @@ from pipeplan.executor.measure import Measurement, Placement, StepResult, summar
 from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
 from pipeplan.executor.partition import ValueMeta, partition
-from pipeplan.executor.pinning import actor_options, busy_devices, check_feasible, check_shares
+from pipeplan.executor.pinning import actor_options, check_feasible, check_shares
+from pipeplan.executor.reservation import POLL_S, Reservation, current_claimant, reserve
 from pipeplan.executor.stage import Feed, StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
 from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
@@ -134,6 +135,8 @@ class Pipeline:
         self.workers: list[list[WorkerHandle]] = []
         self._step = 0
         self.input_name = ""
+        self.reservation: Reservation | None = None
+        """The devices' placement group while the pipeline is started."""
         self.failure: StageFailedError | None = None
         """The error that ended the run (its actors are gone): every later call raises it."""
 
@@ -158,8 +161,8 @@ class Pipeline:
         check_nodes(accelerators(self.cluster), self.plan.devices, nodes)
         slowdowns = self._slowdowns()
         self.input_name = self._check_model(self.model, self.plan)
-        self._wait_devices_free(nodes)
         try:
+            self.reservation = self._reserve(nodes)
             for row in self._specs(slowdowns):
                 self.workers.append([self._launch(spec, nodes) for spec in row])
             refs = {w.actor.ready.remote(): w for w in self.all_workers()}
@@ -220,11 +223,14 @@ class Pipeline:
         self._await_ready(refs, {n.name: n.node_id for n in live_nodes()})
 
     def close(self) -> None:
-        """Kill every actor of this pipeline (idempotent)."""
+        """Kill every actor of this pipeline, then give its devices back (idempotent)."""
         for w in self.all_workers():
             with contextlib.suppress(Exception):  # already dead, or the cluster is gone
                 ray.kill(w.actor, no_restart=True)
         self.workers = []
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
 
     def all_workers(self) -> list[WorkerHandle]:
         return [w for row in self.workers for w in row]
@@ -247,6 +253,8 @@ class Pipeline:
 
     def _launch(self, spec: WorkerSpec, nodes: Sequence[LiveNode]) -> WorkerHandle:
         options = actor_options(spec.device, nodes, spec.accelerator)
+        if self.reservation is not None:
+            options.update(self.reservation.options(spec.device))
         return WorkerHandle(spec, _Actor.options(**options).remote(spec))
 
     def _specs(self, slowdowns: dict[str, float]) -> list[list[WorkerSpec]]:
@@ -287,16 +295,16 @@ class Pipeline:
     def _slowdowns(self) -> dict[str, float]:
         return device_slowdowns(self.cluster, self.plan.devices)
 
-    def _wait_devices_free(self, nodes: Sequence[LiveNode], grace_s: float = 15.0) -> None:
-        """Devices held by other actors (a pipeline still closing) get ``grace_s`` to free up;
-        then the run is refused instead of waiting for a placement that may never come."""
-        deadline = time.monotonic() + grace_s
-        while busy := busy_devices(self.plan, nodes, runtime.free_resources_by_node()):
-            if time.monotonic() > deadline:
-                raise ExecutorError(
-                    f"devices busy for {grace_s:.0f} s (held by other actors): {'; '.join(busy)}"
-                )
-            time.sleep(0.2)
+    def _reserve(self, nodes: Sequence[LiveNode]) -> Reservation:
+        """The plan's devices as one placement group (:mod:`executor.reservation`), for this
+        process's claimant: waits while others hold them, as long as the claimant says."""
+        who = current_claimant()
+        devices = list(self.plan.devices)
+        kinds = [accelerator_of(self.cluster, parse_device_id(d)[1]) for d in devices]
+        granted = reserve(devices, nodes, kinds, who.owner, who.wait_s, who.on_wait)
+        if granted.waited_s > POLL_S and who.on_granted is not None:
+            who.on_granted(granted.waited_s)
+        return granted
 
     def _await_ready(self, refs: dict[Ref, WorkerHandle], node_ids: dict[str, str]) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s

@@ -77,6 +77,10 @@ class EventType(StrEnum):
     """A training job wrote a checkpoint: ``{"step", "path"}``."""
     REPLAN = "replan"
     """A training job changed plans: the reason, the new plan and its prediction."""
+    WAITING = "waiting"
+    """The job waits for devices others hold: ``{"devices", "held_by"}``. It stays (or
+    goes back to) ``queued`` with this as its ``waiting_for`` until its next event; one
+    with no devices (``{"devices": [], "waited_s"}``) says the wait is over."""
     RESULT = "result"
     ERROR = "error"
 
@@ -351,6 +355,8 @@ class Job(BaseModel):
     ray_job_id: str | None = None
     created_by: str | None = None
     """The id of the token that submitted it (``bootstrap``: the service's own token)."""
+    waiting_for: dict[str, Any] | None = None
+    """While it waits for devices: ``{"devices": [...], "held_by": [job ids]}``."""
 
 
 class JobPage(BaseModel):

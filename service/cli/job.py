@@ -32,6 +32,7 @@ from pipeplan.agents.registry import planner_class
 from pipeplan.core.errors import PipeplanError
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.reservation import Claimant, claiming
 from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV
 from pipeplan.service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind, JobState
 from pipeplan.service.cli.console import say, validation_message
@@ -172,7 +173,9 @@ def execute(job: dict[str, Any], channel: EventChannel) -> int:
         measured = isinstance(request, PlanRequest) and request.reward is Reward.MEASURED
         source = "measured" if measured else "simulated"
         reporter = EventReporter(channel, plan_context(request), source)
-        doc = run_use_case(kind, request, reporter).to_dict()
+        claimant = Claimant(str(job["id"]), None, reporter.waiting, reporter.granted)
+        with claiming(claimant):
+            doc = run_use_case(kind, request, reporter).to_dict()
         for m in measurements(kind, doc):
             reporter.measurement(m)
         channel.emit(EventType.RESULT.value, doc)

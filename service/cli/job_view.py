@@ -37,6 +37,7 @@ from pipeplan.service.render import (
     shorten,
     totals_lines,
 )
+from pipeplan.service.web.format import waiting
 
 Document = dict[str, Any]
 
@@ -260,6 +261,8 @@ def job_lines(job: Job) -> list[str]:
             lines.append(f"{label:<16}{when.isoformat()}")
     if job.kind in PREDICTING_KINDS:
         lines.append(f"predictions     {predictions_line(job)}")
+    if job.waiting_for and job.waiting_for.get("devices"):
+        lines.append(f"waiting for     {waiting(job.waiting_for)}")
     if job.ray_job_id:
         lines.append(f"ray job         {job.ray_job_id}")
     if job.progress and ("evaluations" in job.progress or "step" in job.progress):

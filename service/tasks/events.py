@@ -54,10 +54,12 @@ from pipeplan.agents.search import Progress
 from pipeplan.core.batch_eval import PlanBatch
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.plan import Plan, Schedule
+from pipeplan.executor.reservation import Waiting
 from pipeplan.service.tasks.observations import OBSERVATION_KEY
 from pipeplan.service.tasks.progress import Reporter
 
 if TYPE_CHECKING:  # the executor imports torch; the reporter only reads its steps
+    from pipeplan.executor.reservation import Waiting
     from pipeplan.executor.train import TrainStep
 
 PROGRESS_EVERY_S = 0.1
@@ -349,6 +351,17 @@ class EventReporter(Reporter):
     def checkpointed(self, step: int, path: Path) -> None:
         self.echo(f"checkpoint after step {step}: {path}")
         self.channel.emit("checkpoint", {"step": step, "path": str(path)})
+
+    def waiting(self, waiting: Waiting) -> None:
+        """The job waits for devices others hold: it shows ``queued`` with the reason."""
+        self.echo(f"waiting for {waiting.text()}")
+        self.channel.emit("waiting", waiting.to_dict())
+
+    def granted(self, waited_s: float) -> None:
+        """The devices came after ``waited_s``: the job runs again."""
+        self.echo(f"devices reserved after {waited_s:.1f} s")
+        done = {"devices": [], "held_by": [], "waited_s": round(waited_s, 3)}
+        self.channel.emit("waiting", done)
 
     def measurement(self, data: dict[str, Any]) -> None:
         """A run measured on the cluster (the entrypoint posts them)."""

@@ -1,9 +1,11 @@
 """Numbers for people on the dashboard's server-drawn parts (the Jinja2 filters): ms from
-seconds, relative errors, FLOP/s, objective values. ``-`` stands for a missing number."""
+seconds, relative errors, FLOP/s, objective values, what a queued job waits for. ``-``
+stands for a missing number."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def _ok(x: float | None) -> bool:
@@ -41,5 +43,21 @@ def objective_value(objective: str, value: float | None) -> str:
     return f"{value * 1e3:.4g} ms"
 
 
-FILTERS = {"ms": ms, "pct": pct, "flops": flops, "count": count}
+def waiting(reason: dict[str, Any] | None) -> str:
+    """A queued job's ``waiting_for`` for people: ``2 x mid on n1, held by job pp-...``
+    (the devices counted by type and node; ``other actors`` when no job is named)."""
+    if not reason or not reason.get("devices"):
+        return ""
+    groups: dict[tuple[str, str], int] = {}
+    for device in reason["devices"]:
+        node, _, rest = str(device).partition("/")
+        key = (rest.partition(":")[0], node)
+        groups[key] = groups.get(key, 0) + 1
+    what = " and ".join(f"{n} x {dtype} on {node}" for (dtype, node), n in groups.items())
+    held = list(reason.get("held_by") or [])
+    by = f"job{'s' if len(held) > 1 else ''} {', '.join(held)}" if held else "other actors"
+    return f"{what}, held by {by}"
+
+
+FILTERS = {"ms": ms, "pct": pct, "flops": flops, "count": count, "waiting": waiting}
 """The Jinja2 filters the templates use."""

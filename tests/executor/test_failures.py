@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from ray.util.placement_group import placement_group_table
 
 from pipeplan.core.cluster import ClusterSpec, Node
 from pipeplan.core.errors import PlanError
@@ -22,6 +23,7 @@ from pipeplan.executor.errors import StageFailedError
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pipeline import Pipeline, RunConfig, run
+from pipeplan.executor.reservation import PREFIX, Claimant, Waiting, claiming
 from tests.executor.actors import stage_workers_alive, wait_no_workers
 
 pytestmark = pytest.mark.ray
@@ -138,3 +140,52 @@ def test_node_removed_mid_run_names_stage_device_node(cluster: LocalCluster) -> 
     assert (e.stage, e.device, e.node) == (1, "n1/slow:0", "n1")
     assert "died" in str(e) and "stage 1 replica 0 on device n1/slow:0 (node n1)" in str(e)
     assert wait_no_workers() == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_run_on_held_devices_waits_for_them_and_says_who_holds_them(
+    cluster: LocalCluster,
+) -> None:
+    """Each run reserves its devices as one placement group: a second run on the same
+    devices waits (naming the first's owner) and starts once the first closes; no group
+    is left after either. (On node n0 alone: a test above removes n1.)"""
+    plan = Plan(16, (Stage((0, 8), ("n0/fast:0",), 8),))
+    config = RunConfig(emulate=False, timeout_s=60)
+    seen: list[Waiting] = []
+    done: dict[str, object] = {}
+
+    def second() -> None:
+        who = Claimant("job-b", None, seen.append, lambda s: done.setdefault("waited_s", s))
+        with claiming(who), Pipeline(plan, DIGITS, SPEC, config) as pipe:
+            done["placement"] = pipe.placement
+
+    first = Pipeline(plan, DIGITS, SPEC, config)
+    with claiming(Claimant("job-a")):
+        first.start()
+    waiter = threading.Thread(target=second)
+    try:
+        held = {name for name, state in _pipeplan_groups().items() if state != "REMOVED"}
+        assert held == {"pipeplan:job-a"}
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen and seen[0].held_by == ("job-a",), seen
+        assert seen[0].devices == ("n0/fast:0",)
+        assert "placement" not in done and waiter.is_alive()
+    finally:
+        first.close()
+    waiter.join(timeout=120)
+    assert not waiter.is_alive() and "placement" in done
+    assert float(done["waited_s"]) > 0  # type: ignore[arg-type]
+    assert set(_pipeplan_groups().values()) <= {"REMOVED"}
+    assert wait_no_workers() == 0
+
+
+def _pipeplan_groups() -> dict[str, str]:
+    """Name -> state of every pipeplan placement group Ray knows."""
+    return {
+        str(g["name"]): str(g["state"])
+        for g in placement_group_table().values()
+        if str(g.get("name", "")).startswith(PREFIX)
+    }

@@ -22,7 +22,8 @@ from pipeplan.executor.measured_profile import call_sizes
 from pipeplan.executor.microbatch import Layout, Piece, pieces, replica_shares
 from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
 from pipeplan.executor.partition import count_layers, partition
-from pipeplan.executor.pinning import WORKER_ENV, actor_options, busy_devices, check_feasible
+from pipeplan.executor.pinning import WORKER_ENV, actor_options, check_feasible
+from pipeplan.executor.reservation import bundle, held_devices, strategy
 from pipeplan.executor.stage import (
     HEAP_RESERVE,
     Clock,
@@ -103,12 +104,20 @@ def test_feasibility_names_the_problem() -> None:
         check_feasible(too_small, NODES)
 
 
-def test_busy_devices_and_ray_node_records() -> None:
-    plan = Plan(8, (Stage((0, 4), ("n2/slow:0", "n2/slow:1"), 4),))
-    assert busy_devices(plan, NODES, {"id2": {"device:slow": 2.0}}) == []
-    assert busy_devices(plan, NODES, {"id2": {"device:slow": 1.0}}) == [
-        "n2/slow:0, n2/slow:1 (node n2 has 1 of 2 'slow' free)"
-    ]
+def test_held_devices_bundles_and_ray_node_records() -> None:
+    devices = ["n2/slow:0", "n2/slow:1", "n0/fast:0"]
+    free = {"id2": {"device:slow": 2.0}, "id0": {"device:fast": 1.0}}
+    assert held_devices(devices, NODES, free) == []
+    free = {"id2": {"device:slow": 1.0}}
+    assert held_devices(devices, NODES, free) == ["n2/slow:0", "n2/slow:1", "n0/fast:0"]
+    assert bundle("n2/slow:1", NODES, None) == {"device:slow": 1.0, "pipeplan_node:n2": 0.001}
+    unmarked = [LiveNode("n9", "id9", {"t4": 1}, False, address="10.0.0.9")]
+    assert bundle("n9/t4:0", unmarked, "cuda") == {
+        "device:t4": 1.0,
+        "node:10.0.0.9": 0.001,
+        "GPU": 1.0,
+    }
+    assert strategy(devices[:2]) == "STRICT_PACK" and strategy(devices) == "PACK"
     records = [
         {"Alive": True, "NodeID": "abcdef0123", "Resources": {"device:t4": 2.0, "CPU": 4.0}},
         {"Alive": True, "NodeID": "ff", "Resources": {"pipeplan_node:n0": 1.0, "device:cpu": 1}},

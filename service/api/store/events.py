@@ -62,10 +62,14 @@ class Store(JobStore):
 
         A first event makes a queued job ``running``; ``progress`` updates the job's progress
         (the highest seq wins), ``result`` ends it ``succeeded``, ``error`` ends it
-        ``failed``. :class:`JobFinished` when there is a new event for a terminal job
-        (nothing stored). The first statement is a write, so that on SQLite the transaction
-        holds the write lock before it reads the job's state (no stale read, no busy
-        upgrade); on PostgreSQL it locks the job's row."""
+        ``failed``; ``waiting`` naming devices (the batch's last) puts it back to ``queued``
+        with the event's data as ``waiting_for``, which any later event clears (a
+        ``waiting`` with no devices says the wait is over). :class:`JobFinished` when there
+        is a new event for a terminal job (nothing stored). The first statement is a write,
+        so that on SQLite the transaction holds the write lock before it reads the job's
+        state (no stale read, no busy upgrade); on PostgreSQL the state is read ``FOR
+        UPDATE``, so two batches of one job take its row in turn before either stores an
+        event (overlapping batches would otherwise each wait for the other's seqs)."""
         check_batch(posted)
         seqs = [p.seq for p in posted]
         j, e = self.jobs, self.events
@@ -76,7 +80,9 @@ class Store(JobStore):
                     .where(j.c.id == job_id, j.c.state == JobState.QUEUED.value)
                     .values(state=JobState.RUNNING.value, started_at=now())
                 )
-                state = conn.execute(select(j.c.state).where(j.c.id == job_id)).scalar()
+                state = conn.execute(
+                    select(j.c.state).where(j.c.id == job_id).with_for_update()
+                ).scalar()
                 if state is None:
                     raise JobNotFound(job_id)
                 old = set(
@@ -133,6 +139,14 @@ class Store(JobStore):
                 .values(progress=data, progress_seq=seq)
             )
         last, data = new[-1], rows[-1]["data"]
+        if last.type is EventType.WAITING and isinstance(data, dict) and data.get("devices"):
+            conn.execute(
+                update(j)
+                .where(j.c.id == job_id)
+                .values(state=JobState.QUEUED.value, started_at=None, waiting_for=data)
+            )
+        else:
+            conn.execute(update(j).where(j.c.id == job_id).values(waiting_for=None))
         if last.type is EventType.RESULT:
             conn.execute(
                 update(j)

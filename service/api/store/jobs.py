@@ -85,6 +85,7 @@ def job_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
         Column("ray_job_id", String(128)),
         Column("token_hash", String(64), nullable=False, index=True),
         Column("created_by", String(32), index=True),
+        Column("waiting_for", JSON),
     )
     events = Table(
         f"{prefix}events",
@@ -131,6 +132,7 @@ class JobStore(TokenStore):
             error=m["error"],
             ray_job_id=m["ray_job_id"],
             created_by=m["created_by"],
+            waiting_for=m["waiting_for"],
         )
 
     def create_job(

@@ -132,5 +132,23 @@ const pp = (() => {
     return el("span", { class: `badge ${state}` }, state);
   }
 
-  return { api, ApiError, el, finite, unit, fmtValue, fmtDuration, fmtTime, summarize, badge };
+  // A queued job's waiting_for for people, as the CLI words it (service/web/format.py):
+  // "2 x mid on n1, held by job pp-...". "" when it waits for nothing.
+  function waitingText(reason) {
+    if (!reason || !Array.isArray(reason.devices) || reason.devices.length === 0) return "";
+    const groups = new Map();
+    for (const device of reason.devices) {
+      const [node, rest = ""] = String(device).split("/");
+      const key = `${rest.split(":")[0]} on ${node}`;
+      groups.set(key, (groups.get(key) || 0) + 1);
+    }
+    const what = [...groups].map(([key, n]) => `${n} x ${key}`).join(" and ");
+    const held = Array.isArray(reason.held_by) ? reason.held_by : [];
+    const by = held.length ? `job${held.length > 1 ? "s" : ""} ${held.join(", ")}` : "other actors";
+    return `${what}, held by ${by}`;
+  }
+
+  return {
+    api, ApiError, el, finite, unit, fmtValue, fmtDuration, fmtTime, summarize, badge, waitingText,
+  };
 })();

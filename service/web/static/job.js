@@ -58,7 +58,9 @@
     state.textContent = j.state;
     state.className = `badge ${j.state}`;
     $("job-name").textContent = j.name || "";
-    $("facts").replaceChildren(
+    const waitingFor = pp.waitingText(j.waiting_for);
+    $("facts").replaceChildren(...[
+      waitingFor ? fact("waiting for", waitingFor, "fact-waiting") : null,
       fact("kind", j.kind, "fact-kind"),
       fact("model", s.model, "fact-model"),
       fact("cluster", s.cluster, "fact-cluster"),
@@ -71,7 +73,8 @@
       fact("started", s.started),
       fact("finished", pp.fmtTime(j.finished_at)),
       fact("duration", s.duration, "fact-duration"),
-      fact("Ray job", rayJobLink(j)));
+      fact("Ray job", rayJobLink(j)),
+    ].filter(Boolean));
     const error = $("job-error");
     error.hidden = !j.error;
     error.textContent = j.error || "";

@@ -18,7 +18,9 @@
     const name = job.name ? pp.el("span", { class: "job-sub" }, job.name) : null;
     return pp.el("tr", { "data-job-id": job.id, "data-state": job.state },
       pp.el("td", {}, link, name),
-      pp.el("td", {}, pp.badge(job.state)),
+      pp.el("td", { title: pp.waitingText(job.waiting_for) }, pp.badge(job.state),
+        job.waiting_for && job.waiting_for.devices && job.waiting_for.devices.length
+          ? pp.el("span", { class: "job-sub" }, "waiting") : null),
       pp.el("td", {}, job.kind),
       pp.el("td", {}, s.model),
       pp.el("td", {}, s.cluster),
