@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -55,7 +56,7 @@ JOB_TIMEOUT_S = 600.0
 TARGET_P50_S = 1.0
 """The target for one job at a time in the pool, on a quiet machine."""
 TERMINAL = ("succeeded", "failed", "cancelled")
-console = Console()
+console = Console(width=shutil.get_terminal_size((120, 40)).columns)
 
 
 def parse_args() -> argparse.Namespace:
