@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 import tomllib
@@ -50,13 +51,15 @@ def _module_name(path: Path) -> str:
     return ".".join(["pipeplan", *parts])
 
 
-def _imports(path: Path) -> Iterator[tuple[str, ast.AST, bool]]:
+@functools.cache
+def _imports(path: Path) -> tuple[tuple[str, ast.AST, bool], ...]:
     """(imported module, node, inside a function) for every import of the file; relative
-    imports resolved; ``if TYPE_CHECKING:`` blocks skipped."""
+    imports resolved; ``if TYPE_CHECKING:`` blocks skipped. Each file is parsed once for
+    all the rules."""
     package = (
         _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
     )
-    yield from _imports_in(path.read_text(), package, str(path))
+    return tuple(_imports_in(path.read_text(), package, str(path)))
 
 
 def _imports_in(
