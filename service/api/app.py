@@ -38,6 +38,7 @@ from pipeplan.service.api.calibration_fit import FitWorker
 from pipeplan.service.api.deps import AppContext
 from pipeplan.service.api.metrics import Metrics, MetricsMiddleware
 from pipeplan.service.api.pool import PlannerPool, route_jobs
+from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.ray_jobs import RayJobsBackend
 from pipeplan.service.api.routes import (
     catalog,
@@ -47,6 +48,7 @@ from pipeplan.service.api.routes import (
     jobs,
     metrics,
     plan,
+    queue,
     simulate,
     tokens,
 )
@@ -93,12 +95,30 @@ def reconcile(store: Store, backend: JobsBackend, tail_chars: int = 2000) -> lis
     """Reconcile every unfinished job with the backend; the ids of the jobs it failed."""
     failed = []
     for job in store.unfinished_jobs():
+        if held(job):  # never handed to the backend: the queue starts it in its turn
+            continue
         try:
             if reconcile_job(job, store, backend, tail_chars):
                 failed.append(job.id)
         except Exception:  # one job's backend trouble does not stop the others
             log.exception("reconcile: job %s", job.id)
     return failed
+
+
+def _dispatch(context: AppContext) -> None:
+    """Start the held jobs whose turn it is (:mod:`service.api.queue`); a failure is
+    logged, and tried again on the next round."""
+    try:
+        dispatch(context.store, context.backend, context.settings.public_url)
+    except Exception:
+        log.exception("queue: dispatch")
+
+
+async def _keep_dispatching(context: AppContext) -> None:
+    every = context.settings.queue_every_s
+    while True:
+        await asyncio.sleep(every)
+        await run_in_threadpool(_dispatch, context)
 
 
 async def _keep_reconciling(context: AppContext) -> None:
@@ -118,11 +138,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context.pool.start()
     s = context.settings
     await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
-    task = asyncio.create_task(_keep_reconciling(context)) if s.reconcile_every_s > 0 else None
+    await run_in_threadpool(_dispatch, context)
+    tasks = []
+    if s.reconcile_every_s > 0:
+        tasks.append(asyncio.create_task(_keep_reconciling(context)))
+    if s.queue_every_s > 0:
+        tasks.append(asyncio.create_task(_keep_dispatching(context)))
     try:
         yield
     finally:
-        if task is not None:
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -206,7 +231,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.context = context
-    for module in (jobs, events, simulate, catalog, health, metrics, tokens, plan, dashboard):
+    routers = (jobs, queue, events, simulate, catalog, health, metrics, tokens, plan, dashboard)
+    for module in routers:
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_handlers(app)

@@ -93,6 +93,12 @@ NAME_PATTERN = r"^[^\x00]*$"
 """A job's ``name``: any text without a NUL character (the databases refuse one)."""
 
 
+MAX_PRIORITY = 1000
+"""A job's ``priority`` is in [-MAX_PRIORITY, MAX_PRIORITY]."""
+MAX_DEADLINE_S = 30 * 24 * 3600.0
+"""The longest ``deadline_s``: thirty days."""
+
+
 class JobCreate(BaseModel):
     """A job to create, as the service handles it: the kind, and the spec as a JSON object
     (validated as the kind's request model, and further, as far as it can be without a
@@ -107,6 +113,8 @@ class JobCreate(BaseModel):
     calibration: bool = True
     """Whether the job predicts with its cluster's calibration from use, where there is one
     that applies (:mod:`service.api.calibration`); false: the spec exactly as given."""
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S)
 
 
 # --- the body of POST /v1/jobs: one model per kind --------------------------------------------
@@ -272,6 +280,11 @@ class JobRequestBase(BaseModel):
     calibration: bool = True
     """Whether the job predicts with its cluster's calibration from use, where there is one
     that applies; false: the spec exactly as given."""
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    """Where a job that needs devices goes in the queue: higher first, then the older."""
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S)
+    """Fail the job (``deadline: ...``) if it has not started this many seconds after it
+    was submitted; none: it waits as long as it takes."""
 
 
 class ProfileJob(JobRequestBase):
@@ -335,6 +348,8 @@ def job_create(request: AnyJobRequest) -> JobCreate:
         spec=request.spec.model_dump(mode="json", exclude_unset=True),
         name=request.name,
         calibration=request.calibration,
+        priority=request.priority,
+        deadline_s=request.deadline_s,
     )
 
 
@@ -356,7 +371,10 @@ class Job(BaseModel):
     created_by: str | None = None
     """The id of the token that submitted it (``bootstrap``: the service's own token)."""
     waiting_for: dict[str, Any] | None = None
-    """While it waits for devices: ``{"devices": [...], "held_by": [job ids]}``."""
+    """While it waits: for devices, ``{"devices": [...], "held_by": [job ids]}``; for its
+    turn, ``{"behind": [job ids]}`` (the queued jobs that start before it)."""
+    priority: int = 0
+    deadline_s: float | None = None
 
 
 class JobPage(BaseModel):

@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     """Where each job's folder is (``JOBS_DIR/JOB_ID``: a train job's checkpoints when its
     request names no ``checkpoint_dir``); ``None``: ``$XDG_DATA_HOME/pipeplan/jobs``. The
     job's Ray Job writes there, so on a cluster of several machines it is a shared path."""
+    queue_every_s: float = Field(default=1.0, ge=0)
+    """How often the queue starts the held jobs whose turn it is and fails those past their
+    deadline (:mod:`service.api.queue`; 0: only when a job is submitted, and at start)."""
     max_open_jobs_per_token: int = Field(default=200, ge=0)
     """How many jobs one token may have queued or running at once; one more is refused
     with 429 (0: no limit). The bootstrap token counts too."""

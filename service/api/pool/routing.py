@@ -76,6 +76,19 @@ def _needs_devices(request: BaseModel) -> bool:
     return True
 
 
+def needs_devices(kind: JobKind, spec: dict[str, Any]) -> bool:
+    """Whether a job of ``kind`` and ``spec`` runs on the cluster's devices (``run``,
+    ``train``, a measured profile or search); a spec that does not read as its request
+    counts as one that does."""
+    model = POOL_KINDS.get(kind)
+    if model is None:
+        return True
+    try:
+        return _needs_devices(model.model_validate(spec))
+    except (ValidationError, PipeplanError):
+        return True
+
+
 def runs_in_pool(kind: JobKind, spec: dict[str, Any]) -> bool:
     """Whether a job of ``kind`` and ``spec`` runs in the planner pool (module docstring).
     A spec that does not read as its request goes to a Ray Job, which reports why."""

@@ -20,9 +20,10 @@ from pipeplan.service.api.auth import (
     hash_token,
     new_job_token,
 )
-from pipeplan.service.api.backend import JobsBackend, Submission
+from pipeplan.service.api.backend import JobsBackend
 from pipeplan.service.api.calibration import calibrated_job
 from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
+from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.schemas import (
     JOB_ID_PATTERN,
     Job,
@@ -101,18 +102,20 @@ def submit(
     job_id: str | None = None,
     created_by: str | None = None,
 ) -> Job:
-    """Store the job (queued, with a token of its own; ``job_id``: its id, drawn before;
-    ``created_by``: the submitting token's id), then hand it to the backend; a backend that
-    refuses it ends it ``failed`` with the reason."""
-    token = new_job_token()
+    """Store the job (queued; ``job_id``: its id, drawn before; ``created_by``: the
+    submitting token's id), then start it in its turn (:mod:`service.api.queue`): at once,
+    unless it needs devices and a device job before it in start order is still queued."""
     job = store.create_job(
-        create.kind, create.spec, create.name, hash_token(token), job_id, created_by
+        create.kind,
+        create.spec,
+        create.name,
+        hash_token(new_job_token()),  # replaced when it starts: no one holds this one
+        job_id,
+        created_by,
+        create.priority,
+        create.deadline_s,
     )
-    try:
-        ray_job_id = backend.submit(Submission(job.id, server_url, token))
-    except Exception as e:  # whatever the backend raises, the job fails with its reason
-        return store.finish(job.id, JobState.FAILED, error=f"submit: {type(e).__name__}: {e}")
-    store.set_ray_job_id(job.id, ray_job_id)
+    dispatch(store, backend, server_url)
     return store.get_job(job.id)
 
 
@@ -203,12 +206,14 @@ async def wait_for_end(store: Store, job_id: str, wait_s: float, poll_s: float) 
     "/{job_id}/cancel", operation_id="cancel_job", responses=error_responses(404, 409, 502)
 )
 def cancel_job(job_id: JobId, _: JobUserAuth, store: StoreDep, backend: BackendDep) -> Job:
-    """Stop the job's work and end it ``cancelled``; 409 when it had ended."""
+    """Stop the job's work and end it ``cancelled``; 409 when it had ended. A job the
+    queue held back never starts."""
     job = store.get_job(job_id)
     if job.state.terminal:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id!r} is {job.state.value}")
     try:
-        backend.stop(job_id)
+        if not held(job):
+            backend.stop(job_id)
     except Exception as e:  # the backend's failure, named; the job is left as it was
         raise HTTPException(
             status.HTTP_502_BAD_GATEWAY, f"backend: cannot stop job {job_id!r}: {e}"

@@ -18,6 +18,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -86,6 +87,8 @@ def job_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
         Column("token_hash", String(64), nullable=False, index=True),
         Column("created_by", String(32), index=True),
         Column("waiting_for", JSON),
+        Column("priority", Integer),
+        Column("deadline_s", Float),
     )
     events = Table(
         f"{prefix}events",
@@ -133,6 +136,8 @@ class JobStore(TokenStore):
             ray_job_id=m["ray_job_id"],
             created_by=m["created_by"],
             waiting_for=m["waiting_for"],
+            priority=m["priority"] or 0,
+            deadline_s=m["deadline_s"],
         )
 
     def create_job(
@@ -143,6 +148,8 @@ class JobStore(TokenStore):
         token_hash: str,
         job_id: str | None = None,
         created_by: str | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
     ) -> Job:
         """A new ``queued`` job (``job_id``: one drawn with :func:`new_job_id` beforehand,
         for a spec that names the job's own folder; ``created_by``: the submitting token's
@@ -159,6 +166,8 @@ class JobStore(TokenStore):
                     created_at=now(),
                     token_hash=token_hash,
                     created_by=created_by,
+                    priority=priority,
+                    deadline_s=deadline_s,
                 )
             )
         return self.get_job(job_id)
@@ -227,12 +236,40 @@ class JobStore(TokenStore):
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar() or 0)
 
+    def queued_jobs(self) -> list[Job]:
+        """Every queued job in start order: higher ``priority`` first, then the older."""
+        j = self.jobs
+        query = (
+            select(j)
+            .where(j.c.state == JobState.QUEUED.value)
+            .order_by(func.coalesce(j.c.priority, 0).desc(), j.c.num)
+        )
+        with self.engine.connect() as conn:
+            return [self._job(r) for r in conn.execute(query).all()]
+
+    def set_waiting_for(self, job_id: str, reason: dict[str, Any] | None) -> None:
+        """What a queued job waits for (None: nothing); a job that left ``queued`` keeps
+        what its events set."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(self.jobs)
+                .where(self.jobs.c.id == job_id, self.jobs.c.state == JobState.QUEUED.value)
+                .values(waiting_for=reason)
+            )
+
     def counts(self) -> Counter[tuple[str, str]]:
         """How many jobs of each (state, kind)."""
         j = self.jobs
         query = select(j.c.state, j.c.kind, func.count()).group_by(j.c.state, j.c.kind)
         with self.engine.connect() as conn:
             return Counter({(s, k): int(n) for s, k, n in conn.execute(query).all()})
+
+    def set_token_hash(self, job_id: str, token_hash: str) -> None:
+        """The hash of the token the job's work is handed (when it starts)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(self.jobs).where(self.jobs.c.id == job_id).values(token_hash=token_hash)
+            )
 
     def set_ray_job_id(self, job_id: str, ray_job_id: str) -> None:
         with self.engine.begin() as conn:

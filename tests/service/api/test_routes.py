@@ -317,6 +317,8 @@ def test_reconcile_fails_a_job_whose_work_ended_without_a_result(
     dead = store.create_job(JobKind.PLAN, SPEC, None, "h").id
     alive = store.create_job(JobKind.PLAN, SPEC, None, "h").id
     done = store.create_job(JobKind.PLAN, SPEC, None, "h").id
+    for job_id in (dead, alive, done):  # handed to the backend (else the queue starts them)
+        store.set_ray_job_id(job_id, job_id)
     fake_backend.statuses[dead] = BackendStatus(BackendState.FAILED, "driver exited with 137")
     fake_backend.log_text[dead] = "x" * 5000 + "Killed\n"
     fake_backend.statuses[alive] = BackendStatus(BackendState.RUNNING)

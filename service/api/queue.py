@@ -1,0 +1,101 @@
+"""The queue of jobs that need devices (API.md, "The queue").
+
+A job that runs on the cluster's devices (``run``, ``train``, a measured profile or search)
+reserves them as one Ray placement group when it starts (:mod:`executor.reservation`); while
+others hold them it waits, ``queued``, saying for what. Which job goes first is decided
+here, in **start order**: the jobs already handed to the backend, then the held ones by
+``priority`` (higher first), then age.
+
+A device job is handed to the backend only when no device job before it in start order is
+still queued (held back, or waiting for its devices); until then it is held, ``queued``
+with ``waiting_for: {"behind": [...]}``. So at most one device job at a time waits in Ray's
+queue (Ray grants placement groups in no order of ours), and no job starts ahead of one
+before it: a big job at the head is never passed by smaller ones that would fit meanwhile
+(no starvation), at the price of devices left idle while it waits (no backfilling). A job
+handed over keeps its place: a higher priority submitted later goes next, not before it.
+Jobs that need no devices start at once.
+
+A job that has not started ``deadline_s`` seconds after it was submitted fails
+(``deadline: ...``), its Ray job stopped. :func:`dispatch` runs in the service's loop, and
+after every submission; a service that restarts finds its held jobs in the store and
+starts them in turn, so none is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from pipeplan.service.api.auth import hash_token, new_job_token
+from pipeplan.service.api.backend import JobsBackend, Submission
+from pipeplan.service.api.pool.routing import needs_devices
+from pipeplan.service.api.schemas import Job, JobState
+from pipeplan.service.api.store import JobFinished, Store, now
+
+log = logging.getLogger("pipeplan.service")
+
+
+def start(job: Job, store: Store, backend: JobsBackend, server_url: str) -> Job:
+    """Hand ``job`` to the backend with a token of its own (only its hash is kept); a
+    backend that refuses it ends it ``failed`` with the reason."""
+    token = new_job_token()
+    store.set_token_hash(job.id, hash_token(token))
+    try:
+        ray_job_id = backend.submit(Submission(job.id, server_url, token))
+    except Exception as e:  # whatever the backend raises, the job fails with its reason
+        return store.finish(job.id, JobState.FAILED, error=f"submit: {type(e).__name__}: {e}")
+    store.set_ray_job_id(job.id, ray_job_id)
+    store.set_waiting_for(job.id, None)
+    return store.get_job(job.id)
+
+
+def held(job: Job) -> bool:
+    """Queued and not handed to the backend yet."""
+    return job.state is JobState.QUEUED and job.ray_job_id is None
+
+
+def past_deadline(job: Job) -> bool:
+    return job.deadline_s is not None and (now() - job.created_at).total_seconds() > job.deadline_s
+
+
+def start_order(queued: list[Job]) -> list[Job]:
+    """``queued`` (by priority, then age) with the jobs handed to the backend first: once
+    started, a job keeps its place before the held ones, whatever their priority."""
+    return sorted(queued, key=held)
+
+
+def dispatch(store: Store, backend: JobsBackend, server_url: str) -> list[str]:
+    """Walk the queued jobs in start order: fail those past their deadline, start the held
+    ones whose turn it is (module docstring), tell the others whom they are behind; the ids
+    of the jobs started."""
+    started: list[str] = []
+    ahead: list[str] = []
+    for job in start_order(store.queued_jobs()):
+        if past_deadline(job):
+            _expire(job, store, backend)
+            continue
+        devices = needs_devices(job.kind, job.spec)
+        if held(job) and not (devices and ahead):
+            started.append(start(job, store, backend, server_url).id)
+        elif held(job):
+            reason: dict[str, Any] = {"behind": list(ahead)}
+            if job.waiting_for != reason:
+                store.set_waiting_for(job.id, reason)
+        if devices:
+            ahead.append(job.id)
+    return started
+
+
+def _expire(job: Job, store: Store, backend: JobsBackend) -> None:
+    if job.ray_job_id is not None:
+        try:
+            backend.stop(job.id)
+        except Exception:  # the job fails anyway; its Ray job's own end is reconciled
+            log.exception("deadline: cannot stop job %s", job.id)
+    with contextlib.suppress(JobFinished):  # it ended meanwhile
+        store.finish(
+            job.id,
+            JobState.FAILED,
+            error=f"deadline: not started within deadline_s={job.deadline_s:g} s",
+        )
