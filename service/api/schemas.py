@@ -389,11 +389,91 @@ SEQ_MAX = 2**53 - 1
 ``Number.MAX_SAFE_INTEGER``), so a schema's bound means the same to every client."""
 
 
+class EventData(BaseModel):
+    """The known fields of an event's ``data``; every one may be absent or null, and fields
+    beside them are kept (a job may report more)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ProgressData(EventData):
+    """A search's progress (``evaluations``, ``best_value``, ``elapsed_s``), or a training
+    step's (``step``, ``loss``, ``samples_per_s``, ...)."""
+
+    evaluations: int | None = None
+    best_value: float | None = None
+    elapsed_s: float | None = None
+    search: str | None = None
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    batch_time_s: float | None = None
+    accuracy: float | None = None
+
+
+class EvaluationData(EventData):
+    """A plan the search evaluated, its value and where the value came from."""
+
+    plan: dict[str, Any] | None = None
+    value: float | None = None
+    batch_time_s: float | None = None
+    predicted_batch_time_s: float | None = None
+    source: str | None = None
+    search: str | None = None
+    observation: dict[str, Any] | None = None
+
+
+class CheckpointData(EventData):
+    """A checkpoint written after ``step``, at ``path``."""
+
+    step: int | None = None
+    path: str | None = None
+
+
+class WaitingData(EventData):
+    """The devices a job waits for and the jobs that hold them (empty: it has them now,
+    after ``waited_s``)."""
+
+    devices: list[str] | None = None
+    held_by: list[str] | None = None
+    waited_s: float | None = None
+
+
+class ErrorData(EventData):
+    """Why the job failed, one line."""
+
+    message: str | None = None
+
+
+EVENT_DATA: dict[EventType, type[EventData]] = {
+    EventType.PROGRESS: ProgressData,
+    EventType.EVALUATION: EvaluationData,
+    EventType.CHECKPOINT: CheckpointData,
+    EventType.WAITING: WaitingData,
+    EventType.ERROR: ErrorData,
+}
+"""The ``data`` of each event type that has known fields; a ``measurement``, ``replan`` or
+``result`` carries a document of its own (a ``result``: the job's result)."""
+
+
+def _data_by_type(schema: dict[str, Any]) -> None:
+    """State in an event's JSON schema that its ``data`` is its type's (:data:`EVENT_DATA`)."""
+    schema["allOf"] = [
+        {
+            "if": {"properties": {"type": {"const": kind.value}}, "required": ["type"]},
+            "then": {"properties": {"data": model.model_json_schema()}},
+        }
+        for kind, model in EVENT_DATA.items()
+    ]
+
+
 class EventIn(BaseModel):
     """``POST /v1/jobs/{id}/events`` (the control endpoint, with the job's token). Idempotent
-    on ``seq``: a repeated seq is acknowledged and not stored twice."""
+    on ``seq``: a repeated seq is acknowledged and not stored twice. The ``data`` of a type
+    of :data:`EVENT_DATA` is checked as that model when it is posted
+    (:func:`service.api.validation.check_event_data`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_data_by_type)
 
     seq: int = Field(ge=0, le=SEQ_MAX)
     type: EventType

@@ -48,7 +48,14 @@ from pipeplan.executor.loss import LossSpec
 from pipeplan.executor.pipeline import RunConfig, check_engine
 from pipeplan.models import zoo
 from pipeplan.models.spec import check_input, names_code, reference_kind
-from pipeplan.service.api.schemas import FIELD_BOUNDS, SPEC_MODELS, JobCreate, JobKind
+from pipeplan.service.api.schemas import (
+    EVENT_DATA,
+    FIELD_BOUNDS,
+    SPEC_MODELS,
+    EventIn,
+    JobCreate,
+    JobKind,
+)
 from pipeplan.service.api.training import is_job_ref
 from pipeplan.service.tasks.live import source_of
 from pipeplan.service.tasks.requests import (
@@ -403,6 +410,21 @@ def validate_simulate(request: SimulateRequest) -> None:
             and s["microbatch"] >= 1
         )
         _limit("plan.stages", ops, MAX_SIMULATED_OPS, " microbatches over all stages")
+
+
+def check_event_data(events: Sequence[EventIn], batch: bool) -> None:
+    """Each event's ``data`` as its type's model (:data:`~service.api.schemas.EVENT_DATA`),
+    as the document states it; :class:`RequestError` naming the field and the value."""
+    for i, event in enumerate(events):
+        model = EVENT_DATA.get(event.type)
+        if model is None:
+            continue
+        try:
+            model.model_validate(event.data)
+        except ValidationError as e:
+            where = f"batch.{i}.data" if batch else "data"
+            errors = [{**err, "loc": (where, *err["loc"])} for err in e.errors()]
+            raise RequestError(one_line(errors)) from None
 
 
 class BodyLimit:

@@ -5,6 +5,7 @@
 - every kind has its model in ``POST /v1/jobs``'s union, and its spec's fields are its
   request model's;
 - the cursor's pattern admits every cursor the store issues and only cursors it reads;
+- an event's ``data`` is its type's, as the document states it;
 - ``GET /v1/jobs/{id}?wait=S`` answers as soon as the job ends, or with the job as it is
   after ``S`` seconds; ``wait`` beyond its bound is 422 naming it; the hand-written client
   (:mod:`service.client`, which parses every answer with the API's own models) waits so.
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 
 from pipeplan.service.api.routes.jobs import CURSOR_PATTERN, MAX_WAIT_S
 from pipeplan.service.api.schemas import (
+    EVENT_DATA,
     FIELD_BOUNDS,
     REQUEST_SPECS,
     SPEC_MODELS,
@@ -39,6 +41,7 @@ from pipeplan.service.api.store.jobs import _decode_cursor, _encode_cursor
 from pipeplan.service.client import Client
 from tests.service.api.conftest import (  # noqa: F401  (the API tests' fixtures)
     API_TOKEN,
+    FakeBackend,
     api_settings,
     app,
     app_client,
@@ -208,3 +211,47 @@ def test_the_hand_written_client_waits_with_the_service(
     ended = client.get(job.id, wait=20)
     timer.join()
     assert ended.state is JobState.SUCCEEDED and ended.result == {"plan": {}}
+
+
+# --- events: the data of each type --------------------------------------------------------
+
+
+def test_the_document_states_each_event_types_data(app: FastAPI) -> None:
+    event = app.openapi()["components"]["schemas"]["EventIn"]
+    stated = {c["if"]["properties"]["type"]["const"]: c["then"] for c in event["allOf"]}
+    assert set(stated) == {kind.value for kind in EVENT_DATA}
+    progress = stated["progress"]["properties"]["data"]["properties"]
+    assert {"evaluations", "best_value", "elapsed_s", "step", "loss"} <= set(progress)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"seq": 0, "type": "progress", "data": {"evaluations": "many"}}, "data.evaluations:"),
+        ({"seq": 0, "type": "checkpoint", "data": {"step": 1.5}}, "data.step:"),
+        ([{"seq": 0, "type": "error", "data": {"message": 3}}], "batch.0.data.message:"),
+    ],
+)
+def test_an_event_whose_data_is_not_its_types_is_422_naming_the_field(
+    app_client: TestClient, fake_backend: FakeBackend, body: Any, message: str
+) -> None:
+    job_id = _job(app_client)
+    as_job = {"Authorization": f"Bearer {fake_backend.token_of(job_id)}"}
+    r = app_client.post(f"/v1/jobs/{job_id}/events", json=body, headers=as_job)
+    assert r.status_code == 422 and r.json()["detail"].startswith(message), r.text
+    assert app_client.get(f"/v1/jobs/{job_id}/events").json() == []
+
+
+def test_an_event_may_carry_more_than_its_types_fields(
+    app_client: TestClient, fake_backend: FakeBackend
+) -> None:
+    job_id = _job(app_client)
+    as_job = {"Authorization": f"Bearer {fake_backend.token_of(job_id)}"}
+    data = {"evaluations": 3, "best_value": None, "phase": "warm-up"}
+    r = app_client.post(
+        f"/v1/jobs/{job_id}/events",
+        json={"seq": 0, "type": "progress", "data": data},
+        headers=as_job,
+    )
+    assert r.status_code == 200, r.text
+    assert app_client.get(f"/v1/jobs/{job_id}/events").json()[0]["data"] == data

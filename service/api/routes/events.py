@@ -18,6 +18,7 @@ from pipeplan.service.api.deps import CalibratorDep, MetricsDep, SettingsDep, St
 from pipeplan.service.api.routes.jobs import JobId, refuse_other_methods
 from pipeplan.service.api.schemas import SEQ_MAX, Event, EventAck, EventPost, error_responses
 from pipeplan.service.api.store import Store
+from pipeplan.service.api.validation import check_event_data
 
 MAX_EVENTS = 10_000
 STREAM = "text/event-stream"
@@ -96,10 +97,12 @@ def post_event(
     acknowledgement per event, in order: a job whose search outruns the network sends what
     has queued in one request.
 
-    A measured plan's ``observation`` (in an ``evaluation`` event) is checked before
-    anything is stored (422 naming the field), stored with its event, and its cluster's
-    calibration refitted in the background (:mod:`service.api.calibration`)."""
+    Each event's ``data`` is checked as its type's model (the document states them), and
+    a measured plan's ``observation`` (in an ``evaluation`` event), before anything is
+    stored (422 naming the field); the observation is stored with its event, and its
+    cluster's calibration refitted in the background (:mod:`service.api.calibration`)."""
     batch = posted if isinstance(posted, list) else [posted]
+    check_event_data(batch, isinstance(posted, list))
     observations = parse_observations(batch, store)
     stored = store.add_events(job_id, batch, observations)
     new_seqs = {e.seq for e, new in zip(batch, stored, strict=True) if new}
