@@ -37,6 +37,8 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_FILE = ROOT / "examples/clusters/local-hetero.yaml"
 SPEC = ClusterSpec.load(CLUSTER_FILE)
+CLUSTER_OPTIONS = {"keep_awake": False}
+"""No run here is emulated: no idle-priority spinners on the cores (the module's cluster)."""
 GPT = {"n_layer": 2, "d_model": 32, "n_head": 2, "n_ctx": 8, "vocab_size": 50}
 MODEL = ModelSource("gpt", 8, seed=2, options=GPT)
 ADAM = OptimizerConfig("adam", lr=0.01)
