@@ -255,3 +255,12 @@ def test_an_event_may_carry_more_than_its_types_fields(
     )
     assert r.status_code == 200, r.text
     assert app_client.get(f"/v1/jobs/{job_id}/events").json()[0]["data"] == data
+
+
+def test_the_documents_examples_are_taken(app: FastAPI, app_client: TestClient) -> None:
+    body = app.openapi()["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    examples = body["application/json"]["examples"]
+    assert {"plan", "compare", "profile"} <= set(examples)
+    for name, example in examples.items():
+        r = app_client.post("/v1/jobs", json=example["value"])
+        assert r.status_code == 201, (name, r.text)

@@ -77,6 +77,37 @@ def refuse_other_methods(target: APIRouter, path: str, allowed: Iterable[str]) -
     target.add_api_route(path, method_not_allowed, methods=methods, include_in_schema=False)
 
 
+JOB_EXAMPLES: dict[str, Any] = {
+    "plan": {
+        "summary": "Plan AlexNet on a preset with dynamic programming",
+        "value": {
+            "kind": "plan",
+            "name": "first",
+            "spec": {"cluster": "local-hetero", "model": "alexnet", "planner": "dp"},
+        },
+    },
+    "compare": {
+        "summary": "Compare planners on GPT for the cheapest plan at 500 samples/s",
+        "value": {
+            "kind": "compare",
+            "spec": {
+                "cluster": "cloud-mix",
+                "model": "gpt",
+                "objective": "cost",
+                "min_throughput": 500,
+                "planners": ["dp", "greedy"],
+            },
+        },
+    },
+    "profile": {
+        "summary": "Profile ResNet-50 with the cost model",
+        "value": {"kind": "profile", "spec": {"model": "resnet50"}},
+    },
+}
+"""Requests of ``POST /v1/jobs`` the service takes, shown in the document (and tried by
+schemathesis)."""
+
+
 JOB_LINKS: dict[str, Any] = {
     name: {
         "operationId": operation,
@@ -129,7 +160,7 @@ def submit(
     },
 )
 def create_job(
-    request: Annotated[JobRequest, Body()],
+    request: Annotated[JobRequest, Body(openapi_examples=JOB_EXAMPLES)],
     who: SubmitAuth,
     store: StoreDep,
     backend: BackendDep,
