@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Any
 
 from pipeplan.service.api.auth import hash_token, new_job_token
@@ -35,18 +36,23 @@ from pipeplan.service.api.store import JobFinished, Store, now
 
 log = logging.getLogger("pipeplan.service")
 
+_one_at_a_time = threading.Lock()
+"""One dispatch at a time in this process (the loop's and a submission's)."""
+
 
 def start(job: Job, store: Store, backend: JobsBackend, server_url: str) -> Job:
-    """Hand ``job`` to the backend with a token of its own (only its hash is kept); a
-    backend that refuses it ends it ``failed`` with the reason."""
+    """Hand held ``job`` to the backend with a token of its own (only its hash is kept);
+    a job another dispatch took meanwhile is left to it, and a backend that refuses it ends
+    it ``failed`` with the reason."""
     token = new_job_token()
-    store.set_token_hash(job.id, hash_token(token))
+    if not store.claim_start(job.id, hash_token(token)):
+        return store.get_job(job.id)
     try:
         ray_job_id = backend.submit(Submission(job.id, server_url, token))
     except Exception as e:  # whatever the backend raises, the job fails with its reason
         return store.finish(job.id, JobState.FAILED, error=f"submit: {type(e).__name__}: {e}")
-    store.set_ray_job_id(job.id, ray_job_id)
-    store.set_waiting_for(job.id, None)
+    if ray_job_id != job.id:
+        store.set_ray_job_id(job.id, ray_job_id)
     return store.get_job(job.id)
 
 
@@ -69,6 +75,11 @@ def dispatch(store: Store, backend: JobsBackend, server_url: str) -> list[str]:
     """Walk the queued jobs in start order: fail those past their deadline, start the held
     ones whose turn it is (module docstring), tell the others whom they are behind; the ids
     of the jobs started."""
+    with _one_at_a_time:
+        return _dispatch(store, backend, server_url)
+
+
+def _dispatch(store: Store, backend: JobsBackend, server_url: str) -> list[str]:
     started: list[str] = []
     ahead: list[str] = []
     for job in start_order(store.queued_jobs()):

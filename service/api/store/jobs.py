@@ -264,12 +264,22 @@ class JobStore(TokenStore):
         with self.engine.connect() as conn:
             return Counter({(s, k): int(n) for s, k, n in conn.execute(query).all()})
 
-    def set_token_hash(self, job_id: str, token_hash: str) -> None:
-        """The hash of the token the job's work is handed (when it starts)."""
+    def claim_start(self, job_id: str, token_hash: str) -> bool:
+        """Mark a held job as handed to the backend (``ray_job_id``: its own id, the
+        backend's submission id) with the hash of the token its work gets; False when it
+        is not held any more (another dispatch took it, or it ended)."""
+        j = self.jobs
         with self.engine.begin() as conn:
-            conn.execute(
-                update(self.jobs).where(self.jobs.c.id == job_id).values(token_hash=token_hash)
+            done = conn.execute(
+                update(j)
+                .where(
+                    j.c.id == job_id,
+                    j.c.state == JobState.QUEUED.value,
+                    j.c.ray_job_id.is_(None),
+                )
+                .values(token_hash=token_hash, ray_job_id=job_id, waiting_for=None)
             )
+        return done.rowcount > 0
 
     def set_ray_job_id(self, job_id: str, ray_job_id: str) -> None:
         with self.engine.begin() as conn:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Plan, Stage
 from pipeplan.executor.local.persistent_cluster import (
     PersistentCluster,
     is_running,
@@ -30,8 +31,9 @@ from pipeplan.executor.local.persistent_cluster import (
 from pipeplan.executor.ray_jobs import RayJobs
 from pipeplan.service.api.backend import BackendState, Submission
 from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV, RayJobsBackend
-from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.common import cluster_spec, zoo_profile
 from pipeplan.service.tasks.plan import PlanRequest, plan
+from pipeplan.service.tasks.progress import QUIET
 from tests.core.test_formats import PROFILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -222,6 +224,49 @@ def test_a_measured_profile_job_times_the_layers_on_the_jobs_cluster(service: Se
     assert doc["name"] == "digits_cnn" and len(doc["layers"]) > 3
     events = service.client.get(f"/v1/jobs/{job['id']}/events").json()
     assert events[-1]["type"] == "result" and events[-1]["data"] == doc
+
+
+def solo_run() -> dict[str, Any]:
+    """A ``run`` job of digits_cnn in one stage on the module's one device."""
+    solo = ClusterSpec(
+        "solo", cluster_spec("local-hetero").device_types, (Node("n0", {"fast": 1}),)
+    )
+    plan_doc = Plan(16, (Stage((0, 8), ("n0/fast:0",), 8),)).to_dict()
+    profile = zoo_profile("digits_cnn", None, QUIET).to_dict()
+    return {"plan": plan_doc, "profile": profile, "cluster": solo.to_dict(), "steps": 6}
+
+
+def test_two_runs_on_one_device_take_turns_and_leave_no_placement_group(
+    service: Service,
+) -> None:
+    """The second job waits, queued, saying the first holds its device, then succeeds: held
+    back by the queue at first; if it reaches Ray while the first still holds the device
+    (timing), its ``waiting`` events name the device and the first job. The executor's test
+    of the reservation itself is in ``tests/executor/test_failures.py``."""
+    spec = solo_run()
+    first, second = (
+        service.client.post("/v1/jobs", json={"kind": "run", "spec": spec}).json() for _ in range(2)
+    )
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        job = service.client.get(f"/v1/jobs/{second['id']}").json()
+        if job["waiting_for"] and job["waiting_for"] not in seen:
+            seen.append(job["waiting_for"])
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.2)
+    done = [wait_done(service.client, j["id"]) for j in (first, second)]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], [j["error"] for j in done]
+    assert {"behind": [first["id"]]} in seen or any(
+        w.get("held_by") == [first["id"]] for w in seen
+    ), seen
+    events = service.client.get(f"/v1/jobs/{second['id']}/events").json()
+    waits = [e["data"] for e in events if e["type"] == "waiting"]
+    if waits:  # it reached Ray while the first held the device: it said so, then got it
+        assert waits[0] == {"devices": ["n0/fast:0"], "held_by": [first["id"]]}
+        assert waits[-1]["devices"] == [] and waits[-1]["waited_s"] > 0
+    assert done[1]["started_at"] >= done[0]["started_at"]
 
 
 def test_a_wrong_ray_token_is_named_by_ready(service: Service) -> None:
