@@ -217,6 +217,10 @@ def jobs_table(page: JobPage) -> Table:
     for job in page.items:
         style = STATE_STYLE.get(job.state.value)
         state = f"[{style}]{job.state.value}[/{style}]" if style else job.state.value
+        if job.waiting_for and job.waiting_for.get("devices"):
+            state += " (devices held)"
+        elif job.waiting_for and job.waiting_for.get("behind"):
+            state += f" ({len(job.waiting_for['behind'])} ahead)"
         table.add_row(
             job.id,
             job.kind.value,
@@ -263,6 +267,11 @@ def job_lines(job: Job) -> list[str]:
         lines.append(f"predictions     {predictions_line(job)}")
     if job.waiting_for and job.waiting_for.get("devices"):
         lines.append(f"waiting for     {waiting(job.waiting_for)}")
+    elif job.waiting_for and job.waiting_for.get("behind"):
+        lines.append(f"waiting for     its turn, behind {', '.join(job.waiting_for['behind'])}")
+    if job.priority or job.deadline_s:
+        deadline = f", deadline {job.deadline_s:g} s" if job.deadline_s else ""
+        lines.append(f"priority        {job.priority}{deadline}")
     if job.ray_job_id:
         lines.append(f"ray job         {job.ray_job_id}")
     if job.progress and ("evaluations" in job.progress or "step" in job.progress):

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+from rich.console import Console
+from rich.table import Table
 
 from pipeplan.service.api.app import create_app
 from pipeplan.service.api.auth import hash_token
 from pipeplan.service.api.backend import BackendState, BackendStatus
 from pipeplan.service.api.calibration_fit import FitWorker
-from pipeplan.service.api.schemas import EventIn, EventType, Job, JobKind, JobState
+from pipeplan.service.api.schemas import EventIn, EventType, Job, JobKind, JobPage, JobState
 from pipeplan.service.api.store import Store
-from pipeplan.service.cli.job_view import job_lines
+from pipeplan.service.cli.job_view import job_lines, jobs_table
 from pipeplan.service.web.format import waiting
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 
@@ -117,6 +119,10 @@ def test_device_jobs_start_one_at_a_time_in_priority_then_age_order(
     app_client.get("/v1/queue")  # the service's loop starts the next in its turn
     assert _wait_for(lambda: _started(fake_backend) == [first, planned, high])
     assert app_client.get(f"/v1/jobs/{low}").json()["waiting_for"] == {"behind": [high]}
+    lines = job_lines(app_client_job(app_client, low))
+    assert "waiting for     its turn, behind " + high in lines
+    table = _text(jobs_table(JobPage.model_validate(app_client.get("/v1/jobs").json())))
+    assert "queued (1 ahead)" in table
     _running(app_client, fake_backend, high)
     assert _wait_for(lambda: _started(fake_backend)[-1] == low)
     assert app_client.get(f"/v1/jobs/{low}").json()["waiting_for"] is None
@@ -159,6 +165,12 @@ def test_held_jobs_outlive_a_restart_and_start_in_turn(
         assert _started(fake_backend) == [first, second]
         token = fake_backend.token_of(second)
         assert c.get(f"/v1/jobs/{second}", headers={"Authorization": f"Bearer {token}"}).is_success
+
+
+def _text(table: Table) -> str:
+    console = Console(width=200, record=True)
+    console.print(table)
+    return console.export_text()
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
