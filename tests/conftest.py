@@ -17,6 +17,7 @@ module's tests, stopped after the module.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
 import signal
@@ -140,3 +141,11 @@ def ray_local() -> Iterator[Any]:
         yield runtime
     finally:
         runtime.shutdown()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every object alive once the tests are collected (the imported modules: torch, Ray,
+    RLlib, the API, ...; the test items) is moved out of the garbage collector's sight: it
+    would otherwise walk them all at each full collection, and a test that makes many
+    objects (Optuna's trials) then runs 2-5x slower late in a session than alone."""
+    gc.freeze()
