@@ -41,6 +41,7 @@ from pipeplan.service.api.pool import PlannerPool, route_jobs
 from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.ray_jobs import RayJobsBackend
 from pipeplan.service.api.routes import (
+    artifacts,
     catalog,
     dashboard,
     events,
@@ -231,8 +232,19 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.context = context
-    routers = (jobs, queue, events, simulate, catalog, health, metrics, tokens, plan, dashboard)
-    for module in routers:
+    for module in (
+        jobs,
+        artifacts,
+        queue,
+        events,
+        simulate,
+        catalog,
+        health,
+        metrics,
+        tokens,
+        plan,
+        dashboard,
+    ):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_handlers(app)
