@@ -23,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,7 +54,7 @@ from pipeplan.service.api.routes import (
     simulate,
     tokens,
 )
-from pipeplan.service.api.schemas import Job, JobState
+from pipeplan.service.api.schemas import Job, JobState, result_schemas
 from pipeplan.service.api.settings import Settings, get_settings, resolve_token
 from pipeplan.service.api.store import BadCursor, JobFinished, JobNotFound, Store, now
 from pipeplan.service.api.validation import BodyLimit, one_line
@@ -201,6 +202,19 @@ def default_backend(settings: Settings) -> JobsBackend:
     return RayJobsBackend(settings.ray_address)
 
 
+def _document_results(app: FastAPI) -> None:
+    """Put each kind's result model in the document's components, where ``Job.result``
+    refers to them (no route names them, so FastAPI would leave them out)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        doc = build()
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(result_schemas())
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(
     settings: Settings | None = None,
     store: Store | None = None,
@@ -246,6 +260,7 @@ def create_app(
         dashboard,
     ):
         app.include_router(module.router)
+    _document_results(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

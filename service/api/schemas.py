@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic.json_schema import models_json_schema
 
 from pipeplan.agents.registry import PLANNERS
 from pipeplan.core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES
@@ -353,8 +354,116 @@ def job_create(request: AnyJobRequest) -> JobCreate:
     )
 
 
+# --- results: what each kind's job ends with -------------------------------------------------
+
+
+class ResultDoc(BaseModel):
+    """A result document: the fields every client may rely on are stated; the rest of the
+    document (nested plan, estimate and measurement documents: DESIGN's formats) is kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ProfileJobResult(ResultDoc):
+    """``profile``: the profile document."""
+
+    name: str
+    input_shape: list[int]
+    layers: list[dict[str, Any]]
+
+
+class PlanJobResult(ResultDoc):
+    """``plan``: what ``pipeplan plan --json`` prints."""
+
+    plan: dict[str, Any]
+    estimate: dict[str, Any]
+    planner: str
+    evaluations: int
+    wall_time_s: float
+    rental: dict[str, Any] | None = None
+    """``objective: cost``: the devices to rent and what they cost."""
+    reward: str | None = None
+    measured: dict[str, Any] | None = None
+    """A measured search: the best plan's run on the cluster."""
+
+
+class CompareJobResult(ResultDoc):
+    """``compare``: the rows ``pipeplan compare --json`` prints."""
+
+    problem: str
+    objective: str
+    exact_reference: str | None
+    best: str | None
+    results: list[dict[str, Any]]
+
+
+class RunJobResult(ResultDoc):
+    """``run``: the run, measured beside predicted, and their relative errors."""
+
+    model: str
+    cluster: str
+    emulated: bool
+    plan: dict[str, Any]
+    predicted: dict[str, Any]
+    measured: dict[str, Any]
+    error: dict[str, Any]
+
+
+class TrainJobResult(ResultDoc):
+    """``train``: the plan trained on, each step, the last checkpoint, the loss curve and the
+    step time measured beside predicted."""
+
+    plan: dict[str, Any]
+    first_step: int
+    steps: list[dict[str, Any]]
+    checkpoint: str | None
+    resumed_from: str | None
+    loss_curve: list[float | None]
+    measured_step_s: float | None
+    predicted_step_s: float | None
+
+
+def result_schemas() -> dict[str, Any]:
+    """The JSON schemas of :data:`RESULTS` (and what they refer to), by name, for the
+    document's components (``Job.result`` refers to them)."""
+    _, defs = models_json_schema(
+        [(m, "validation") for m in RESULTS.values()], ref_template=REF_TEMPLATE
+    )
+    found: dict[str, Any] = defs.get("$defs", {})
+    return found
+
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+RESULTS: dict[JobKind, type[ResultDoc]] = {
+    JobKind.PROFILE: ProfileJobResult,
+    JobKind.PLAN: PlanJobResult,
+    JobKind.COMPARE: CompareJobResult,
+    JobKind.RUN: RunJobResult,
+    JobKind.TRAIN: TrainJobResult,
+}
+"""Each kind's result document as the API states it (the document's ``Job.result`` is one of
+them, by the job's ``kind``; a test checks each use-case's result reads as its model)."""
+
+
+def _result_schema(schema: dict[str, Any]) -> None:
+    """``Job.result`` in the document: null, or the result of the job's ``kind``."""
+    schema["properties"]["result"] = {
+        "anyOf": [
+            *({"$ref": f"#/components/schemas/{m.__name__}"} for m in RESULTS.values()),
+            {"type": "null"},
+        ],
+        "description": "null until the job succeeds; then the result of its kind "
+        "(profile: ProfileJobResult, plan: PlanJobResult, compare: CompareJobResult, "
+        "run: RunJobResult, train: TrainJobResult)",
+    }
+
+
 class Job(BaseModel):
-    """A job as the API returns it."""
+    """A job as the API returns it (its ``result``: the document of its kind,
+    :data:`RESULTS`)."""
+
+    model_config = ConfigDict(json_schema_extra=_result_schema)
 
     id: str
     kind: JobKind

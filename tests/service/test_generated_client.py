@@ -35,6 +35,9 @@ RESULT = {
         "stages": [{"layers": [0, 8], "devices": ["n0/fast:0"], "microbatch": 8}],
     },
     "estimate": {"batch_time_s": 0.25, "throughput": 128.0},
+    "planner": "dp",
+    "evaluations": 12,
+    "wall_time_s": 0.05,
 }
 
 
@@ -95,7 +98,9 @@ def test_a_generated_client_plans_follows_and_reads_the_result(
     r = app_client.get(f"/v1/jobs/{job.id}", params={"wait": 5})
     done = api.Job.model_validate(r.json())
     assert done.state == api.JobState.succeeded and done.name == "generated"
-    assert done.result["estimate"]["batch_time_s"] == 0.25
+    assert isinstance(done.result, api.PlanJobResult)  # typed: the document says how
+    assert done.result.planner == "dp" and done.result.evaluations == 12
+    assert done.result.estimate["batch_time_s"] == 0.25
 
 
 def test_the_generated_models_refuse_what_the_document_refuses(api: ModuleType) -> None:

@@ -19,6 +19,7 @@ from pipeplan.executor import runtime
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.measured_reward import MeasuredReward
 from pipeplan.executor.model import ModelSource
+from pipeplan.service.api.schemas import RunJobResult
 from tests.service.runner import run_cli as cli
 
 HETERO = ClusterSpec.load(Path(__file__).parents[2] / "examples/clusters/local-hetero.yaml")
@@ -116,6 +117,7 @@ def test_run_json_gives_measured_and_predicted_batch_times(  # type: ignore[no-u
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)
+    RunJobResult.model_validate(doc)  # a run job's result is this document, as the API states
     measured, predicted = doc["measured"], doc["predicted"]
     assert doc["emulated"] is True and "EMULATED" in measured["note"]
     assert doc["profile"] == "profile measured on the cluster"

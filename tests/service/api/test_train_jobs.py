@@ -21,6 +21,7 @@ from pipeplan.core.plan import Plan
 from pipeplan.executor.train import TrainResult, TrainStep
 from pipeplan.service.api.app import create_app
 from pipeplan.service.api.calibration_fit import FitWorker
+from pipeplan.service.api.schemas import TrainJobResult
 from pipeplan.service.api.settings import Settings
 from pipeplan.service.api.store import Store
 from pipeplan.service.cli import job as job_entry
@@ -156,6 +157,7 @@ def test_a_train_jobs_result_is_the_use_cases_document(done: dict[str, Any]) -> 
     }
     assert result["plan"] == Plan.from_dict(PLAN).to_dict()
     assert result["loss_curve"] == list(LOSSES)
+    assert TrainJobResult.model_validate(result).model_extra == {}
     assert result["checkpoint"].endswith("step-3")
     assert result["measured_step_s"] == pytest.approx((8 / 1000 + 8 / 1200) / 2)  # steps 2, 3
     assert result["predicted_step_s"] == 0.007
@@ -268,6 +270,7 @@ def test_a_train_job_trains_on_the_cluster_and_resumes_from_its_job_id(
     job = client.get(f"/v1/jobs/{first}").json()
     assert job["state"] == "succeeded", job["error"]
     assert len(job["result"]["loss_curve"]) == 2 and job["result"]["checkpoint"] is not None
+    assert TrainJobResult.model_validate(job["result"]).model_extra == {}  # as documented
     events = client.get(f"/v1/jobs/{first}/events").json()
     assert [e["data"]["step"] for e in events if e["type"] == "checkpoint"] == [2]
 
