@@ -37,7 +37,6 @@ from starlette.concurrency import run_in_threadpool
 from pipeplan.service.api.deps import ContextDep, StoreDep
 from pipeplan.service.api.schemas import JOB_ID_PATTERN
 from pipeplan.service.api.store import JobNotFound, Store
-from pipeplan.service.api.store.database import now
 from pipeplan.service.api.tokens import Role
 
 bearer = HTTPBearer(auto_error=False, description="A user's token (or a job's own token)")
@@ -143,7 +142,7 @@ def identify(token: str, bootstrap: str, store: Store) -> Principal:
     if user is not None:
         if user.revoked_at is not None:
             raise unauthorized(f"token {user.name!r} ({user.id}) was revoked")
-        if not user.valid_at(now()):
+        if not user.valid:
             raise unauthorized(f"token {user.name!r} ({user.id}) expired at {user.expires_at}")
         return Principal(token_id=user.id, name=user.name, role=user.role)
     job_id = store.job_of_token(digest)

@@ -52,7 +52,7 @@ class Token(BaseModel):
     revoked_at: datetime | None = None
     created_by: str | None = None
     valid: bool
-    """Neither revoked nor expired now."""
+    """Neither revoked nor expired when it was read."""
 
 
 class TokenCreated(Token):

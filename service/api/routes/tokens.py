@@ -14,8 +14,7 @@ from pipeplan.service.api.auth import AdminAuth, hash_token, new_user_token
 from pipeplan.service.api.deps import StoreDep
 from pipeplan.service.api.routes.jobs import refuse_other_methods
 from pipeplan.service.api.schemas import error_responses
-from pipeplan.service.api.store.database import now
-from pipeplan.service.api.store.tokens import TokenNotFound, TokenRecord
+from pipeplan.service.api.store.tokens import TokenNotFound
 from pipeplan.service.api.tokens import Token, TokenCreate, TokenCreated
 
 TOKEN_ID_PATTERN = r"^tk-[0-9a-f]{1,32}$"
@@ -26,20 +25,6 @@ router = APIRouter(
 )
 
 
-def shown(record: TokenRecord) -> Token:
-    """What the API shows of a stored token."""
-    return Token(
-        id=record.id,
-        name=record.name,
-        role=record.role,
-        created_at=record.created_at,
-        expires_at=record.expires_at,
-        revoked_at=record.revoked_at,
-        created_by=record.created_by,
-        valid=record.valid_at(now()),
-    )
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_token(create: TokenCreate, who: AdminAuth, store: StoreDep) -> TokenCreated:
     """Make a token for ``name`` with ``role``; its secret is in this answer only."""
@@ -47,13 +32,13 @@ def create_token(create: TokenCreate, who: AdminAuth, store: StoreDep) -> TokenC
     record = store.create_token(
         create.name, create.role, hash_token(secret), create.expires_at, who.token_id
     )
-    return TokenCreated(**shown(record).model_dump(), token=secret)
+    return TokenCreated(**record.model_dump(), token=secret)
 
 
 @router.get("")
 def list_tokens(_: AdminAuth, store: StoreDep) -> list[Token]:
     """Every token made here, revoked and expired ones too, oldest first."""
-    return [shown(r) for r in store.list_tokens()]
+    return store.list_tokens()
 
 
 @router.delete("/{token_id}", responses=error_responses(404))
@@ -63,7 +48,7 @@ async def revoke_token(token_id: TokenId, _: AdminAuth, store: StoreDep) -> Toke
         record = await run_in_threadpool(store.revoke_token, token_id)
     except TokenNotFound as e:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(e)) from None
-    return shown(record)
+    return record
 
 
 refuse_other_methods(router, "", ("GET", "POST"))

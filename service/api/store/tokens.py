@@ -1,13 +1,13 @@
-"""Users: the ``tokens`` table and :class:`TokenStore`. A token has a name, a role and an
-optional expiry; only the SHA-256 of its secret is stored, so the secret is shown once,
-when it is made. Revoking keeps the row (who made which job stays readable) and stamps
-``revoked_at``; a revoked or expired token authenticates no more.
+"""Users: the ``tokens`` table and :class:`TokenStore`, which reads its rows as the API
+shows them (:class:`~service.api.tokens.Token`, ``valid`` as of the read). A token has a
+name, a role and an optional expiry; only the SHA-256 of its secret is stored, so the
+secret is shown once, when it is made. Revoking keeps the row (who made which job stays
+readable) and stamps ``revoked_at``; a revoked or expired token authenticates no more.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -15,30 +15,13 @@ from sqlalchemy import Column, DateTime, MetaData, Row, String, Table, Text, ins
 
 from pipeplan.service.api.store.calibrations import CalibrationStore
 from pipeplan.service.api.store.database import now, utc
-from pipeplan.service.api.tokens import Role
+from pipeplan.service.api.tokens import Role, Token
 
 
 class TokenNotFound(LookupError):
     def __init__(self, token_id: str) -> None:
         super().__init__(f"token {token_id!r}: no such token")
         self.token_id = token_id
-
-
-@dataclass(frozen=True)
-class TokenRecord:
-    """One stored token, without its secret."""
-
-    id: str
-    name: str
-    role: Role
-    created_at: datetime
-    expires_at: datetime | None = None
-    revoked_at: datetime | None = None
-    created_by: str | None = None
-
-    def valid_at(self, when: datetime) -> bool:
-        """Neither revoked nor expired at ``when``."""
-        return self.revoked_at is None and (self.expires_at is None or when < self.expires_at)
 
 
 def new_token_id() -> str:
@@ -68,16 +51,18 @@ class TokenStore(CalibrationStore):
         super().__init__(url, prefix)
         self.tokens = token_table(self.metadata, prefix)
 
-    def _token(self, row: Row[Any]) -> TokenRecord:
+    def _token(self, row: Row[Any]) -> Token:
         m = row._mapping
-        return TokenRecord(
+        expires, revoked = utc(m["expires_at"]), utc(m["revoked_at"])
+        return Token(
             id=m["id"],
             name=m["name"],
             role=Role(m["role"]),
             created_at=utc(m["created_at"]) or now(),
-            expires_at=utc(m["expires_at"]),
-            revoked_at=utc(m["revoked_at"]),
+            expires_at=expires,
+            revoked_at=revoked,
             created_by=m["created_by"],
+            valid=revoked is None and (expires is None or now() < expires),
         )
 
     def create_token(
@@ -87,7 +72,7 @@ class TokenStore(CalibrationStore):
         secret_hash: str,
         expires_at: datetime | None = None,
         created_by: str | None = None,
-    ) -> TokenRecord:
+    ) -> Token:
         """A new token whose secret hashes to ``secret_hash``."""
         token_id = new_token_id()
         with self.engine.begin() as conn:
@@ -104,27 +89,27 @@ class TokenStore(CalibrationStore):
             )
         return self.get_token(token_id)
 
-    def get_token(self, token_id: str) -> TokenRecord:
+    def get_token(self, token_id: str) -> Token:
         with self.engine.connect() as conn:
             row = conn.execute(select(self.tokens).where(self.tokens.c.id == token_id)).first()
         if row is None:
             raise TokenNotFound(token_id)
         return self._token(row)
 
-    def token_by_hash(self, secret_hash: str) -> TokenRecord | None:
+    def token_by_hash(self, secret_hash: str) -> Token | None:
         """The token whose secret hashes to ``secret_hash`` (valid or not), else None."""
         query = select(self.tokens).where(self.tokens.c.secret_hash == secret_hash)
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
         return None if row is None else self._token(row)
 
-    def list_tokens(self) -> list[TokenRecord]:
+    def list_tokens(self) -> list[Token]:
         """Every token, revoked and expired ones too, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(self.tokens).order_by(self.tokens.c.created_at)).all()
         return [self._token(r) for r in rows]
 
-    def revoke_token(self, token_id: str) -> TokenRecord:
+    def revoke_token(self, token_id: str) -> Token:
         """Stamp ``revoked_at`` (once: revoking again keeps the first time)."""
         with self.engine.begin() as conn:
             conn.execute(
