@@ -176,6 +176,8 @@ def execute(job: dict[str, Any], channel: EventChannel) -> int:
         claimant = Claimant(str(job["id"]), None, reporter.waiting, reporter.granted)
         with claiming(claimant):
             doc = run_use_case(kind, request, reporter).to_dict()
+        if isinstance(request, ProblemRequest) and request.devices == "free":
+            doc["assumed_devices"] = list(cluster_spec(request.cluster).device_ids)
         for m in measurements(kind, doc):
             reporter.measurement(m)
         channel.emit(EventType.RESULT.value, doc)

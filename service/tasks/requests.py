@@ -133,6 +133,10 @@ class ProblemRequest(ModelFields):
     microbatches: int | None = None
     seed: int = 0
     budget: BudgetRequest = BudgetRequest()
+    devices: Literal["all", "free"] = "all"
+    """``free``: plan on the devices no reservation holds when the job is submitted (the
+    service narrows ``cluster`` to them, and the result's ``assumed_devices`` names them);
+    ``all``: on every device of ``cluster``."""
 
 
 def check_problem_fields(request: ProblemRequest) -> None:

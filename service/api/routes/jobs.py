@@ -23,6 +23,7 @@ from pipeplan.service.api.auth import (
 from pipeplan.service.api.backend import JobsBackend
 from pipeplan.service.api.calibration import calibrated_job
 from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
+from pipeplan.service.api.free_devices import narrowed
 from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.schemas import (
     JOB_ID_PATTERN,
@@ -169,9 +170,12 @@ def create_job(
     """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
     ``cluster`` becomes the calibrated spec where the service has a calibration for it that
     applies, unless ``calibration`` is false (:mod:`service.api.calibration`). A train
-    job's checkpoint folders are resolved first (:mod:`service.api.training`)."""
+    job's checkpoint folders are resolved first (:mod:`service.api.training`), and a spec
+    with ``devices: free`` is narrowed to the devices free now
+    (:mod:`service.api.free_devices`)."""
     create = job_create(request)
     validate_job(create, allow_code=settings.allow_code)
+    create = create.model_copy(update={"spec": narrowed(create.spec, backend)})
     job_id = new_job_id()
     if create.kind is JobKind.TRAIN:
         spec = train_spec(create.spec, job_id, store, settings.jobs_root)
