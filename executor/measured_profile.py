@@ -78,6 +78,7 @@ from pipeplan.executor.errors import ExecutorError, ExecutorTimeoutError
 from pipeplan.executor.live_cluster import LiveNode, live_nodes
 from pipeplan.executor.model import ModelSource, timing_loss
 from pipeplan.executor.pinning import actor_options
+from pipeplan.executor.reservation import claim
 from pipeplan.models.layer_timing import Clock
 from pipeplan.models.profiler import profile_model
 
@@ -232,17 +233,20 @@ def measure_on_type(
     """Profile ``source`` in one actor pinned to a live node with ``device:TYPE`` (the first
     such node by name); real timings (``clock``: :func:`models.profiler.profile_model`), under
     ``timings[device_type]``; on the node's GPU when ``accelerator`` is ``cuda`` (a node
-    where Ray counts no GPU is refused first). The actor is killed afterwards, whatever
-    happened."""
+    where Ray counts no GPU is refused first). The device is reserved first, as a run's are
+    (:func:`executor.reservation.claim`: it waits while another job holds it); the actor is
+    killed and the device given back afterwards, whatever happened."""
     _check_options(batch_sizes, warmup, repeats, timeout_s)
     nodes = live_nodes() if nodes is None else nodes
     node = _node_for(device_type, nodes)
     where = f"device type {device_type!r} (node {node.name})"
     device = device_id(node.name, device_type, 0)
     check_nodes({device_type: accelerator}, [device], nodes)
-    options = actor_options(device, nodes, accelerator)
-    actor: Any = _Actor.options(**options).remote()
+    reservation = claim([device], nodes, [accelerator])
+    actor: Any = None
     try:
+        options = actor_options(device, nodes, accelerator) | reservation.options(device)
+        actor = _Actor.options(**options).remote()
         ref = actor.profile.remote(
             source,
             device_type,
@@ -257,8 +261,10 @@ def measure_on_type(
         )
         got = _answer(ref, f"profiling model {source.name!r} on {where}", timeout_s)
     finally:
-        with contextlib.suppress(Exception):  # already gone with its node or cluster
-            ray.kill(actor, no_restart=True)
+        if actor is not None:
+            with contextlib.suppress(Exception):  # already gone with its node or cluster
+                ray.kill(actor, no_restart=True)
+        reservation.release()
     if got["node_id"] != node.node_id:
         raise ExecutorError(
             f"profiling on {where}: the actor ran on Ray node {got['node_id']}, not {node.node_id}"

@@ -58,7 +58,7 @@ from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
 from pipeplan.executor.partition import ValueMeta, partition
 from pipeplan.executor.pinning import actor_options, check_feasible, check_shares
-from pipeplan.executor.reservation import POLL_S, Reservation, current_claimant, reserve
+from pipeplan.executor.reservation import Reservation, claim
 from pipeplan.executor.stage import Feed, StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
 from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
@@ -298,13 +298,9 @@ class Pipeline:
     def _reserve(self, nodes: Sequence[LiveNode]) -> Reservation:
         """The plan's devices as one placement group (:mod:`executor.reservation`), for this
         process's claimant: waits while others hold them, as long as the claimant says."""
-        who = current_claimant()
         devices = list(self.plan.devices)
         kinds = [accelerator_of(self.cluster, parse_device_id(d)[1]) for d in devices]
-        granted = reserve(devices, nodes, kinds, who.owner, who.wait_s, who.on_wait)
-        if granted.waited_s > POLL_S and who.on_granted is not None:
-            who.on_granted(granted.waited_s)
-        return granted
+        return claim(devices, nodes, kinds)
 
     def _await_ready(self, refs: dict[Ref, WorkerHandle], node_ids: dict[str, str]) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s

@@ -212,3 +212,15 @@ def reserve(
         with contextlib.suppress(Exception):
             remove_placement_group(group)
         raise
+
+
+def claim(
+    devices: Sequence[str], nodes: Sequence[LiveNode], accelerators: Sequence[str | None]
+) -> Reservation:
+    """:func:`reserve` ``devices`` for this process's claimant (:func:`claiming`): waits as
+    long as it says, tells it while it waits and once the devices came after a wait."""
+    who = current_claimant()
+    granted = reserve(devices, nodes, accelerators, who.owner, who.wait_s, who.on_wait)
+    if granted.waited_s > POLL_S and who.on_granted is not None:
+        who.on_granted(granted.waited_s)
+    return granted
