@@ -26,6 +26,7 @@ import torchvision
 from torch import nn
 
 from pipeplan.core.errors import PipeplanError
+from pipeplan.models import zoo_names
 
 Builder = Callable[..., nn.Module]
 
@@ -189,7 +190,10 @@ _SPECS: dict[str, _Spec] = {
     "digits_cnn": _Spec(_digits, 8, 2, "image1", ("num_classes",)),
 }  # fmt: skip
 
-MODELS: tuple[str, ...] = tuple(_SPECS)
+MODELS: tuple[str, ...] = zoo_names.MODELS
+"""The names :func:`build` takes (in :mod:`models.zoo_names`, which needs no torch)."""
+if tuple(_SPECS) != MODELS:  # one list of names: a builder for each, and no other
+    raise ImportError(f"models.zoo: builders {tuple(_SPECS)} != zoo_names.MODELS {MODELS}")
 
 
 def _check(name: str, spec: _Spec, size: Any, options: dict[str, Any]) -> None:

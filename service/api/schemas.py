@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from pipeplan.agents.registry import PLANNERS
 from pipeplan.core.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES
+from pipeplan.models import zoo_names
 from pipeplan.service.tasks.requests import (
     BudgetRequest,
     CompareRequest,
@@ -191,11 +192,9 @@ only a service with ``PIPEPLAN_ALLOW_CODE`` takes)."""
 
 
 def model_forms() -> list[dict[str, Any]]:
-    """The forms of a ``model``: a zoo name (the zoo is read here, when the document is
-    written, so that importing this module imports no torch) or :data:`MODEL_PATTERNS`."""
-    from pipeplan.models import zoo
-
-    return [{"enum": list(zoo.MODELS)}, *({"pattern": p} for p in MODEL_PATTERNS)]
+    """The forms of a ``model``: a zoo name (:mod:`models.zoo_names`: no torch) or
+    :data:`MODEL_PATTERNS`."""
+    return [{"enum": list(zoo_names.MODELS)}, *({"pattern": p} for p in MODEL_PATTERNS)]
 
 
 def _with_model_forms(prop: dict[str, Any]) -> None:
