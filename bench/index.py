@@ -131,6 +131,16 @@ def service_latency(d: Doc) -> str:
     return "p50 s, one job, Ray Jobs -> pool: " + ", ".join(one)
 
 
+def scheduler(d: Doc) -> str:
+    s = d["summary"]
+    return (
+        f"{len(d['jobs'])} jobs: makespan {s['makespan_s']:.0f} s = "
+        f"{s['makespan_over_bound']:.2f}x the bound, queue wait p50 "
+        f"{s['queue_wait']['p50_s']:.0f} s, overhead without a wait p50 "
+        f"{s['overhead_no_wait']['p50_s']:.1f} s"
+    )
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
     "train": train,
     "train_quick": train,
@@ -149,6 +159,8 @@ HEADLINES: dict[str, Callable[[Doc], str]] = {
     "service_load_quick": service_load,
     "service_latency": service_latency,
     "service_latency_quick": service_latency,
+    "scheduler": scheduler,
+    "scheduler_quick": scheduler,
     "simulator_speed": simulator_speed,
     "plan_quality_realistic": plan_quality_realistic,
 }
