@@ -40,12 +40,14 @@ From the jobs' own timestamps and events (``GET /v1/jobs/{id}``, ``/events``):
   Ray's placement group table, from a process that joins the cluster with its token).
 
 Prints a table; writes ``bench/results/scheduler/<UTC date-time>.json`` and ``.png``
-(``--quick``: fewer jobs, under ``scheduler_quick/``; :mod:`bench.record`). The service is
-stopped with SIGTERM (it stops its cluster); what might still run of the cluster is stopped
-by its pids.
+(``--quick``: fewer jobs, under ``scheduler_quick/``; :mod:`bench.record`). The PNGs under
+``bench/results/`` are not kept in git: ``--plot FILE`` draws a result file's figure again
+from the jobs it recorded. The service is stopped with SIGTERM (it stops its cluster); what
+might still run of the cluster is stopped by its pids.
 
     .venv/bin/python -m bench.scheduler           # 50 jobs
     .venv/bin/python -m bench.scheduler --quick   # 12 jobs
+    .venv/bin/python -m bench.scheduler --plot bench/results/scheduler_quick/RUN.json
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="12 jobs")
     ap.add_argument("--out", default=None, help=OUT_HELP)
+    ap.add_argument("--plot", default=None, help="only draw this result file's PNG again")
     a = ap.parse_args()
     if a.quick:
         a.jobs = 12
@@ -496,8 +499,19 @@ def print_table(rows: Sequence[Doc], s: Doc) -> None:
     console.print(t)
 
 
+def replot(path: Path) -> None:
+    """The PNG of result file ``path`` (beside it), from the jobs it recorded."""
+    doc = json.loads(path.read_text())
+    ok = [j for j in doc["jobs"] if j["state"] == "succeeded"]
+    plot(ok, doc["parameters"]["devices"], path.with_suffix(".png"))
+    print(f"wrote {display(path.with_suffix('.png'))}")
+
+
 def main() -> None:
     a = parse_args()
+    if a.plot:
+        replot(Path(a.plot))
+        return
     bench = BenchRun("scheduler_quick" if a.quick else "scheduler")
     from pipeplan.service.tasks.common import zoo_profile
     from pipeplan.service.tasks.progress import QUIET
