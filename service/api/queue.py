@@ -7,11 +7,14 @@ here, in **start order**: the jobs already handed to the backend, then the held 
 ``priority`` (higher first), then age.
 
 A device job is handed to the backend only when no device job before it in start order is
-still queued (held back, or waiting for its devices); until then it is held, ``queued``
-with ``waiting_for: {"behind": [...]}``. So at most one device job at a time waits in Ray's
-queue (Ray grants placement groups in no order of ours), and no job starts ahead of one
-before it: a big job at the head is never passed by smaller ones that would fit meanwhile
-(no starvation), at the price of devices left idle while it waits (no backfilling). A job
+still queued (held back, or handed over and not running yet) that may want the same
+devices; until then it is held, ``queued`` with ``waiting_for: {"behind": [...]}``. Two
+jobs may want the same devices unless both plans are known (a ``run``'s, a ``train``'s with
+a ``plan``) and share no (node, device type). So jobs that may compete never wait in Ray's
+queue together (Ray grants placement groups in no order of ours), and no job starts ahead
+of one before it that wants its devices: a big job at the head is never passed by smaller
+ones that would fit meanwhile (no starvation), at the price of devices left idle while it
+waits (no backfilling among competing jobs). Jobs on other devices start beside it. A job
 handed over keeps its place: a higher priority submitted later goes next, not before it.
 Jobs that need no devices start at once.
 
@@ -79,22 +82,46 @@ def dispatch(store: Store, backend: JobsBackend, server_url: str) -> list[str]:
         return _dispatch(store, backend, server_url)
 
 
+Slots = frozenset[tuple[str, str]] | None
+"""The (node, device type) pairs a job reserves devices of; None: not known before it runs
+(it may take any)."""
+
+
+def slots(job: Job) -> Slots:
+    """What a job's plan reserves, where its spec holds the plan (``run``, and ``train``
+    with a ``plan``); None otherwise."""
+    plan = job.spec.get("plan")
+    try:
+        return frozenset(
+            (str(d).partition("/")[0], str(d).partition("/")[2].partition(":")[0])
+            for stage in plan["stages"]
+            for d in stage["devices"]
+        )
+    except (TypeError, KeyError):
+        return None
+
+
+def overlap(a: Slots, b: Slots) -> bool:
+    return a is None or b is None or not a.isdisjoint(b)
+
+
 def _dispatch(store: Store, backend: JobsBackend, server_url: str) -> list[str]:
     started: list[str] = []
-    ahead: list[str] = []
+    ahead: list[Job] = []
     for job in start_order(store.queued_jobs()):
         if past_deadline(job):
             _expire(job, store, backend)
             continue
         devices = needs_devices(job.kind, job.spec)
-        if held(job) and not (devices and ahead):
+        before = [a for a in ahead if held(a) or overlap(slots(a), slots(job))]
+        if held(job) and not (devices and before):
             started.append(start(job, store, backend, server_url).id)
         elif held(job):
-            reason: dict[str, Any] = {"behind": list(ahead)}
+            reason: dict[str, Any] = {"behind": [a.id for a in before]}
             if job.waiting_for != reason:
                 store.set_waiting_for(job.id, reason)
         if devices:
-            ahead.append(job.id)
+            ahead.append(job)
     return started
 
 

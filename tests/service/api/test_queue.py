@@ -180,3 +180,30 @@ def _wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def _run_on(*devices: str) -> dict[str, Any]:
+    """A ``run`` job of digits_cnn in one stage on ``devices`` of local-hetero."""
+    stage = {"layers": [0, 8], "devices": list(devices), "microbatch": 8}
+    plan = {"global_batch": 16, "stages": [stage]}
+    return {"plan": plan, "model": "digits_cnn", "cluster": "local-hetero"}
+
+
+def test_runs_on_other_devices_start_beside_each_other_and_competitors_wait(
+    app_client: TestClient, fake_backend: FakeBackend
+) -> None:
+    first = _post(app_client, _run_on("n0/fast:0"), kind="run")
+    beside = _post(app_client, _run_on("n1/mid:0"), kind="run")
+    rival = _post(app_client, _run_on("n0/fast:0", "n2/slow:0"), kind="run")
+    same_type = _post(
+        app_client, _run_on("n2/slow:1"), kind="run"
+    )  # n2/slow, as rival: the same pair
+    unknown = _post(app_client, MEASURE)  # a measured profile: its devices are not known
+    assert _started(fake_backend) == [first, beside]
+    assert app_client.get(f"/v1/jobs/{rival}").json()["waiting_for"] == {"behind": [first]}
+    assert app_client.get(f"/v1/jobs/{same_type}").json()["waiting_for"] == {"behind": [rival]}
+    assert app_client.get(f"/v1/jobs/{unknown}").json()["waiting_for"] == {
+        "behind": [first, beside, rival, same_type]
+    }
+    _running(app_client, fake_backend, first)
+    assert _wait_for(lambda: _started(fake_backend) == [first, beside, rival])
