@@ -33,8 +33,8 @@ From the jobs' own timestamps and events (``GET /v1/jobs/{id}``, ``/events``):
   job could have had its devices (held behind the head of the queue included: no
   backfilling);
 - **the pace of starts**: the time between one job's ``started_at`` and the next's (a
-  device job is handed to Ray only once the one before it has started, so starts follow
-  each other at least a driver's start-up apart);
+  device job is handed to Ray only once the jobs before it that may want its devices have
+  started, so such starts follow each other at least a driver's start-up apart);
 - every job must end ``succeeded`` (else the run says which did not, and exits 1), and no
   ``pipeplan:`` placement group may be left in the cluster once they have ended (read with
   Ray's placement group table, from a process that joins the cluster with its token).
