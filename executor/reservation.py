@@ -2,11 +2,11 @@
 
 One bundle per device: its ``device:TYPE``, a sliver of its node's marker (so Ray places the
 bundle on that node; a node without a marker is pinned by Ray's own ``node:IP`` resource),
-and a GPU for a CUDA type. The group is named ``pipeplan:OWNER`` (the service's job id, or
-a local run's), so a run that waits can say who holds what it needs. Ray grants the whole
-group or nothing: two runs never hold half of each other's devices, and a run that cannot
-have its devices waits in Ray's queue instead of failing. The stage actors are then created
-in their bundles (:meth:`Reservation.options`).
+and a GPU for a CUDA type. The group is named ``pipeplan:OWNER:TAG`` (the owner: the
+service's job id, or a local run's), so a run that waits can say who holds what it needs.
+Ray grants the whole group or nothing: two runs never hold half of each other's devices,
+and a run that cannot have its devices waits in Ray's queue instead of failing. The stage
+actors are then created in their bundles (:meth:`Reservation.options`).
 
 Ray removes a placement group when the job (driver) that made it ends, however it ends;
 :meth:`Reservation.release` removes it at once when the run closes.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,17 @@ from pipeplan.executor.pinning import MARKER_SHARE
 log = logging.getLogger("pipeplan.executor")
 
 PREFIX = "pipeplan:"
-"""Every pipeplan placement group's name starts so; the rest names its owner."""
+"""Every pipeplan placement group's name is ``pipeplan:OWNER:TAG`` (a random tag: a job
+may hold several groups at once, a search measuring plans side by side)."""
+
+
+def owner_of(name: str) -> str | None:
+    """The owner a pipeplan placement group's name names, else None (not ours)."""
+    if not name.startswith(PREFIX):
+        return None
+    return name[len(PREFIX) :].rpartition(":")[0] or None
+
+
 POLL_S = 1.0
 """How often a waiting reservation looks again at who holds its devices."""
 
@@ -113,13 +124,14 @@ def holders(devices: Sequence[str], nodes: Sequence[LiveNode], own: str) -> Wait
     busy_at = {(by_name[parse_device_id(d)[0]].node_id, parse_device_id(d)[1]) for d in held}
     for group in placement_group_table().values():
         name = str(group.get("name", ""))
-        if not name.startswith(PREFIX) or name == PREFIX + own or group.get("state") != "CREATED":
+        owner = owner_of(name)
+        if owner is None or owner == own or group.get("state") != "CREATED":
             continue
         on_nodes = group.get("bundles_to_node_id", {})
         for index, res in group.get("bundles", {}).items():
             for key in res:
                 if key.startswith("device:") and (on_nodes.get(index), key[7:]) in busy_at:
-                    owners.add(name[len(PREFIX) :])
+                    owners.add(owner)
     return Waiting(tuple(held), tuple(sorted(owners)))
 
 
@@ -191,7 +203,8 @@ def reserve(
     each time who holds what changes; past ``wait_s`` seconds (None: no limit) it gives up
     with :class:`DevicesBusy` naming the devices and their holders."""
     bundles = [bundle(d, nodes, a) for d, a in zip(devices, accelerators, strict=True)]
-    group = placement_group(bundles, strategy=strategy(devices), name=PREFIX + owner)
+    name = f"{PREFIX}{owner}:{secrets.token_hex(4)}"  # one owner may hold several at once
+    group = placement_group(bundles, strategy=strategy(devices), name=name)
     start = time.monotonic()
     told: Waiting | None = None
     try:

@@ -23,7 +23,7 @@ from pipeplan.executor.errors import StageFailedError
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pipeline import Pipeline, RunConfig, run
-from pipeplan.executor.reservation import PREFIX, Claimant, Waiting, claiming
+from pipeplan.executor.reservation import PREFIX, Claimant, Waiting, claiming, owner_of
 from tests.executor.actors import stage_workers_alive, wait_no_workers
 
 pytestmark = pytest.mark.ray
@@ -164,8 +164,8 @@ def test_a_run_on_held_devices_waits_for_them_and_says_who_holds_them(
         first.start()
     waiter = threading.Thread(target=second)
     try:
-        held = {name for name, state in _pipeplan_groups().items() if state != "REMOVED"}
-        assert held == {"pipeplan:job-a"}
+        held = {owner_of(name) for name, state in _pipeplan_groups().items() if state != "REMOVED"}
+        assert held == {"job-a"}
         waiter.start()
         deadline = time.monotonic() + 60
         while not seen and time.monotonic() < deadline:

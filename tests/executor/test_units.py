@@ -23,7 +23,7 @@ from pipeplan.executor.microbatch import Layout, Piece, pieces, replica_shares
 from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, loss_terms
 from pipeplan.executor.partition import count_layers, partition
 from pipeplan.executor.pinning import WORKER_ENV, actor_options, check_feasible
-from pipeplan.executor.reservation import bundle, held_devices, strategy
+from pipeplan.executor.reservation import bundle, held_devices, owner_of, strategy
 from pipeplan.executor.stage import (
     HEAP_RESERVE,
     Clock,
@@ -118,6 +118,8 @@ def test_held_devices_bundles_and_ray_node_records() -> None:
         "GPU": 1.0,
     }
     assert strategy(devices[:2]) == "STRICT_PACK" and strategy(devices) == "PACK"
+    assert owner_of("pipeplan:pp-0123:9f3a") == "pp-0123" and owner_of("pipeplan:a:b:c") == "a:b"
+    assert owner_of("other:pp-0123:9f3a") is None and owner_of("pipeplan:") is None
     records = [
         {"Alive": True, "NodeID": "abcdef0123", "Resources": {"device:t4": 2.0, "CPU": 4.0}},
         {"Alive": True, "NodeID": "ff", "Resources": {"pipeplan_node:n0": 1.0, "device:cpu": 1}},
