@@ -94,6 +94,7 @@ def start_serve(tmp: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         **os.environ,
         "PIPEPLAN_API_TOKEN": TOKEN,
         "PIPEPLAN_RECONCILE_EVERY_S": "1",
+        "PIPEPLAN_POOL_SIZE": "0",  # every job a Ray Job: this module kills their drivers
         "XDG_CONFIG_HOME": str(tmp / "config"),
         "XDG_DATA_HOME": str(tmp / "data"),
     }
