@@ -31,6 +31,8 @@ import logging
 import threading
 from typing import Any
 
+from pipeplan.core.cluster import parse_device_id
+from pipeplan.core.errors import FormatError
 from pipeplan.service.api.auth import hash_token, new_job_token
 from pipeplan.service.api.backend import JobsBackend, Submission
 from pipeplan.service.api.pool.routing import needs_devices
@@ -93,11 +95,9 @@ def slots(job: Job) -> Slots:
     plan = job.spec.get("plan")
     try:
         return frozenset(
-            (str(d).partition("/")[0], str(d).partition("/")[2].partition(":")[0])
-            for stage in plan["stages"]
-            for d in stage["devices"]
+            parse_device_id(d)[:2] for stage in plan["stages"] for d in stage["devices"]
         )
-    except (TypeError, KeyError):
+    except (TypeError, KeyError, FormatError):
         return None
 
 

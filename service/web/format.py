@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pipeplan.core.cluster import parse_device_id
+
 
 def _ok(x: float | None) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
@@ -50,9 +52,8 @@ def waiting(reason: dict[str, Any] | None) -> str:
         return ""
     groups: dict[tuple[str, str], int] = {}
     for device in reason["devices"]:
-        node, _, rest = str(device).partition("/")
-        key = (rest.partition(":")[0], node)
-        groups[key] = groups.get(key, 0) + 1
+        node, dtype, _ = parse_device_id(str(device))
+        groups[(dtype, node)] = groups.get((dtype, node), 0) + 1
     what = " and ".join(f"{n} x {dtype} on {node}" for (dtype, node), n in groups.items())
     held = list(reason.get("held_by") or [])
     by = f"job{'s' if len(held) > 1 else ''} {', '.join(held)}" if held else "other actors"
