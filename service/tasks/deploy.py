@@ -270,14 +270,17 @@ def to_yaml(*docs: Any, header: str = "") -> str:
     return header + body
 
 
-def _header(dep: DeploySpec, what: str) -> str:
+RENDERED_BY = "Written by `pipeplan deploy render`: do not edit; render again from the spec"
+"""How a header says a file of ``deploy render`` was made (another use-case names itself)."""
+
+
+def _header(dep: DeploySpec, what: str, made_by: str = RENDERED_BY) -> str:
     """Comment lines: what the file is, of which spec, and how it was made."""
     spec = dep.spec
     devices = sum(spec.counts_by_type().values())
     return (
         f"# {what} of the cluster spec {spec.name!r} ({len(spec.nodes)} nodes, {devices} "
-        "devices).\n# Written by `pipeplan deploy render`: do not edit; render again "
-        "from the spec (deploy/README.md).\n"
+        f"devices).\n# {made_by} (deploy/README.md).\n"
     )
 
 
@@ -411,23 +414,50 @@ def _head_group(request: DeployRenderRequest) -> Manifest:
     }
 
 
-def _worker_group(group: WorkerGroup, request: DeployRenderRequest) -> Manifest:
-    cpus = request.cpus_per_device * group.per_pod
-    gib = request.memory_gib_per_device * group.per_pod
+@dataclass(frozen=True)
+class Replicas:
+    """A worker group's pod count: at start, and the autoscaler's bounds (all equal when the
+    cluster has a fixed size)."""
+
+    replicas: int
+    least: int
+    most: int
+
+    @classmethod
+    def fixed(cls, n: int) -> Replicas:
+        return cls(n, n, n)
+
+
+def group_spec(
+    name: str,
+    devices: Mapping[str, int],
+    gpus: int,
+    replicas: Replicas,
+    request: DeployRenderRequest,
+    labels: Mapping[str, str],
+    selector: Mapping[str, str],
+) -> Manifest:
+    """A KubeRay worker group whose pods each hold ``devices`` (type -> count), ``gpus`` of
+    them GPUs: Ray resources ``device:TYPE``, cores and memory per device, the CUDA image
+    and ``nvidia.com/gpu`` when ``gpus``, Kubernetes node labels asked for by ``selector``
+    (when the request pins groups)."""
+    held = sum(devices.values())
+    cpus = request.cpus_per_device * held
+    gib = request.memory_gib_per_device * held
     params = {
         "num-cpus": str(cpus),
-        "resources": "'" + json.dumps(group.resources) + "'",
+        "resources": "'" + json.dumps({device_resource(t): c for t, c in devices.items()}) + "'",
         "dashboard-agent-listen-port": str(PORTS.dashboard_agent),
         "metrics-export-port": str(PORTS.metrics),
     }
-    if group.gpu:
-        params["num-gpus"] = str(group.per_pod)
+    if gpus:
+        params["num-gpus"] = str(gpus)
     container = {
         "name": "ray-worker",
-        "image": request.image_cuda if group.gpu else request.image_cpu,
+        "image": request.image_cuda if gpus else request.image_cpu,
         "ports": [{"name": "metrics", "containerPort": PORTS.metrics}],
         "env": _ray_env(),
-        "resources": _resources(cpus, gib, group.per_pod if group.gpu else 0),
+        "resources": _resources(cpus, gib, gpus),
         "readinessProbe": _health_probe(10),
         "livenessProbe": _health_probe(120),
         "volumeMounts": [{"name": "shared-mem", "mountPath": "/dev/shm"}],
@@ -435,25 +465,58 @@ def _worker_group(group: WorkerGroup, request: DeployRenderRequest) -> Manifest:
     }
     pod: Manifest = {"securityContext": POD_SECURITY}
     if request.node_selectors:
-        pod["nodeSelector"] = {DEVICE_LABEL + group.name: "true"}
-    if group.gpu:
+        pod["nodeSelector"] = dict(selector)
+    if gpus:
         pod["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
     pod |= {"containers": [container], "volumes": [_shm(gib)]}
-    labels = {"app.kubernetes.io/component": "ray-worker", "pipeplan.io/device-type": group.name}
     return {
-        "groupName": group.name,
-        "replicas": group.replicas,
-        "minReplicas": group.replicas,
-        "maxReplicas": group.replicas,
+        "groupName": name,
+        "replicas": replicas.replicas,
+        "minReplicas": replicas.least,
+        "maxReplicas": replicas.most,
         "rayStartParams": params,
-        "template": {"metadata": {"labels": labels}, "spec": pod},
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
     }
 
 
-def raycluster(dep: DeploySpec, request: DeployRenderRequest) -> Manifest:
-    """The KubeRay ``RayCluster`` for the spec: fixed size (no autoscaling), token auth."""
+def _worker_group(group: WorkerGroup, request: DeployRenderRequest) -> Manifest:
+    """The group of one device type (module docstring), fixed in size."""
+    labels = {"app.kubernetes.io/component": "ray-worker", "pipeplan.io/device-type": group.name}
+    return group_spec(
+        group.name,
+        {group.device_type: group.per_pod},
+        group.per_pod if group.gpu else 0,
+        Replicas.fixed(group.replicas),
+        request,
+        labels,
+        {DEVICE_LABEL + group.name: "true"},
+    )
+
+
+def raycluster(
+    dep: DeploySpec,
+    request: DeployRenderRequest,
+    groups: list[Manifest] | None = None,
+    autoscaler: Manifest | None = None,
+) -> Manifest:
+    """The KubeRay ``RayCluster`` for the spec, token auth: by default one fixed-size group
+    per device type; else ``groups``, with in-tree autoscaling when ``autoscaler`` holds its
+    ``autoscalerOptions``."""
+    spec: Manifest = {
+        "rayVersion": RAY_VERSION,
+        "enableInTreeAutoscaling": autoscaler is not None,
+    }
+    if autoscaler is not None:
+        spec["autoscalerOptions"] = autoscaler
+    spec |= {
+        "authOptions": {"mode": "token", "secretName": RAY_SECRET},
+        "headGroupSpec": _head_group(request),
+        "workerGroupSpecs": (
+            [_worker_group(g, request) for g in worker_groups(dep)] if groups is None else groups
+        ),
+    }
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -462,13 +525,28 @@ def raycluster(dep: DeploySpec, request: DeployRenderRequest) -> Manifest:
             "labels": {"app.kubernetes.io/name": "pipeplan", "app.kubernetes.io/component": "ray"},
             "annotations": {"pipeplan.io/cluster-spec": dep.spec.name},
         },
-        "spec": {
-            "rayVersion": RAY_VERSION,
-            "enableInTreeAutoscaling": False,
-            "authOptions": {"mode": "token", "secretName": RAY_SECRET},
-            "headGroupSpec": _head_group(request),
-            "workerGroupSpecs": [_worker_group(g, request) for g in worker_groups(dep)],
+        "spec": spec,
+    }
+
+
+AUTOSCALER_IDLE_S = 60
+"""Seconds a worker pod holds no Ray resource before the autoscaler removes it (KubeRay's
+default, written out)."""
+
+
+def autoscaler_options() -> Manifest:
+    """``autoscalerOptions`` of a RayCluster with in-tree autoscaling: the sidecar in the
+    head pod, with the Ray token (it talks to the head's GCS), KubeRay's default size, no
+    privileges, and upscaling without a rate limit."""
+    return {
+        "upscalingMode": "Default",
+        "idleTimeoutSeconds": AUTOSCALER_IDLE_S,
+        "env": _ray_env(),
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "512Mi"},
+            "limits": {"cpu": "500m", "memory": "512Mi"},
         },
+        "securityContext": CONTAINER_SECURITY,
     }
 
 
@@ -486,18 +564,28 @@ def spec_configmap(dep: DeploySpec) -> Manifest:
     }
 
 
-def k8s_files(dep: DeploySpec, request: DeployRenderRequest) -> dict[str, str]:
+def k8s_files(
+    dep: DeploySpec,
+    request: DeployRenderRequest,
+    cluster: Manifest | None = None,
+    made_by: str = RENDERED_BY,
+) -> dict[str, str]:
+    """The overlay's part: the Kustomization, the RayCluster (``cluster``, else the spec's
+    own :func:`raycluster`) and the spec's ConfigMap."""
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["raycluster.yaml", "cluster-spec.yaml"],
     }
+    rc = raycluster(dep, request) if cluster is None else cluster
     return {
-        "kustomization.yaml": to_yaml(kustomization, header=_header(dep, "The Kustomization")),
-        "raycluster.yaml": to_yaml(
-            raycluster(dep, request), header=_header(dep, "The KubeRay RayCluster")
+        "kustomization.yaml": to_yaml(
+            kustomization, header=_header(dep, "The Kustomization", made_by)
         ),
-        "cluster-spec.yaml": to_yaml(spec_configmap(dep), header=_header(dep, "The ConfigMap")),
+        "raycluster.yaml": to_yaml(rc, header=_header(dep, "The KubeRay RayCluster", made_by)),
+        "cluster-spec.yaml": to_yaml(
+            spec_configmap(dep), header=_header(dep, "The ConfigMap", made_by)
+        ),
     }
 
 
@@ -608,11 +696,13 @@ def compose_services(dep: DeploySpec, request: DeployRenderRequest) -> Manifest:
     }
 
 
-def compose_files(dep: DeploySpec, request: DeployRenderRequest) -> dict[str, str]:
-    head = _header(dep, "The Docker Compose file of the Ray cluster")
+def compose_files(
+    dep: DeploySpec, request: DeployRenderRequest, made_by: str = RENDERED_BY
+) -> dict[str, str]:
+    head = _header(dep, "The Docker Compose file of the Ray cluster", made_by)
     return {
         "ray-cluster.yaml": to_yaml(compose_services(dep, request), header=head),
-        SPEC_FILE: to_yaml(dep.document, header=_header(dep, "The deployed copy")),
+        SPEC_FILE: to_yaml(dep.document, header=_header(dep, "The deployed copy", made_by)),
     }
 
 
