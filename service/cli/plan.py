@@ -17,6 +17,7 @@ import typer
 
 from pipeplan.agents.compare import describe
 from pipeplan.agents.registry import PLANNERS
+from pipeplan.core.bounds import lower_bound
 from pipeplan.service.charts import draw_comparison, draw_curve
 from pipeplan.service.cli.console import ConsoleReporter, clean_errors, debug, echo_json, out, say
 from pipeplan.service.cli.options import (
@@ -65,11 +66,24 @@ def _render_plan(done: Planned) -> None:
     out().print(
         estimate_table(est, f"{done.result.planner}: {describe(done.problem)} (cost model)")
     )
-    for line in [*totals_lines(est), *rental_lines(done), search_line(done)]:
+    for line in [*totals_lines(est), *bound_lines(done), *rental_lines(done), search_line(done)]:
         typer.echo(line)
     if done.measured is not None:
         for line in measured_lines(done.measured.to_dict(), est.batch_time_s):
             typer.echo(line)
+
+
+def bound_lines(done: Planned) -> list[str]:
+    """The lower bound on the batch time beside the answer (:mod:`core.bounds`), and what
+    memory rules out."""
+    p = done.problem
+    bound = lower_bound(p.profile, p.cluster, p.global_batch, p.schedule)
+    ratio = bound.ratio(done.result.estimate.batch_time_s)
+    lines = [
+        f"lower bound     {bound.batch_time_s * 1e3:.3f} ms  (all compute over the cluster's "
+        f"{bound.total_flops / 1e12:,.1f} TFLOP/s); this plan is {ratio:.2f}x it"
+    ]
+    return lines + [f"  no plan fits: {reason}" for reason in bound.reasons()]
 
 
 @clean_errors

@@ -17,6 +17,7 @@ from typing import Any
 from pipeplan.agents.problem import Objective, PlanResult, Problem
 from pipeplan.agents.provision.rental import Rental, rental
 from pipeplan.agents.registry import make_planner
+from pipeplan.core.bounds import lower_bound
 from pipeplan.executor.parallel_reward import ParallelReward
 from pipeplan.service.tasks.common import build_problem
 from pipeplan.service.tasks.live import ray_for_search
@@ -67,6 +68,10 @@ class Planned:
             "evaluations": r.evaluations,
             "wall_time_s": r.wall_time_s,
         }
+        p = self.problem
+        bound = lower_bound(p.profile, p.cluster, p.global_batch, p.schedule)
+        doc["lower_bound_s"] = bound.batch_time_s
+        doc["ratio_to_bound"] = bound.ratio(r.estimate.batch_time_s)
         hired = self.rental
         if hired is not None:
             doc["rental"] = hired.to_dict()

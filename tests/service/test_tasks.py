@@ -87,7 +87,8 @@ def test_plan_returns_the_document_plan_json_prints(alexnet: Document) -> None:
     request = PlanRequest(profile=alexnet, cluster="cloud-mix", planner="greedy", batch=32)
     done = plan(request, recorder)
     doc = done.to_dict()
-    assert set(doc) == {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
+    keys = {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
+    assert set(doc) == keys | {"lower_bound_s", "ratio_to_bound"}
     assert doc["planner"] == "greedy" and doc["plan"]["global_batch"] == 32
     plan_ = Plan.from_dict(doc["plan"])
     est = cost_model(plan_, ModelProfile.from_dict(alexnet), cluster_spec("cloud-mix"))
