@@ -1,5 +1,6 @@
 """``pipeplan profile``: a model (a zoo name, a factory, ``hf:``; or a PipeDream import)
-into profile.json."""
+into profile.json; ``gen:NAME`` writes a large model's analytic profile from its shape
+(:mod:`models.shapes`: no torch model is built)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated
 import typer
 
 from pipeplan.core.profile import ModelProfile
-from pipeplan.models import zoo
+from pipeplan.models import shapes, zoo
 from pipeplan.service.cli.console import CliError, ConsoleReporter, clean_errors, cluster_ref, say
 from pipeplan.service.cli.options import (
     MODEL_FORMS,
@@ -48,6 +49,21 @@ def _pipedream(
     )
 
 
+def _generated(
+    model: str, input_size: int | None, model_flags: ModelFlags, unused: dict[str, bool]
+) -> ModelProfile:
+    """A ``gen:`` model's profile from its shape; a flag that measures or builds a model is
+    refused, naming it."""
+    for flag, given in unused.items():
+        if given:
+            raise CliError(
+                f"{flag}: not with a generated model ({model}): its profile is analytic, "
+                "sizes from formulas, no model to build or time"
+            )
+    options = model_flags.source_kwargs()["options"]
+    return shapes.generate(model, input_size, options)
+
+
 def _write(prof: ModelProfile, output: Path) -> None:
     prof.save(output)
     types = ", ".join(prof.device_types) or "no device type (analytic)"
@@ -76,17 +92,30 @@ def profile_command(
     address: AddressOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
     text: Annotated[bool, typer.Option("--text", help="print TAPP's text library")] = False,
-    list_models: Annotated[bool, typer.Option("--list", help="list zoo models")] = False,
+    list_models: Annotated[
+        bool, typer.Option("--list", help="list zoo and generated models")
+    ] = False,
 ) -> None:
     """Profile a zoo model (or import a PipeDream profile) into profile.json.
 
-    MODEL may also be a factory (package.module:factory) or a transformers class
-    (hf:ClassName).
+    MODEL may also be a factory (package.module:factory), a transformers class
+    (hf:ClassName), or a generated model (gen:gpt-13b, gen:gpt-30b, gen:gpt-70b, gen:vit-h14,
+    gen:resnet152): an analytic profile from its shape, options by -M (e.g. -M n_layer=48,
+    -M precision=fp32).
     """
     if list_models:
-        typer.echo("\n".join(zoo.MODELS))
+        typer.echo("\n".join([*zoo.MODELS, *shapes.names()]))
         return
-    if pipedream is not None and not (measure or address):
+    if model is not None and shapes.is_generated(model):
+        flags = model_flags
+        unused = {
+            "--device-type": device_type is not None, "--cluster": cluster is not None,
+            "--pipedream": pipedream is not None, "--measure": measure,
+            "--address": address is not None, "--input-shape": flags.input_shape is not None,
+            "--input-dtype": flags.input_dtype is not None, "--example": flags.example is not None,
+        }  # fmt: skip
+        prof = _generated(model, input_size, model_flags, unused)
+    elif pipedream is not None and not (measure or address):
         prof = _pipedream(pipedream, batch_size, device_type, model)
     elif model is None or pipedream is not None:
         raise CliError(
