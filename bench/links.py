@@ -17,8 +17,9 @@ Both clocks are this machine's (``time.time()`` in two processes): the local clu
 are processes of one machine.
 
 An all-reduce sends differently: in a ring every replica sends a chunk to the next one at the
-same time, ``2 (r-1)`` rounds in a row. The ring part runs ``dist.all_reduce`` (gloo's, as a
-replicated stage does) over ``r`` probe actors (all the cluster's devices, as BSP; and the
+same time, ``2 (r-1)`` rounds in a row. The ring part sums as a replicated stage does
+(gloo's ``dist.all_reduce``; replicas of one node through shared memory,
+:mod:`executor.shared_sum`) over ``r`` probe actors (all the cluster's devices, as BSP; and the
 devices of its largest node) on ``r`` chunks and divides its time by the rounds: per round,
 against the spec's ``latency + chunk / bandwidth`` for the link class the cost model
 gives those devices. On one machine the replicas' concurrent sends share its cores and its
@@ -43,13 +44,14 @@ from typing import Any
 
 import numpy as np
 import ray
+from scipy.optimize import nnls
 import torch
 from rich.console import Console
 
 from bench.common import OUT_HELP, table
 from bench.record import BenchRun, display, load_average
-from pipeplan.core.cluster import ClusterSpec, Link
-from pipeplan.executor import transport
+from pipeplan.core.cluster import ClusterSpec, Link, parse_device_id
+from pipeplan.executor import shared_sum, transport
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.pinning import actor_options
@@ -74,10 +76,16 @@ class Probe:
         address, port = self.sock.getsockname()[:2]
         return str(address), int(port)
 
-    def join(self, address: str, port: int, rank: int, world: int) -> int:
-        spec = transport.GroupSpec(address, port, rank, (tuple(range(world)),), "gloo", 120.0)
+    def join(self, address: str, port: int, rank: int, nodes: tuple[str, ...]) -> bool:
+        """Join the group; whether its ranks sum through shared memory (all on one node)."""
+        ranks = tuple(range(len(nodes)))
+        spec = transport.GroupSpec(address, port, rank, (ranks,), "gloo", 120.0, nodes)
         transport.join(spec, getattr(self, "store", None))
-        return rank
+        self.shared = None
+        if shared_sum.enabled():
+            name = f"pipeplan-links-{address}-{port}"
+            self.shared = shared_sum.open_shared_sum(None, ranks, rank, nodes[rank], name)
+        return self.shared is not None
 
     def send(self, n_bytes: int, dst: int) -> float:
         """Post a send of ``n_bytes``; the moment it was posted (a stage's op end)."""
@@ -96,7 +104,10 @@ class Probe:
         flat = torch.ones(n_floats, dtype=torch.float32)
         torch.distributed.barrier()
         t0 = time.time()
-        torch.distributed.all_reduce(flat)
+        if self.shared is not None:
+            self.shared.sum_(flat)
+        else:
+            torch.distributed.all_reduce(flat)
         return t0, time.time()
 
     def leave(self) -> None:
@@ -108,7 +119,8 @@ def group(devices: list[str]) -> list[Any]:
     nodes = live_nodes()
     actors = [Probe.options(**actor_options(d, nodes)).remote() for d in devices]  # type: ignore[attr-defined]
     address, port = ray.get(actors[0].open.remote(len(actors)))
-    ray.get([a.join.remote(address, port, r, len(actors)) for r, a in enumerate(actors)])
+    where = tuple(parse_device_id(d)[0] for d in devices)
+    ray.get([a.join.remote(address, port, r, where) for r, a in enumerate(actors)])
     return actors
 
 
@@ -126,12 +138,14 @@ class Fit:
 
 
 def fit_link(sizes: list[int], seconds: list[float]) -> Fit:
-    """``latency + bytes / bandwidth`` through the points, minimising relative errors."""
+    """``latency + bytes / bandwidth`` through the points, minimising relative errors, with
+    neither term below zero (a shared-memory sum has next to no latency: its best line may
+    pass through the origin)."""
     x = np.asarray(sizes, float)
     y = np.asarray(seconds, float)
     a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
-    (latency, per_byte), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
-    if latency <= 0 or per_byte <= 0:
+    (latency, per_byte), _ = nnls(a, np.ones_like(y))
+    if per_byte <= 0:
         raise ValueError(f"links: no positive fit (latency {latency}, s/byte {per_byte})")
     return Fit(float(latency), float(1.0 / per_byte))
 

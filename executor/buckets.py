@@ -9,6 +9,10 @@ gradient of a bucket is ready it is copied into one flat buffer and summed with 
 and copies it back into the gradients. A parameter larger than a bucket is summed in place,
 with no copy.
 
+Replicas that share a host sum through shared memory instead (:mod:`executor.shared_sum`):
+then a full bucket is only noted, and :meth:`Buckets.finish` sums every bucket, in the same
+order, once the backward is over.
+
 Every replica of a stage runs the same graph, so the same gradients become ready in the same
 order and the replicas start the same collectives in the same order. A parameter that gets
 no gradient in a step gets none on any replica: its bucket is summed without it when the
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from pipeplan.executor import transport
+from pipeplan.executor.shared_sum import SharedSum
 
 BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket size."""
@@ -52,13 +57,18 @@ def layout(params: Mapping[str, torch.Tensor], limit: int = BUCKET_BYTES) -> lis
 class Buckets:
     """One step's gradient sums over a stage's replicas (module docstring)."""
 
-    def __init__(self, buckets: list[list[str]], group: Any) -> None:
+    def __init__(
+        self, buckets: list[list[str]], group: Any, shared: SharedSum | None = None
+    ) -> None:
         self.buckets = buckets
         self.group = group
+        self.shared = shared
         self.bucket_of = {n: i for i, names in enumerate(buckets) for n in names}
         self.pending = [len(names) for names in buckets]
         self.grads: dict[str, torch.Tensor] = {}
         self.started: list[tuple[Any, torch.Tensor | None, list[str]]] = []
+        """(gloo's work, or None for a shared-memory sum; the flat buffer, or None for one
+        parameter summed in place; the names), in start order."""
         self.launched: set[int] = set()
 
     def ready(self, name: str, grad: torch.Tensor) -> None:
@@ -74,12 +84,14 @@ class Buckets:
         names = [n for n in self.buckets[i] if n in self.grads]
         if not names:
             return
-        if len(names) == 1:
-            work = transport.all_reduce_sum(self.grads[names[0]], self.group, wait=False)
-            self.started.append((work, None, names))
-            return
-        flat = torch.cat([self.grads[n].reshape(-1) for n in names])
-        work = transport.all_reduce_sum(flat, self.group, wait=False)
+        if len(names) == 1 and self.grads[names[0]].is_contiguous():
+            flat = None
+            target = self.grads[names[0]]
+        else:
+            flat = target = torch.cat([self.grads[n].reshape(-1) for n in names])
+        work = None
+        if self.shared is None:
+            work = transport.all_reduce_sum(target, self.group, wait=False)
         self.started.append((work, flat, names))
 
     def finish(self) -> None:
@@ -89,7 +101,11 @@ class Buckets:
             if i not in self.launched:
                 self._start(i)
         for work, flat, names in self.started:
-            work.wait()
+            if work is not None:
+                work.wait()
+            else:
+                assert self.shared is not None
+                self.shared.sum_(self.grads[names[0]] if flat is None else flat)
             if flat is None:
                 continue
             offset = 0

@@ -47,7 +47,7 @@ from pipeplan.core.cluster import ClusterSpec, parse_device_id
 from pipeplan.core.errors import PlanError
 from pipeplan.core.plan import Plan
 from pipeplan.core.schedules import microbatch_count
-from pipeplan.executor import metrics
+from pipeplan.executor import metrics, shared_sum
 from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes
 from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import device_slowdowns
@@ -185,9 +185,11 @@ class Pipeline:
             ranks.append(tuple(range(rank, rank + len(row))))
             rank += len(row)
         backend = backend_for([w.spec.accelerator for w in workers])
+        nodes = tuple(w.spec.node for w in workers)
+        shared = shared_sum.enabled()
         joins = {
             w.actor.join_group.remote(
-                GroupSpec(address, port, r, tuple(ranks), backend, timeout)
+                GroupSpec(address, port, r, tuple(ranks), backend, timeout, nodes, shared)
             ): w
             for r, w in enumerate(workers)
         }

@@ -14,7 +14,8 @@ operation the rows it needs (``isend``); a backward receives the gradients from 
 stage the same way and sends its inputs' gradients back. Unequal microbatches and replica
 counts change only which rows go to whom (:class:`executor.microbatch.Layout`). After the
 last backward a replicated stage sums its replicas' gradients with ``all_reduce`` over the
-stage's subgroup, then every worker steps its optimizer. The driver passes the batch to the
+stage's subgroup -- through shared memory where its CPU replicas share a plan node and a
+host (:mod:`executor.shared_sum`) -- then every worker steps its optimizer. The driver passes the batch to the
 first stage (inputs) and the last (labels) through Ray's object store and never touches an
 activation or a gradient.
 
@@ -82,6 +83,7 @@ from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, disable_dropout
 from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
 from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs
+from pipeplan.executor.shared_sum import SharedSum, open_shared_sum
 from pipeplan.executor.torch_engine import Engine, StageModule, TorchStage
 from pipeplan.executor.transport import GroupSpec, Link
 
@@ -257,6 +259,8 @@ class StageWorker:
         torch.set_num_threads(1)
         self.group: GroupSpec | None = None
         self.subgroup: Any = None
+        self.shared: SharedSum | None = None
+        """The replicas' shared-memory sum, where they share a host (else gloo sums)."""
         self.store: Any = None
         self.socket: socket.socket | None = None
         self.torch_stage: TorchStage | None = None
@@ -380,13 +384,19 @@ class StageWorker:
         """Join the run's process group (every worker at once); returns the rank."""
         self.subgroup = transport.join(group, self.store)
         self.group = group
+        self.shared = None
+        if self.subgroup is not None and self.device.type == "cpu" and group.shared_sum:
+            row = group.ranks[self.spec.stage]
+            node = group.nodes[group.rank] if group.nodes else ""
+            name = f"pipeplan-{group.address}-{group.port}-s{self.spec.stage}"
+            self.shared = open_shared_sum(self.subgroup, row, group.rank, node, name)
         if self.spec.engine == "torch-pipelining":
             self._torch_stage()
         return group.rank
 
     def leave_group(self) -> None:
         transport.leave()
-        self.group = self.subgroup = self.store = None
+        self.group = self.subgroup = self.store = self.shared = None
         if self.socket is not None:
             self.socket.close()
             self.socket = None
@@ -686,7 +696,7 @@ class StageWorker:
         if self.subgroup is None:
             return []
 
-        sums = self._buckets = Buckets(self._bucket_layout, self.subgroup)
+        sums = self._buckets = Buckets(self._bucket_layout, self.subgroup, self.shared)
 
         def hook(name: str) -> Callable[[torch.Tensor], None]:
             def ready(p: torch.Tensor) -> None:

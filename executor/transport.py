@@ -59,6 +59,11 @@ class GroupSpec:
     """``ranks[s][k]``: the rank of stage ``s``'s replica ``k`` (plan order)."""
     backend: str
     timeout_s: float
+    nodes: tuple[str, ...] = ()
+    """``nodes[rank]``: the plan node of that rank's device (empty: unknown)."""
+    shared_sum: bool = True
+    """Whether replicas on one plan node and host may sum through shared memory
+    (:mod:`executor.shared_sum`)."""
 
     @property
     def world_size(self) -> int:

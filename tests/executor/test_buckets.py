@@ -75,3 +75,32 @@ def test_a_parameter_without_a_gradient_is_left_out_after_the_backward(summed: l
     b.finish()
     assert summed == ["sum 2", "sum 3", "wait 2", "wait 3"]
     assert torch.equal(g1, torch.full((3,), 2.0)) and torch.equal(g0, torch.full((2,), 2.0))
+
+
+class Doubling:
+    """A shared-memory sum over two identical replicas, logging what it sums."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        assert tensor.is_contiguous()
+        tensor.mul_(2)
+        self.log.append(f"shared {tensor.numel()}")
+
+
+def test_shared_memory_sums_every_bucket_in_order_once_the_backward_is_over(
+    summed: list[str],
+) -> None:
+    layout = [["p2", "p1"], ["p0"]]
+    g2, g1 = torch.ones(2), torch.ones(3)
+    g0 = torch.ones(4, 2).t()  # a lone gradient that is not contiguous: summed via a copy
+    b = Buckets(layout, group=None, shared=Doubling(summed))  # type: ignore[arg-type]
+    b.ready("p0", g0)
+    b.ready("p2", g2)
+    b.ready("p1", g1)
+    assert summed == []  # nothing travels during the backward
+    b.finish()
+    assert summed == ["shared 8", "shared 5"]  # in the order the buckets filled
+    for g in (g2, g1, g0):
+        assert torch.equal(g, torch.full_like(g, 2.0))

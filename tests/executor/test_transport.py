@@ -139,6 +139,11 @@ def _specs(
     ]
 
 
+def _rows(replicas: Sequence[int]) -> list[range]:
+    starts = [sum(replicas[:s]) for s in range(len(replicas))]
+    return [range(a, a + n) for a, n in zip(starts, replicas, strict=True)]
+
+
 def _worker(
     spec: WorkerSpec,
     group: GroupSpec,
@@ -158,7 +163,7 @@ def _worker(
             if isinstance(result, Failure):
                 raise RuntimeError(result.traceback)
             outputs.append(result)
-        out.put((group.rank, worker.parameters(), outputs))
+        out.put((group.rank, worker.parameters(), (outputs, worker.shared is not None)))
         worker.leave_group()
     except Exception:
         out.put((group.rank, traceback.format_exc(), []))
@@ -170,9 +175,10 @@ def run_in_processes(
     replicas: Sequence[int],
     schedule: Schedule,
     engine: Engine = "pipeplan",
+    shared: bool = True,
 ) -> tuple[dict[int, Any], list[Batch]]:
     """Train ``STEPS`` digits batches on one process per stage replica; every rank's
-    parameters and step outputs."""
+    parameters, step outputs and whether it summed through shared memory."""
     specs = _specs(batch, micro, replicas, schedule, engine)
     _, example = DIGITS.build()
     batches = digits_batches(example, batch, STEPS, seed=1)
@@ -186,7 +192,8 @@ def run_in_processes(
     out = ctx.Queue()
     procs = []
     for rank, spec in enumerate(specs):
-        group = GroupSpec(address, port, rank, tuple(ranks), "gloo", 60.0)
+        nodes = tuple(sp.node for sp in specs)
+        group = GroupSpec(address, port, rank, tuple(ranks), "gloo", 60.0, nodes, shared)
         args = (spec, group, sock if rank == 0 else None, batches, "x", out)
         procs.append(ctx.Process(target=_worker, args=args))
     for p in procs:
@@ -197,7 +204,7 @@ def run_in_processes(
             rank, params, outputs = out.get(timeout=120)
             if isinstance(params, str):
                 raise AssertionError(f"rank {rank} failed:\n{params}")
-            results[rank] = (params, outputs)
+            results[rank] = (params, *outputs)
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -209,13 +216,14 @@ def run_in_processes(
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("batch", "micro", "replicas", "schedule", "engine"),
+    ("batch", "micro", "replicas", "schedule", "engine", "shared"),
     [
-        (12, (4, 6, 3), (1, 1, 2), Schedule.GPIPE, "pipeplan"),  # unequal, uneven shares
-        (14, (4, 6, 3), (1, 2, 1), Schedule.GPIPE, "pipeplan"),  # remainders, middle replicas
-        (16, (4, 4, 4), (1, 1, 2), Schedule.ONE_F_ONE_B, "pipeplan"),
-        (16, (4, 4, 4), (1, 1, 1), Schedule.GPIPE, "torch-pipelining"),
-        (16, (4, 4, 4), (1, 1, 1), Schedule.ONE_F_ONE_B, "torch-pipelining"),
+        (12, (4, 6, 3), (1, 1, 2), Schedule.GPIPE, "pipeplan", True),  # unequal, uneven shares
+        (12, (4, 6, 3), (1, 1, 2), Schedule.GPIPE, "pipeplan", False),  # replicas sum by gloo
+        (14, (4, 6, 3), (1, 2, 1), Schedule.GPIPE, "pipeplan", True),  # remainders, middle
+        (16, (4, 4, 4), (1, 1, 2), Schedule.ONE_F_ONE_B, "pipeplan", True),
+        (16, (4, 4, 4), (1, 1, 1), Schedule.GPIPE, "torch-pipelining", True),
+        (16, (4, 4, 4), (1, 1, 1), Schedule.ONE_F_ONE_B, "torch-pipelining", True),
     ],
 )
 def test_stage_processes_train_exactly_as_one_process(
@@ -224,8 +232,12 @@ def test_stage_processes_train_exactly_as_one_process(
     replicas: tuple[int, ...],
     schedule: Schedule,
     engine: Engine,
+    shared: bool,
 ) -> None:
-    results, batches = run_in_processes(batch, micro, replicas, schedule, engine)
+    results, batches = run_in_processes(batch, micro, replicas, schedule, engine, shared)
+    for rank, (_, _, summed_in_memory) in results.items():  # replicas of one node share it
+        stage = next(s for s, row in enumerate(_rows(replicas)) if rank in row)
+        assert summed_in_memory == (shared and replicas[stage] > 1)
     ref = train_single_process(
         DIGITS, batches, OptimizerConfig(lr=0.05, momentum=0.9), deterministic=True
     )
