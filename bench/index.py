@@ -141,6 +141,17 @@ def scheduler(d: Doc) -> str:
     )
 
 
+def scale(d: Doc) -> str:
+    runs = [r for i in d["instances"] for r in i["planners"].values()]
+    answered = sum(r["status"] == "ok" for r in runs)
+    best = [i["best_ratio_to_bound"] for i in d["instances"] if i["best_ratio_to_bound"]]
+    line = f"{answered} of {len(runs)} planner runs answered"
+    if best:
+        line += f"; best per instance {min(best):.2f}x-{max(best):.2f}x the bound"
+    none = sum(i["best_ratio_to_bound"] is None for i in d["instances"])
+    return line + (f"; {none} of {len(d['instances'])} instances without a plan" if none else "")
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
     "train": train,
     "train_quick": train,
@@ -163,6 +174,8 @@ HEADLINES: dict[str, Callable[[Doc], str]] = {
     "scheduler_quick": scheduler,
     "simulator_speed": simulator_speed,
     "plan_quality_realistic": plan_quality_realistic,
+    "scale": scale,
+    "scale_quick": scale,
 }
 """Benchmark -> its headline figure (``links_<cluster>`` reads as ``links``)."""
 
