@@ -74,6 +74,12 @@ counted, and the budget bounds the source's evaluations alone -- one per iterati
 runners' best plan; a measured source runs a plan once however often it comes back) plus
 the polish.
 
+Checkpoints: with ``checkpoint_dir=DIR`` the search writes, every ``checkpoint_every``
+iterations (and where it ends), RLlib's checkpoint of the algorithm and the search's own
+state beside it (:class:`PPOCheckpoints`); started again on that folder, or with
+``resume=DIR``, it restores both and goes on: the iteration count, the evaluations, the
+history and the best plan continue, and the env runners get the saved elites back.
+
 Hyper-parameters: the reward comes once, at the end, so ``gamma = 1`` (RLlib's default 0.99
 discounts the first decisions of a 24-step episode by 0.8). With the ``stages`` action space
 an episode is a few steps per stage, so a train batch of 1,000 steps holds ~120 episodes;
@@ -88,6 +94,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +114,16 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from pipeplan.agents.local_search import polish
 from pipeplan.agents.problem import Problem, ProblemError
 from pipeplan.agents.registry import Planner
+from pipeplan.agents.resume import (
+    CHECKPOINT_FILES,
+    check_checkpoint_options,
+    check_fingerprint,
+    every,
+    fingerprint,
+    read_json,
+    resume_folder,
+    write_json_atomic,
+)
 from pipeplan.agents.search import Search
 from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
@@ -155,6 +172,9 @@ class PPOOptions:
     polish_evaluations: int = 0  # local search from PPO's best plan (0: PPO's plan as is)
     checkpoint: str | None = None  # save the trained algorithm here at the end
     restore: str | None = None  # restore an algorithm saved by `checkpoint` before training
+    checkpoint_dir: str | None = None  # checkpoint the search here (and go on from one there)
+    checkpoint_every: int | None = None  # iterations between checkpoints (None: 10)
+    resume: str | None = None  # continue the search checkpointed in this folder
 
     def __post_init__(self) -> None:
         for key in (
@@ -204,6 +224,12 @@ class PPOOptions:
         if self.actions not in ACTION_SPACES:
             raise ProblemError(
                 f"ppo.actions: unknown {self.actions!r} (one of {', '.join(ACTION_SPACES)})"
+            )
+        check_checkpoint_options("ppo", self.checkpoint_dir, self.checkpoint_every, self.resume)
+        if self.resume is not None and self.restore is not None:
+            raise ProblemError(
+                f"ppo.resume: {self.resume!r} goes on with a search; restore "
+                f"{self.restore!r} starts one from an algorithm: give one of them"
             )
 
     @property
@@ -448,6 +474,72 @@ def slot_model_config(config: dict[str, Any]) -> dict[str, Any]:
     return {"slot_groups": groups, "slot_context": [global_offset(inst), GLOBAL_FEATURES]}
 
 
+SEARCH_STATE = CHECKPOINT_FILES["ppo"]
+"""The file of a PPO search checkpoint that names its algorithm's folder (module
+:class:`PPOCheckpoints`)."""
+SEARCH_FORMAT = "pipeplan/ppo-search"
+ALGORITHM_PREFIX = "algorithm-"
+
+
+@dataclass
+class PPOProgress:
+    """The loop's counters: iterations done, the best elite value the runners found, and
+    iterations since it improved (``restart_after``)."""
+
+    iteration: int = 0
+    best: float = math.inf
+    stale: int = 0
+
+
+class PPOCheckpoints:
+    """A PPO search's checkpoints in ``folder``: RLlib's own checkpoint of the algorithm
+    (``Algorithm.save_to_path``, its policy, optimizer and counters) in a folder
+    ``algorithm-NNNNNN`` per checkpoint, and :data:`SEARCH_STATE` beside it, written
+    atomically last: it names the algorithm's folder and holds the search (evaluations, best
+    plan, history), the loop's counters and the elites, so a search killed while RLlib
+    writes goes on from the previous checkpoint. Older algorithm folders are removed once
+    the new state is written."""
+
+    def __init__(self, folder: Path, fingerprint: dict[str, Any]) -> None:
+        self.folder, self.fingerprint = folder, fingerprint
+
+    def save(self, algo: Any, search: Search, progress: PPOProgress, elites: list[Elite]) -> None:
+        name = f"{ALGORITHM_PREFIX}{progress.iteration:06d}"
+        target = self.folder / name
+        if target.exists():  # a run cut while it wrote this one: write it again
+            shutil.rmtree(target)
+        algo.save_to_path(str(target.resolve()))
+        write_json_atomic(
+            self.folder / SEARCH_STATE,
+            {
+                "format": SEARCH_FORMAT,
+                "fingerprint": self.fingerprint,
+                "algorithm": name,
+                "iteration": progress.iteration,
+                "best": progress.best,
+                "stale": progress.stale,
+                "elites": [[v, plan, list(actions)] for v, plan, actions in elites],
+                "search": search.state_dict(),
+            },
+        )
+        for old in self.folder.glob(f"{ALGORITHM_PREFIX}*"):
+            if old.name != name and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def load(folder: Path, expected: dict[str, Any]) -> dict[str, Any]:
+        """The search state in ``folder``, checked to be PPO's and of this search."""
+        doc = read_json(folder / SEARCH_STATE, "ppo.resume")
+        if doc.get("format") != SEARCH_FORMAT:
+            raise ProblemError(f"ppo.resume: {folder / SEARCH_STATE}: not a PPO checkpoint")
+        check_fingerprint("ppo", folder, doc["fingerprint"], expected)
+        if not (folder / str(doc["algorithm"])).is_dir():
+            raise ProblemError(
+                f"ppo.resume: {folder}: the algorithm's checkpoint {doc['algorithm']} is missing"
+            )
+        return doc
+
+
 class PPOPlanner(Planner):
     name = "ppo"
     Config = PPOOptions
@@ -460,14 +552,39 @@ class PPOPlanner(Planner):
                 "ppo: needs a connected Ray cluster (RLlib's env runners run on it); start or "
                 "connect one first (executor.runtime.start_local / connect)"
             )
-        m = _microbatches(problem, self.config.microbatches)
-        runners = env_runners(self.config)
+        c = self.config
+        fp = fingerprint(problem, self.name, self.options)
+        folder = resume_folder(self.name, c.checkpoint_dir, c.resume, SEARCH_STATE)
+        resumed = None if folder is None else PPOCheckpoints.load(folder, fp)
+        writer = None if c.checkpoint_dir is None else PPOCheckpoints(Path(c.checkpoint_dir), fp)
+        m = _microbatches(problem, c.microbatches)
+        runners = env_runners(c)
         search.options["num_env_runners"] = runners  # the result says how many it took
         algo = self._build(problem, m, runners)
         try:
-            self._train(algo, search, problem.profile.name)
+            restart = Restart(algo) if c.restart_after is not None else None
+            progress = PPOProgress()
+            if folder is not None and resumed is not None:
+                progress = self._resume(algo, search, folder, resumed, problem.profile.name)
+            elif c.restore:
+                algo.restore_from_path(str(Path(c.restore).resolve()))
+                restart = Restart(algo) if restart is not None else None
+            self._train(algo, search, problem.profile.name, restart, progress, writer)
         finally:
             algo.stop()
+
+    def _resume(
+        self, algo: Any, search: Search, folder: Path, doc: dict[str, Any], profile: str
+    ) -> PPOProgress:
+        """Load the checkpoint ``doc`` of ``folder``: the algorithm, the search, the
+        counters, and the elites given back to the env runners."""
+        algo.restore_from_path(str((folder / str(doc["algorithm"])).resolve()))
+        search.load_state_dict(doc["search"])
+        search.options["resumed_from"] = str(folder)
+        elites: list[Elite] = [(float(v), p, tuple(a)) for v, p, a in doc["elites"]]
+        if elites and self.config.elite_starts > 0:
+            _share_elites(algo, profile, elites)
+        return PPOProgress(int(doc["iteration"]), float(doc["best"]), int(doc["stale"]))
 
     def _build(self, problem: Problem, microbatches: int | None, runners: int) -> Any:
         c = self.config
@@ -509,36 +626,47 @@ class PPOPlanner(Planner):
             .callbacks(BestPlan)
             .debugging(seed=problem.seed, log_level="ERROR")
         )
-        algo = config.build_algo()
-        if c.restore:
-            if not Path(c.restore).exists():
-                raise ProblemError(f"ppo.restore: no checkpoint at {c.restore}")
-            algo.restore_from_path(str(Path(c.restore).resolve()))
-        return algo
+        if c.restore and not Path(c.restore).exists():
+            raise ProblemError(f"ppo.restore: no checkpoint at {c.restore}")
+        return config.build_algo()
 
-    def _train(self, algo: Any, search: Search, profile: str) -> None:
-        counted, best, stale = 0, math.inf, 0
-        restart = Restart(algo) if self.config.restart_after is not None else None
-        for _ in range(self.config.iterations):
-            if restart is not None and stale >= (self.config.restart_after or 0):
+    def _train(
+        self,
+        algo: Any,
+        search: Search,
+        profile: str,
+        restart: Restart | None,
+        progress: PPOProgress,
+        writer: PPOCheckpoints | None,
+    ) -> None:
+        c = self.config
+        counted, first = 0, progress.iteration
+        elites: list[Elite] = []
+        interval = every(c.checkpoint_dir, c.checkpoint_every)
+        while progress.iteration < c.iterations and not search.exhausted():
+            if restart is not None and progress.stale >= (c.restart_after or 0):
                 restart(algo)
-                stale = 0
+                progress.stale = 0
             algo.train()
+            progress.iteration += 1
             episodes, found = _gather(algo)
             if search.reward.name in COST_MODEL_SOURCES:
                 search.record([], np.zeros(0), evaluations=episodes - counted)
             counted = episodes
-            elites = best_distinct(found, self.config.elites)
-            if elites and elites[0][0] < best:
-                best, stale = elites[0][0], 0
+            elites = best_distinct(found, c.elites)
+            if elites and elites[0][0] < progress.best:
+                progress.best, progress.stale = elites[0][0], 0
             else:
-                stale += 1
+                progress.stale += 1
             if elites:
                 search.evaluate_plans([Plan.from_dict(elites[0][1])])
-                if self.config.elite_starts > 0:
+                if c.elite_starts > 0:
                     _share_elites(algo, profile, elites)
-            if search.exhausted():
-                break
+            if writer is not None and interval is not None and progress.iteration % interval == 0:
+                writer.save(algo, search, progress, elites)
+        done = progress.iteration > first
+        if writer is not None and interval is not None and done and progress.iteration % interval:
+            writer.save(algo, search, progress, elites)  # where the search ended
         if self.config.checkpoint:
             algo.save_to_path(str(Path(self.config.checkpoint).resolve()))
         if search.best_plan is not None and self.config.polish_evaluations > 0:

@@ -149,6 +149,37 @@ class Search:
             self._best_fitting_throughput = max(self._best_fitting_throughput, tp)
         self._errors.update(dict.fromkeys(rewards.errors))
 
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed search needs to go on as if never stopped (JSON-able): the count,
+        the best plan and value, the history, the time spent and what explains an
+        infeasible search so far."""
+        return {
+            "evaluations": self.evaluations,
+            "best_value": self.best_value,
+            "best_plan": None if self.best_plan is None else self.best_plan.to_dict(),
+            "history": [[h.evaluations, h.seconds, h.best] for h in self.history],
+            "elapsed_s": self.elapsed,
+            "min_memory_ratio": self._min_memory_ratio,
+            "best_fitting_throughput": self._best_fitting_throughput,
+            "errors": list(self._errors),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s ``state``: the clock goes on from the time it
+        had spent (a ``seconds`` budget counts both runs)."""
+        plan = state["best_plan"]
+        self.evaluations = int(state["evaluations"])
+        self.best_value = float(state["best_value"])
+        self.best_plan = None if plan is None else Plan.from_dict(plan)
+        self.history = [HistoryPoint(int(e), float(s), float(b)) for e, s, b in state["history"]]
+        self.start = time.perf_counter() - float(state["elapsed_s"])
+        ratio = state["min_memory_ratio"]
+        self._min_memory_ratio = None if ratio is None else float(ratio)
+        self._best_fitting_throughput = float(state["best_fitting_throughput"])
+        self._errors = dict.fromkeys(str(e) for e in state["errors"])
+
     # --- the answer ----------------------------------------------------------------------
 
     def result(self) -> PlanResult:

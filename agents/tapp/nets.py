@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import cast
+from typing import IO, cast
 
 import torch
 from torch import Tensor, nn
@@ -106,7 +106,9 @@ class TAPPPolicy(nn.Module):
         self.replica = AllocationNet(hidden, attention_dim, REPLICA_QUERY_IN, REPLICA_KEY_IN)
         self.stage_microbatch = _mlp(STAGE_SIZE_IN, hidden, 1)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path | IO[bytes]) -> None:
+        """Write the policy (its widths and weights) to ``path`` (a file name or an open
+        binary file), for :meth:`load`."""
         torch.save(
             {
                 "hidden": self.hidden,

@@ -15,17 +15,26 @@ plans. With few updates, sample small batches (``batch_size=16``: about 12 updat
 200 evaluations, against 3 at the default 64). How close that gets on unseen models is
 measured by ``bench/rl_quality.py`` (generalisation section of
 ``bench/results/rl_quality/``).
+
+Checkpoints: with ``checkpoint_dir=DIR`` the search writes its whole state there every
+``checkpoint_every`` iterations (and when it ends), with the trained policy beside it as
+``policy.pt`` (:mod:`agents.tapp.checkpoint`); started again on the same folder, or with
+``resume=DIR``, it continues where the checkpoint stopped instead of starting over.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from pipeplan.agents.problem import Problem
 from pipeplan.agents.registry import Planner
+from pipeplan.agents.resume import every, fingerprint, resume_folder
 from pipeplan.agents.rewards import RewardSource
 from pipeplan.agents.search import Search
+from pipeplan.agents.tapp import checkpoint
+from pipeplan.agents.tapp.checkpoint import Checkpointer
 from pipeplan.agents.tapp.nets import TAPPPolicy
 from pipeplan.agents.tapp.trainer import (
     OnIteration,
@@ -55,7 +64,12 @@ class TAPPPlanner(Planner):
 
     def search(self, problem: Problem, search: Search) -> None:
         config: TAPPConfig = self.config
-        if self.policy is not None:
+        checkpointer, resumed = self.checkpointing(problem)
+        if resumed is not None:
+            saved = resumed["policy"]
+            policy = TAPPPolicy(int(saved["hidden"]), int(saved["attention_dim"]))
+            search.options["resumed_from"] = config.resume or config.checkpoint_dir
+        elif self.policy is not None:
             policy = copy.deepcopy(self.policy)  # fine-tuning leaves the caller's intact
         else:
             policy = new_policy(config, problem.seed)
@@ -67,4 +81,18 @@ class TAPPPlanner(Planner):
             should_stop=search.exhausted,
             remaining=lambda: search.remaining_evaluations,
             on_iteration=self.on_iteration,
+            checkpointer=checkpointer,
+            resume=resumed,
         )
+
+    def checkpointing(self, problem: Problem) -> tuple[Checkpointer | None, dict[str, Any] | None]:
+        """Where this search checkpoints (None: it does not), and the checkpoint it goes on
+        from (``resume``, else one in ``checkpoint_dir``; None: a fresh start)."""
+        c: TAPPConfig = self.config
+        fp = fingerprint(problem, self.name, self.options)
+        interval = every(c.checkpoint_dir, c.checkpoint_every)
+        writer = None
+        if c.checkpoint_dir is not None and interval is not None:
+            writer = Checkpointer(Path(c.checkpoint_dir), interval, fp)
+        folder = resume_folder(self.name, c.checkpoint_dir, c.resume, checkpoint.CHECKPOINT)
+        return writer, None if folder is None else checkpoint.load(folder, fp)

@@ -24,13 +24,18 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pipeplan.agents.problem import Budget, Objective, Problem, ProblemError
+from pipeplan.agents.resume import check_checkpoint_options
 from pipeplan.agents.search import Search
+from pipeplan.agents.tapp import checkpoint
+from pipeplan.agents.tapp.checkpoint import Checkpointer, LoopState
 from pipeplan.agents.tapp.features import PlanContext, make_context
 from pipeplan.agents.tapp.nets import TAPPPolicy
 from pipeplan.agents.tapp.sampling import Sample, sample_plans
@@ -92,6 +97,14 @@ class TAPPConfig:
     """replay the best this many distinct plans seen in every update (their decisions, their
     cached rewards; no evaluation): self-imitation of the elite (0: off; its effect is in
     bench/results/rl_quality/)"""
+    checkpoint_dir: str | None = None
+    """write a checkpoint of the search into this folder (:mod:`agents.tapp.checkpoint`), and
+    continue from the one it holds when it holds one"""
+    checkpoint_every: int | None = None
+    """iterations between two checkpoints (None: :data:`agents.resume.DEFAULT_CHECKPOINT_EVERY`
+    when ``checkpoint_dir`` is set)"""
+    resume: str | None = None
+    """continue the search from the checkpoint in this folder (it must hold one)"""
 
     def __post_init__(self) -> None:
         positive = (
@@ -110,6 +123,21 @@ class TAPPConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ProblemError(f"tapp.{name}: must be None or >= 1, got {value!r}")
+        check_checkpoint_options("tapp", self.checkpoint_dir, self.checkpoint_every, self.resume)
+        if self.pretrained is not None:
+            check_policy_file(self.pretrained, "tapp.pretrained")
+
+
+def check_policy_file(path: str, what: str) -> None:
+    """``path`` holds a policy :meth:`TAPPPolicy.save` wrote; :class:`ProblemError` naming
+    ``what`` otherwise (no such file, or a file that is not one)."""
+    if not isinstance(path, str) or not Path(path).is_file():
+        raise ProblemError(f"{what}: no policy file at {path!r}")
+    try:
+        TAPPPolicy.load(path)
+    except Exception as e:  # torch raises several kinds for a file that is not its own
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ProblemError(f"{what}: {path} is not a TAPP policy ({first})") from None
 
 
 @dataclass
@@ -296,12 +324,20 @@ def train(
     should_stop: Callable[[], bool] = lambda: False,
     remaining: Callable[[], int | None] = lambda: None,
     on_iteration: OnIteration | None = None,
+    checkpointer: Checkpointer | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> list[IterationLog]:
     """Run REINFORCE over ``tasks`` (picked uniformly at random when several) until
     ``config.iterations``, ``config.patience``, ``should_stop()`` or ``remaining() == 0``;
-    every ``config.greedy_every`` iterations the policy's most likely plan is evaluated too."""
+    every ``config.greedy_every`` iterations the policy's most likely plan is evaluated too.
+    With a ``checkpointer``, every ``checkpointer.every`` iterations the whole loop is saved
+    (:mod:`agents.tapp.checkpoint`); ``resume``, a checkpoint :func:`checkpoint.load` read,
+    continues it (the iteration count, the generators, the tasks' book-keeping)."""
     with torch_threads(config.threads):
-        return _train(policy, tasks, config, seed, should_stop, remaining, on_iteration)
+        return _train(
+            policy, tasks, config, seed, should_stop, remaining, on_iteration, checkpointer,
+            resume,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -324,6 +360,8 @@ def _train(
     should_stop: Callable[[], bool],
     remaining: Callable[[], int | None],
     on_iteration: OnIteration | None,
+    checkpointer: Checkpointer | None,
+    resume: dict[str, Any] | None,
 ) -> list[IterationLog]:
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -331,9 +369,13 @@ def _train(
     optimizer: torch.optim.Optimizer = torch.optim.Adam(
         policy.parameters(), lr=config.learning_rate
     )
+    loop = LoopState()
+    if resume is not None:
+        loop, initial = checkpoint.restore(resume, policy, optimizer, gen, rng, list(tasks))
     logs: list[IterationLog] = []
-    start, it, stale, fresh = time.perf_counter(), 0, 0, 0
-    while config.iterations is None or it < config.iterations:
+    start = time.perf_counter()
+    while config.iterations is None or loop.iteration < config.iterations:
+        it, stale, fresh = loop.iteration, loop.stale, loop.fresh
         if should_stop() or (config.patience is not None and stale >= config.patience):
             break
         if config.restart_after is not None and fresh >= config.restart_after:
@@ -352,6 +394,9 @@ def _train(
         stale = 0 if task.best_value < best_before else stale + 1
         fresh = 0 if stale == 0 else fresh + 1
         it += 1
+        loop = LoopState(it, stale, fresh)
+        if checkpointer is not None and checkpointer.due(it):
+            checkpoint.save(checkpointer, loop, policy, initial, optimizer, gen, rng, list(tasks))
         log = IterationLog(
             iteration=it,
             profile=task.context.profile.name,
@@ -365,6 +410,8 @@ def _train(
         logs.append(log)
         if on_iteration is not None:
             on_iteration(log)
+    if checkpointer is not None and logs and not checkpointer.due(loop.iteration):
+        checkpoint.save(checkpointer, loop, policy, initial, optimizer, gen, rng, list(tasks))
     return logs
 
 
