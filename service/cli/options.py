@@ -20,7 +20,8 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from pipeplan.agents.problem import Budget, Objective
+from pipeplan.agents.problem import Budget, Objective, ProblemError
+from pipeplan.agents.registry import planner_class
 from pipeplan.core._io import read_document
 from pipeplan.core.model_refs import parse_options as parse_model_options
 from pipeplan.core.model_refs import parse_shape
@@ -273,6 +274,14 @@ WorkersOpt = Annotated[
     ),
 ]
 IterationsOpt = Annotated[int | None, typer.Option(help="tapp/ppo: training iterations")]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="tapp: start from this saved policy (a TAPP policy file, e.g. the policy.pt a "
+        "checkpointed search writes); the planner option pretrained",
+    ),
+]
 RewardOpt = Annotated[
     Reward,
     typer.Option(
@@ -292,13 +301,19 @@ PlannersOpt = Annotated[
 # any other planner asks for a parallel reward: reward_for_workers)
 WORKERS_OPTION = {"ppo": "num_env_runners"}
 ITERATIONS_OPTION = {"tapp": "iterations", "ppo": "iterations"}
+POLICY_OPTION = {"tapp": "pretrained"}
 
 
 def parse_options(
-    planner: str, pairs: Sequence[str], workers: int | None, iterations: int | None
+    planner: str,
+    pairs: Sequence[str],
+    workers: int | None,
+    iterations: int | None,
+    policy: Path | None = None,
 ) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (values read as JSON when they parse, else as strings) plus the
-    RL flags mapped to the planner's own option names."""
+    RL flags mapped to the planner's own option names (``--policy``: an absolute path, for
+    a planner that starts from a policy)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -308,9 +323,11 @@ def parse_options(
             options[key] = json.loads(raw)
         except json.JSONDecodeError:
             options[key] = raw
+    path = None if policy is None else str(policy.expanduser().absolute())
     for flag, value, table in (
         ("--workers", workers if planner in WORKERS_OPTION else None, WORKERS_OPTION),
         ("--iterations", iterations, ITERATIONS_OPTION),
+        ("--policy", path, POLICY_OPTION),
     ):
         if value is None:
             continue
@@ -318,6 +335,21 @@ def parse_options(
             raise CliError(f"{flag}: only applies to {' and '.join(table)}, not {planner!r}")
         options[table[planner]] = value
     return options
+
+
+def check_policy(planner: str, policy: Path) -> None:
+    """``--policy`` names a policy file ``planner`` can start from: it exists and holds a
+    saved policy (the planner's own check, which loads it); :class:`CliError` naming the
+    flag otherwise."""
+    if planner not in POLICY_OPTION:
+        raise CliError(f"--policy: only applies to {' and '.join(POLICY_OPTION)}, not {planner!r}")
+    if not policy.is_file():
+        raise CliError(f"--policy: no policy file at {str(policy)!r}")
+    options: dict[str, Any] = {POLICY_OPTION[planner]: str(policy.absolute())}
+    try:
+        planner_class(planner)(**options)
+    except ProblemError as e:
+        raise CliError(f"--policy: {e}") from None
 
 
 def reward_for_workers(planner: str, reward: Reward, workers: int | None) -> Reward:

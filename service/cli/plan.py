@@ -5,7 +5,8 @@ answer) on one problem.
 plan's per-stage estimate; ``compare`` prints one table, with each plan's ratio to the best
 and to the exact optimum when ``brute`` (preferred) or ``dp`` ran. ``plan --planner tapp
 --reward measured`` trains TAPP on batch times measured on the cluster
-(:mod:`service.tasks.search`: small default budgets, each evaluation is a run).
+(:mod:`service.tasks.search`: small default budgets, each evaluation is a run); ``--policy
+FILE`` starts TAPP from a saved policy (its ``pretrained`` option).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from pipeplan.service.cli.options import (
     JsonOpt,
     OptionOpt,
     PlannersOpt,
+    PolicyOpt,
     ProblemFlags,
     RepeatsOpt,
     RewardOpt,
     WorkersOpt,
+    check_policy,
     parse_options,
     problem_options,
     reward_for_workers,
@@ -100,9 +103,12 @@ def plan_command(
     reward: RewardOpt = Reward.SIMULATED,
     repeats: RepeatsOpt = 3,
     address: AddressOpt = None,
+    policy: PolicyOpt = None,
 ) -> None:
     """Search a plan with one planner; print its per-stage estimate."""
-    options = parse_options(planner, option or [], workers, iterations)
+    if policy is not None:
+        check_policy(planner, policy)
+    options = parse_options(planner, option or [], workers, iterations, policy)
     reward = reward_for_workers(planner, reward, workers)
     request = PlanRequest(
         **problem.fields(), planner=planner, options=options, reward=reward, repeats=repeats,
