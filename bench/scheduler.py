@@ -3,10 +3,7 @@
 ``pipeplan serve`` with its embedded cluster of the ``local-pipeline`` preset (three nodes,
 six devices; ``ray start`` with token auth on free loopback ports; database, config and
 cluster record in a temporary folder; ``PIPEPLAN_POOL_SIZE=0``: no planner pool, which
-device jobs never use; ``RAY_TMPDIR`` in that folder too: Ray's job supervisor gives a job's
-driver the address of the newest cluster recorded in its Ray temp folder, so with Ray's
-default one, shared by every cluster of the machine, a cluster started by anyone else
-meanwhile would take the drivers of the jobs submitted after it). ``--jobs`` ``run`` jobs of
+device jobs never use). ``--jobs`` ``run`` jobs of
 the ``digits_cnn`` zoo model, drawn with a fixed seed: each a pipeline of 1 to 4 of the
 preset's devices (one per stage, the eight layers split at random cuts), a number of steps
 from :data:`STEPS` (so that the jobs take different times), and a few with a higher
@@ -455,7 +452,6 @@ def run(a: argparse.Namespace, tmp: Path, drawn: Sequence[Doc], profile: Doc) ->
     server = serve_process(tmp, secrets.token_urlsafe(24))
     server.argv[server.argv.index("--cluster") + 1] = PRESET
     server.env["PIPEPLAN_POOL_SIZE"] = "0"
-    server.env["RAY_TMPDIR"] = str(tmp / "r")  # see the module docstring
     out: Doc = {}
     try:
         server.start()

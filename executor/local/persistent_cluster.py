@@ -7,8 +7,13 @@ head) with token authentication (``RAY_AUTH_MODE=token``), loopback addresses
 advertising its ``device:TYPE`` resources and its ``pipeplan_node:NAME`` marker. It records
 the address, the dashboard URL and every process it started (PID and start time) in
 ``STATE_DIR/cluster.json``; :func:`stop_persistent` stops exactly those processes (and their
-children, such as Ray workers) and nothing else. ``ray status --address ADDRESS`` and the
-dashboard show the cluster meanwhile.
+children, such as Ray workers) and nothing else.
+
+Every node gets a Ray temp folder of the cluster's own (``--temp-dir``), removed when the
+cluster stops. Ray's job supervisor hands a Ray Job's driver the address of the newest
+cluster recorded in its node's temp folder; in Ray's default one, shared by every cluster on
+the machine, a cluster someone started later would take the drivers of this cluster's jobs.
+``ray status --address ADDRESS`` and the dashboard show the cluster meanwhile.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +69,8 @@ class PersistentCluster:
     nodes: tuple[str, ...]
     processes: tuple[ProcessRecord, ...]
     log_dir: str
+    temp_dir: str = ""
+    """The nodes' Ray temp folder ("": Ray's default, for a state file written before)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -73,7 +82,13 @@ class PersistentCluster:
     def from_dict(cls, d: dict[str, Any]) -> PersistentCluster:
         procs = tuple(ProcessRecord(**p) for p in d["processes"])
         return cls(
-            d["name"], d["address"], d["dashboard_url"], tuple(d["nodes"]), procs, d["log_dir"]
+            d["name"],
+            d["address"],
+            d["dashboard_url"],
+            tuple(d["nodes"]),
+            procs,
+            d["log_dir"],
+            d.get("temp_dir", ""),
         )
 
 
@@ -89,13 +104,14 @@ def ray_start_command() -> list[str]:
 
 
 def _node_command(
-    node: Node, head_port: int | None, address: str | None, object_store_mb: int
+    node: Node, head_port: int | None, address: str | None, object_store_mb: int, temp_dir: str
 ) -> list[str]:
     resources = node_resources(node)
     cmd = [
         *ray_start_command(),
         "--block",
         "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
         "--num-cpus=1",
         f"--object-store-memory={object_store_mb * 2**20}",
         f"--resources={json.dumps(resources)}",
@@ -222,10 +238,12 @@ def start_persistent(
     runtime.ensure_token_auth()  # ray start --head refuses token mode without a token file
     port, dash = runtime.free_port(), runtime.free_port()
     address = f"127.0.0.1:{port}"
+    # Short, under the system's temp folder: Ray's socket paths live below it.
+    temp_dir = tempfile.mkdtemp(prefix="pipeplan-ray-")
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, node in enumerate(spec.nodes):
-            cmd = _node_command(node, port if i == 0 else None, address, object_store_mb)
+            cmd = _node_command(node, port if i == 0 else None, address, object_store_mb, temp_dir)
             if i == 0:
                 cmd.append(f"--dashboard-port={dash}")
             log = state_dir / f"{node.name}.log"
@@ -234,6 +252,7 @@ def start_persistent(
         _wait_nodes(address, len(spec.nodes), procs, timeout_s)
     except BaseException:
         stop_processes([r for p in procs for r in process_tree(p.pid)], grace_s=10.0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     records = tuple(r for p in procs for r in process_tree(p.pid))
     state = PersistentCluster(
@@ -243,6 +262,7 @@ def start_persistent(
         tuple(n.name for n in spec.nodes),
         records,
         str(state_dir),
+        temp_dir,
     )
     (state_dir / STATE_FILE).write_text(json.dumps(state.to_dict(), indent=2))
     return state
@@ -270,6 +290,8 @@ def stop_persistent(state_dir: Path | None = None, *, grace_s: float = 15.0) -> 
     state_dir = state_dir or default_state_dir()
     state = read_state(state_dir)
     stopped = stop_processes(list(state.processes), grace_s)
+    if state.temp_dir:
+        shutil.rmtree(state.temp_dir, ignore_errors=True)
     (state_dir / STATE_FILE).unlink()
     return stopped
 

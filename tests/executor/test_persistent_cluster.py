@@ -32,6 +32,10 @@ def test_up_status_connect_down(tmp_path: Path) -> None:
         assert state.dashboard_url.startswith("http://127.0.0.1:")
         assert (tmp_path / persistent.STATE_FILE).exists()
         assert persistent.is_running(state)
+        # Ray Jobs' drivers find this cluster in its own temp folder, not Ray's shared one
+        recorded = Path(state.temp_dir, "ray_current_cluster").read_text()
+        assert state.address in recorded
+        assert persistent.read_state(tmp_path).temp_dir == state.temp_dir
         assert status_persistent(tmp_path).count("node_") >= 2
         with pytest.raises(ExecutorError, match="already running"):
             start_persistent(SPEC, tmp_path)
@@ -49,3 +53,4 @@ def test_up_status_connect_down(tmp_path: Path) -> None:
     assert stopped >= len(state.processes)
     assert not persistent.is_running(state)
     assert not (tmp_path / persistent.STATE_FILE).exists()
+    assert not Path(state.temp_dir).exists()
