@@ -161,6 +161,7 @@ def submit_plan(
     iterations: opts.IterationsOpt = None,
     reward: opts.RewardOpt = Reward.SIMULATED,
     repeats: opts.RepeatsOpt = 3,
+    policy: opts.PolicyOpt = None,
     spec: SpecOpt = None,
     name: NameOpt = None,
     server: ServerOpt = None,
@@ -173,7 +174,7 @@ def submit_plan(
     def build() -> PlanRequest:
         who = require("--planner", planner)
         fields = problem_fields(problem)
-        options = opts.parse_options(who, option or [], workers, iterations)
+        options = opts.parse_options(who, option or [], workers, iterations, policy)
         how = opts.reward_for_workers(who, reward, workers)
         return PlanRequest(
             **fields, planner=who, options=options, reward=how, repeats=repeats,
