@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
@@ -712,7 +712,10 @@ def compose_files(
 def render(request: DeployRenderRequest) -> Rendered:
     """The cluster-dependent files for ``request.spec``, nothing written yet."""
     dep = load_spec(request.spec)
-    parts = {DeployTarget.K8S: k8s_files, DeployTarget.COMPOSE: compose_files}
+    parts: dict[DeployTarget, Callable[[DeploySpec, DeployRenderRequest], dict[str, str]]] = {
+        DeployTarget.K8S: k8s_files,
+        DeployTarget.COMPOSE: compose_files,
+    }
     files: dict[str, str] = {}
     for target, make in parts.items():
         if request.target is DeployTarget.ALL:
