@@ -53,10 +53,11 @@ class Settings(BaseSettings):
     """How much of a failed job's log its error keeps (reconcile)."""
     sse_poll_s: float = Field(default=0.5, gt=0)
     """How often a live event stream looks for new events."""
-    pool_size: int = Field(default=2, ge=0, le=64)
+    pool_size: int | None = Field(default=None, ge=0, le=64)
     """Workers of the planner pool: long-lived Ray actors that run the jobs needing no
     device (cost-model plans and comparisons, profiles without ``measure``) without a Ray
-    Job's start-up, at most this many at once (0: no pool; every job is a Ray Job)."""
+    Job's start-up, at most this many at once (0: no pool; every job is a Ray Job; ``None``:
+    the cluster's CPUs minus one, at least one and at most 64)."""
     pool_address: str | None = None
     """The Ray cluster's GCS address (``host:port``) the pool's workers start on; ``None``:
     the embedded cluster's. Joining a cluster by ``ray_address`` without it, the service

@@ -87,7 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "provision": (
         "pipeplan.service.cli.provision:register",
-        "What to rent from a catalogue to reach a throughput, and the price/throughput front.",
+        "What to rent for a throughput or a budget, the price front; --apply deploys it.",
     ),
     "calibrate": (
         "pipeplan.service.cli.calibrate:register",

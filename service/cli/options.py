@@ -201,9 +201,9 @@ def problem_options(
     as one ``ProblemFlags``.
 
     ``declare``: field -> ``(annotation, default)`` for an option a command declares its own
-    way (``submit``'s optional ``--cluster``, ``provision``'s required ``--min-throughput``;
-    :data:`REQUIRED` for no default); ``fixed``: field -> the value of an option the command
-    does not have (``provision``'s objective)."""
+    way (``submit``'s optional ``--cluster``, ``provision``'s ``--objective`` that defaults
+    to cost; :data:`REQUIRED` for no default); ``fixed``: field -> the value of an option the
+    command does not have."""
     return _flag_options(ProblemFlags, "problem", declare, fixed)
 
 

@@ -1,6 +1,8 @@
-"""``pipeplan provision``: what to rent from a catalogue for a throughput target -- the rental
-table (nodes by kind, devices by type, prices) and the Pareto front of $/hour against
-throughput over a sweep of targets (a table, and a PNG with ``--out``)."""
+"""``pipeplan provision``: what to rent from a catalogue -- the cheapest per sample at a
+throughput target (``--objective cost``) or the fastest within a budget (``--objective
+throughput``) -- as the rental table (nodes by kind, devices by type, prices) and the Pareto
+front of $/hour against throughput (a table, and a PNG with ``--out``). With ``--apply``, the
+rental's deployment is written into ``--out`` instead (:mod:`service.tasks.apply`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,16 @@ from matplotlib.figure import Figure
 from rich.table import Table
 
 from pipeplan.agents.problem import Objective
-from pipeplan.service.cli.console import ConsoleReporter, clean_errors, echo_json, out, say
+from pipeplan.service.cli.console import (
+    CliError,
+    ConsoleReporter,
+    clean_errors,
+    cluster_ref,
+    echo_json,
+    out,
+    say,
+)
 from pipeplan.service.cli.options import (
-    REQUIRED,
     JsonOpt,
     OptionOpt,
     ProblemFlags,
@@ -22,15 +31,61 @@ from pipeplan.service.cli.options import (
     problem_options,
 )
 from pipeplan.service.render import estimate_table, rental_lines, totals_lines
+from pipeplan.service.tasks.apply import RentalRenderRequest
+from pipeplan.service.tasks.deploy import DeployTarget
 from pipeplan.service.tasks.provision import FrontPoint, Provisioned, ProvisionRequest, provision
 
-TargetOpt = Annotated[float, typer.Option("--min-throughput", help="samples/s to reach")]
+ObjectiveOpt = Annotated[
+    Objective,
+    typer.Option(
+        help="cost: cheapest $/sample at --min-throughput; throughput: most samples/s within "
+        "--max-price"
+    ),
+]
+TargetOpt = Annotated[
+    float | None, typer.Option("--min-throughput", help="cost: samples/s to reach")
+]
+MaxPriceOpt = Annotated[
+    float | None,
+    typer.Option("--max-price", help="throughput: most $/hour for the rented nodes in full"),
+]
 PlannerOpt = Annotated[str, typer.Option("--planner", help="the planner answering each target")]
-TargetsOpt = Annotated[int, typer.Option(help="targets in the sweep (the front)")]
+TargetsOpt = Annotated[
+    int,
+    typer.Option(
+        help="cost: targets in the sweep (the front); throughput: most targets the budget "
+        "search asks about"
+    ),
+]
 SpreadOpt = Annotated[
     float, typer.Option(help="the sweep runs from min-throughput / spread to x spread")
 ]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="write the front as a PNG here")]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out", help="the front as a PNG here; with --apply, the folder the deployment goes into"
+    ),
+]
+ApplyOpt = Annotated[
+    DeployTarget | None,
+    typer.Option(
+        "--apply",
+        help="write the rental's deployment into --out: k8s (RayCluster + spec), compose "
+        "(Ray nodes + spec) or all (OUT/k8s and OUT/compose)",
+    ),
+]
+AutoscaleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--autoscale",
+        help="with --apply k8s: in-tree autoscaling, each group from its rented count up to "
+        "the catalogue's count",
+    ),
+]
+ScaleToZeroOpt = Annotated[
+    bool,
+    typer.Option("--scale-to-zero", help="with --autoscale: each group's minReplicas is 0"),
+]
 
 
 def rental_table(done: Provisioned) -> Table:
@@ -85,39 +140,84 @@ def draw_front(points: tuple[FrontPoint, ...], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def apply_request(
+    cluster: str, apply: DeployTarget | None, folder: Path | None, autoscale: bool, zero: bool
+) -> RentalRenderRequest | None:
+    """``--apply`` and its flags as the request's ``apply``, checked before any search."""
+    if apply is None:
+        for flag, given in (("--autoscale", autoscale), ("--scale-to-zero", zero)):
+            if given:
+                raise CliError(f"{flag}: only applies with --apply k8s (or all)")
+        return None
+    if folder is None:
+        raise CliError(f"--apply {apply.value}: needs --out, the folder to write into")
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--out: {str(folder)!r} is a file; --apply writes a folder")
+    fields = {"spec": cluster_ref(cluster), "target": apply, "autoscale": autoscale}
+    return RentalRenderRequest.model_validate(fields | {"scale_to_zero": zero})
+
+
+def write_rendered(done: Provisioned, folder: Path) -> None:
+    """Write the rendered deployment under ``folder``; say what, then each path."""
+    if done.rendered is None or done.planned.rental is None:
+        return
+    written = done.rendered.write(folder)
+    kinds = ", ".join(f"{k} x{n}" for k, n in done.planned.rental.nodes.items())
+    say(f"rental {kinds}: wrote {len(written)} files under {folder}")
+    for path in written:
+        say(str(path))
+
+
 @clean_errors
 @problem_options(
-    declare={"min_throughput": (TargetOpt, REQUIRED)}, fixed={"objective": Objective.COST}
+    declare={"objective": (ObjectiveOpt, Objective.COST), "min_throughput": (TargetOpt, None)}
 )
 def provision_command(
     problem: ProblemFlags,
+    max_price: MaxPriceOpt = None,
     planner: PlannerOpt = "provision_dp",
     targets: TargetsOpt = 8,
     spread: SpreadOpt = 4.0,
     option: OptionOpt = None,
-    out_png: OutOpt = None,
+    out_path: OutOpt = None,
+    apply: ApplyOpt = None,
+    autoscale: AutoscaleOpt = False,
+    scale_to_zero: ScaleToZeroOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """What to rent from a catalogue to reach a throughput, and the price/throughput front."""
+    """What to rent for a throughput or a budget, the price front; --apply deploys it.
+
+    The cheapest rental per sample at --min-throughput (cost), or the fastest within
+    --max-price (throughput); the price/throughput front; with --apply, the rental's
+    KubeRay or Compose deployment written into --out."""
+    deploy = apply_request(problem.cluster, apply, out_path, autoscale, scale_to_zero)
     request = ProvisionRequest(
-        **problem.fields(), planner=planner,
+        **problem.fields(), planner=planner, max_price_per_hour=max_price,
         options=parse_options(planner, option or [], None, None), targets=targets, spread=spread,
+        apply=deploy,
     )  # fmt: skip
-    done = provision(request, ConsoleReporter(Objective.COST))
-    if out_png is not None:
-        draw_front(done.front, out_png)
-        say(f"wrote {out_png}")
+    done = provision(request, ConsoleReporter(Objective.COST))  # every answer is a cost search
+    if out_path is not None and deploy is not None:
+        write_rendered(done, out_path)
+    elif out_path is not None:
+        draw_front(done.front, out_path)
+        say(f"wrote {out_path}")
     if as_json:
         echo_json(done.to_dict())
         return
     est = done.planned.result.estimate
-    out().print(
-        estimate_table(est, f"{planner}: plan at >= {problem.min_throughput:,.1f} samples/s")
-    )
+    out().print(estimate_table(est, f"{planner}: {goal(request)}"))
     out().print(rental_table(done))
     for line in [*totals_lines(est), *rental_lines(done.planned)]:
         typer.echo(line)
     out().print(front_table(done.front))
+
+
+def goal(request: ProvisionRequest) -> str:
+    """What the rental answers, for a table's title."""
+    if request.objective is Objective.THROUGHPUT:
+        return f"fastest plan within ${request.max_price_per_hour:,.2f}/h"
+    return f"plan at >= {request.min_throughput:,.1f} samples/s"
 
 
 def register(app: typer.Typer) -> None:

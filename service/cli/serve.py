@@ -42,6 +42,7 @@ from pipeplan.executor.local.persistent_cluster import (
 )
 from pipeplan.executor.worker_pool import RayWorkers
 from pipeplan.service.api.app import create_app
+from pipeplan.service.api.backend import ClusterState
 from pipeplan.service.api.pool import WARM_MODULES, PlannerPool
 from pipeplan.service.api.ray_jobs import RayJobsBackend
 from pipeplan.service.api.settings import Settings, SettingsError, check_bind, resolve_token
@@ -125,18 +126,34 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def planner_pool(settings: Settings, gcs_address: str | None) -> PlannerPool | None:
+def default_pool_size(cluster: ClusterState) -> int:
+    """The cluster's CPUs minus one (the rest for the jobs' drivers and Ray), at least one
+    and at most 64: how many cost-model jobs run at once when ``pool_size`` is not set."""
+    cpus = sum(n.cpus for n in cluster.nodes if n.alive)
+    return max(1, min(64, int(cpus) - 1))
+
+
+def planner_pool(
+    settings: Settings, gcs_address: str | None, backend: RayJobsBackend
+) -> PlannerPool | None:
     """The planner pool the settings ask for, on the cluster at ``gcs_address`` (the
     embedded one's; ``pool_address`` wins); None when ``pool_size`` is 0 or no address is
-    known (said)."""
+    known (said). Without ``pool_size``, sized by :func:`default_pool_size` from what
+    ``backend``'s cluster has now."""
     address = settings.pool_address or gcs_address
     if settings.pool_size == 0:
         return None
     if address is None:
         say("planner pool: off (joining by ray_address: set pool_address, the GCS address)")
         return None
+    size = settings.pool_size
+    if size is None:
+        cluster = backend.cluster_state()
+        size = default_pool_size(cluster)
+        if cluster.error:
+            say(f"planner pool: cluster CPUs unknown ({cluster.error}); {size} worker")
     workers = RayWorkers(address, settings.ray_namespace, WARM_MODULES, prefix="planner")
-    return PlannerPool(workers, settings.pool_size)
+    return PlannerPool(workers, size)
 
 
 def run_server(
@@ -147,8 +164,9 @@ def run_server(
 ) -> None:
     """The app on uvicorn, on the bound ``listener``, until SIGINT or SIGTERM (then
     :class:`Shutdown`)."""
-    pool = planner_pool(settings, gcs_address)
-    app = create_app(settings, backend=RayJobsBackend(jobs_address), pool=pool)
+    backend = RayJobsBackend(jobs_address)
+    pool = planner_pool(settings, gcs_address, backend)
+    app = create_app(settings, backend=backend, pool=pool)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
     say(f"pipeplan service at {settings.public_url} (jobs on Ray at {jobs_address})")
     if pool is not None:

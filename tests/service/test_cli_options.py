@@ -46,9 +46,9 @@ def test_every_planning_command_takes_the_problem_options_as_declared(command: s
 
 def test_the_variants_keep_their_own_declarations() -> None:
     provision, submit = _options("provision"), _options("submit plan")
-    assert "objective" not in provision
-    assert provision["min_throughput"].required and provision["min_throughput"].help == (
-        "samples/s to reach"
+    assert provision["objective"].default == Objective.COST
+    assert not provision["min_throughput"].required and provision["min_throughput"].help == (
+        "cost: samples/s to reach"
     )
     assert _options("plan")["cluster"].required
     assert not submit["cluster"].required and submit["cluster"].default is None

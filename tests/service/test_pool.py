@@ -16,7 +16,13 @@ from fastapi.testclient import TestClient
 
 from pipeplan.executor.worker_pool import Outcome, WorkerLost, WorkerTimeout, resolve
 from pipeplan.service.api.app import create_app
-from pipeplan.service.api.backend import BackendState, BackendStatus, Submission
+from pipeplan.service.api.backend import (
+    BackendState,
+    BackendStatus,
+    ClusterState,
+    NodeState,
+    Submission,
+)
 from pipeplan.service.api.calibration_fit import FitWorker
 from pipeplan.service.api.pool import (
     JOB_TARGET,
@@ -29,6 +35,7 @@ from pipeplan.service.api.pool import (
 from pipeplan.service.api.schemas import JobKind, JobState
 from pipeplan.service.api.store import Store
 from pipeplan.service.cli.job import run_in_process
+from pipeplan.service.cli.serve import default_pool_size
 from tests.core.test_formats import PROFILE
 from tests.service.api.conftest import AUTH, FakeBackend, make_settings
 
@@ -324,6 +331,18 @@ def test_closing_fails_what_waits_and_refuses_more(make_pool: Any) -> None:
 def test_the_pool_size_is_checked() -> None:
     with pytest.raises(ValueError, match="size: a pool needs >= 1 worker, got 0"):
         PlannerPool(FakeWorkers(succeed), 0)
+
+
+def test_the_default_pool_size_is_the_clusters_cpus_minus_one() -> None:
+    def cluster(*cpus: float, dead: float = 0.0) -> ClusterState:
+        nodes = [NodeState(f"n{i}", str(i), True, cpus=c) for i, c in enumerate(cpus)]
+        return ClusterState((*nodes, NodeState("gone", "x", False, cpus=dead)))
+
+    assert default_pool_size(cluster(1, 1, 1)) == 2  # the embedded presets' three nodes
+    assert default_pool_size(cluster(16, 16, dead=16)) == 31  # a dead node's CPUs not counted
+    assert default_pool_size(cluster(1)) == 1  # never below one worker
+    assert default_pool_size(ClusterState(error="dashboard down")) == 1
+    assert default_pool_size(cluster(*[32.0] * 8)) == 64  # the setting's bound
 
 
 # --- routing ----------------------------------------------------------------------------------
