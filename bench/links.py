@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 import ray
-from scipy.optimize import nnls
 import torch
 from rich.console import Console
+from scipy.optimize import nnls
 
 from bench.common import OUT_HELP, table
 from bench.record import BenchRun, display, load_average
