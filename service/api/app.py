@@ -6,9 +6,13 @@ On start (lifespan) the tables are created, the calibrator's thread starts (it r
 clusters whose runs arrived since their last fit, :mod:`service.api.calibration`; the fits
 run in a child process, ended on shutdown), and every unfinished job is reconciled with the
 backend (API.md, "Delivery and restarts"): still running -> keep waiting; finished without a
-``result`` event -> ``failed`` with the backend's message and the log tail. The same
-reconcile runs every ``reconcile_every_s`` while the service is up, so a job whose driver
-dies ends ``failed`` without a restart. Every error is JSON ``{"detail": "..."}``.
+``result`` event -> ``failed`` with the backend's message and the log tail, unless its work
+was lost (a dead driver or node) and it has ``retries`` left: then it is handed to the
+backend again (:mod:`service.api.retries`). The same reconcile runs every
+``reconcile_every_s`` while the service is up, so a job whose driver dies is retried or ends
+``failed`` without a restart. The backend the routes see is asked for a job's current
+attempt (:class:`~service.api.backend.AttemptsBackend`). Every error is JSON ``{"detail":
+"..."}``.
 
 Given a planner pool (:mod:`service.api.pool`), the backend the routes see routes each job
 between the pool and the backend given; the pool's workers start with the service and end
@@ -23,6 +27,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,7 +38,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.core.errors import PipeplanError
-from pipeplan.service.api.backend import BackendState, JobsBackend
+from pipeplan.service.api.backend import BackendState, JobsBackend, by_attempts
 from pipeplan.service.api.calibration import Calibrator
 from pipeplan.service.api.calibration_fit import FitWorker
 from pipeplan.service.api.deps import AppContext
@@ -41,6 +46,7 @@ from pipeplan.service.api.metrics import Metrics, MetricsMiddleware
 from pipeplan.service.api.pool import PlannerPool, route_jobs
 from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.ray_jobs import RayJobsBackend
+from pipeplan.service.api.retries import Forget, retries_left, retry, was_lost
 from pipeplan.service.api.routes import (
     artifacts,
     catalog,
@@ -67,44 +73,95 @@ UNKNOWN_GRACE = timedelta(seconds=60)
 may take a moment to show)."""
 
 
-def _failure(job: Job, state: BackendState, message: str, tail: str) -> str:
+def _failure(state: BackendState, message: str) -> str:
     reason = f"the job's work ended ({state.value}) without a result"
-    reason += f": {message.strip()}" if message.strip() else ""
+    return f"{reason}: {message.strip()}" if message.strip() else reason
+
+
+def _with_tail(reason: str, tail: str) -> str:
     return f"{reason}\n--- log tail ---\n{tail}" if tail else reason
 
 
-def reconcile_job(job: Job, store: Store, backend: JobsBackend, tail_chars: int) -> bool:
-    """End ``job`` ``failed`` when the backend says its work is over (or it never began)
-    and no result came; True when it did."""
+class Reconciled(StrEnum):
+    """What the reconcile did with one job."""
+
+    KEPT = "kept"  # still running, or it has its result: nothing to do
+    FAILED = "failed"  # ended failed: its work is over without a result
+    RETRIED = "retried"  # its work was lost: handed to the backend again
+
+
+def reconcile_job(
+    job: Job,
+    store: Store,
+    backend: JobsBackend,
+    tail_chars: int,
+    server_url: str | None = None,
+    forget: Forget = None,
+) -> Reconciled:
+    """When the backend says the job's work is over (or it never began) and no result came:
+    hand it over again if its work was lost and it has retries left
+    (:mod:`service.api.retries`; only with the service's ``server_url``, which the new
+    attempt reports to; ``forget`` drops what the process remembers of the job's old
+    token), else end it ``failed`` with the backend's message and the log tail (and, after
+    retries, how many attempts it had)."""
     status = backend.status(job.id)
-    lost = status.state is BackendState.UNKNOWN and now() - job.created_at > UNKNOWN_GRACE
-    if not (status.state.finished or lost) or store.has_result(job.id):
-        return False
+    since = store.attempted_at(job.id) or job.created_at
+    unknown = status.state is BackendState.UNKNOWN and now() - since > UNKNOWN_GRACE
+    if not (status.state.finished or unknown) or store.has_result(job.id):
+        return Reconciled.KEPT
     try:
         text = backend.logs(job.id) if status.state.finished else ""
     except Exception as e:  # a log we cannot read is named, not fatal
         text = f"(no log: {e})"
     tail = text[-tail_chars:] if tail_chars else ""
-    message = status.message or ("the backend has no such job" if lost else "")
+    message = status.message or ("the backend has no such job" if unknown else "")
+    reason = _failure(status.state, message)
+    if was_lost(status.state, unknown) and job.retries > 0:
+        if not retries_left(job):
+            reason += f" (attempt {job.attempt} of {job.retries + 1}: no retries left)"
+        elif server_url is not None:
+            done = retry(job, store, backend, server_url, reason, forget)
+            return Reconciled.RETRIED if done else Reconciled.KEPT
     try:
-        store.finish(job.id, JobState.FAILED, error=_failure(job, status.state, message, tail))
+        store.finish(job.id, JobState.FAILED, error=_with_tail(reason, tail))
     except JobFinished:  # it ended meanwhile
-        return False
-    return True
+        return Reconciled.KEPT
+    return Reconciled.FAILED
 
 
-def reconcile(store: Store, backend: JobsBackend, tail_chars: int = 2000) -> list[str]:
-    """Reconcile every unfinished job with the backend; the ids of the jobs it failed."""
+def reconcile(
+    store: Store,
+    backend: JobsBackend,
+    tail_chars: int = 2000,
+    server_url: str | None = None,
+    forget: Forget = None,
+) -> list[str]:
+    """Reconcile every unfinished job with the backend (:func:`reconcile_job`); the ids of
+    the jobs it failed."""
     failed = []
     for job in store.unfinished_jobs():
         if held(job):  # never handed to the backend: the queue starts it in its turn
             continue
         try:
-            if reconcile_job(job, store, backend, tail_chars):
-                failed.append(job.id)
+            done = reconcile_job(job, store, backend, tail_chars, server_url, forget)
         except Exception:  # one job's backend trouble does not stop the others
             log.exception("reconcile: job %s", job.id)
+            continue
+        if done is Reconciled.FAILED:
+            failed.append(job.id)
     return failed
+
+
+def reconcile_context(context: AppContext) -> list[str]:
+    """The service's reconcile (at start and every ``reconcile_every_s``): its store and
+    backend, its URL for the attempts it hands over, and its cache of job token hashes,
+    which forgets a retried job's old token."""
+    s = context.settings
+
+    def forget(job_id: str) -> None:  # a retried job's token is a new one
+        context.token_hashes.pop(job_id, None)
+
+    return reconcile(context.store, context.backend, s.log_tail_chars, s.public_url, forget)
 
 
 def _dispatch(context: AppContext) -> None:
@@ -127,8 +184,7 @@ async def _keep_reconciling(context: AppContext) -> None:
     every = context.settings.reconcile_every_s
     while True:
         await asyncio.sleep(every)
-        s = context.settings
-        await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
+        await run_in_threadpool(reconcile_context, context)
 
 
 @contextlib.asynccontextmanager
@@ -139,7 +195,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if context.pool is not None:
         context.pool.start()
     s = context.settings
-    await run_in_threadpool(reconcile, context.store, context.backend, s.log_tail_chars)
+    await run_in_threadpool(reconcile_context, context)
     await run_in_threadpool(_dispatch, context)
     tasks = []
     if s.reconcile_every_s > 0:
@@ -227,7 +283,7 @@ def create_app(
     the jobs that need no device run in it, and ``POST /v1/plan`` answers from it."""
     settings = settings or get_settings()
     store = store or Store(settings.database_url)
-    backend = backend or default_backend(settings)
+    backend = by_attempts(backend or default_backend(settings), store.get_job)
     if pool is not None:
         backend = route_jobs(backend, pool, store.get_job)
     context = AppContext(

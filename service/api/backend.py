@@ -3,15 +3,17 @@
 The service stores a job, then hands it to the backend: Ray's Jobs API in production
 (:mod:`service.api.ray_jobs`), behind the router that sends cost-model jobs to the planner
 pool (:mod:`service.api.pool`), and a fake in the API's unit tests. The pipeplan job id is the
-backend's submission id, so a retried submission cannot start a job twice.
+backend's submission id of its first attempt, so a retried submission cannot start a job
+twice; a job handed over again after its work was lost (``retries``) gets one id per attempt
+(:func:`attempt_id`) and posts its events from a seq of its own (:func:`first_seq`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class BackendState(StrEnum):
@@ -35,21 +37,54 @@ class BackendStatus:
     message: str = ""
 
 
+SEQS_PER_ATTEMPT = 2**32
+"""Event seqs each attempt of a job has to itself: attempt ``a`` > 1 posts from
+:func:`first_seq` on, after the service's ``attempt`` event at ``first_seq(a) - 1``, so that
+no event of a retry repeats a seq of the attempt before it (a repeated seq is dropped)."""
+
+
+def attempt_id(job_id: str, attempt: int) -> str:
+    """The backend's submission id of a job's ``attempt``: the job id for the first, then
+    ``JOBID-a2``, ``JOBID-a3`` ... (Ray keeps a submission id for good: a retry needs its
+    own)."""
+    if attempt < 1:
+        raise ValueError(f"attempt: must be >= 1, got {attempt}")
+    return job_id if attempt == 1 else f"{job_id}-a{attempt}"
+
+
+def first_seq(attempt: int) -> int:
+    """The first seq the job's work posts in its ``attempt`` (:data:`SEQS_PER_ATTEMPT`)."""
+    if attempt < 1:
+        raise ValueError(f"attempt: must be >= 1, got {attempt}")
+    return 0 if attempt == 1 else (attempt - 1) * SEQS_PER_ATTEMPT + 1
+
+
 @dataclass(frozen=True)
 class Submission:
     """What the backend runs for one job: the pipeplan job entrypoint, told where the
-    service is and given the job's own token (never the API token)."""
+    service is and given the job's own token (never the API token); ``attempt``: which
+    hand-over of the job this is (:func:`attempt_id` names it to the backend)."""
 
     job_id: str
     server_url: str
     job_token: str
+    attempt: int = 1
+
+    @property
+    def submission_id(self) -> str:
+        return attempt_id(self.job_id, self.attempt)
 
 
 class JobsBackend(Protocol):
+    """What the routes, the queue and the reconcile ask of the backend. ``job_id`` is the
+    pipeplan job id; a backend whose submissions carry their own ids (the Ray Jobs backend,
+    one per attempt) is wrapped in :class:`AttemptsBackend`, which reads the current one
+    from the store."""
+
     def submit(self, submission: Submission) -> str:
-        """Start the job's entrypoint; returns the Ray job id (= ``job_id``; ``""`` where
-        the work is not a Ray Job, e.g. in the planner pool). Submitting an id that exists
-        already starts nothing."""
+        """Start the job's entrypoint; returns the Ray job id (``submission.submission_id``;
+        ``""`` where the work is not a Ray Job, e.g. in the planner pool). Submitting an id
+        that exists already starts nothing."""
         ...
 
     def stop(self, job_id: str) -> None:
@@ -106,3 +141,58 @@ class ClusterSource(Protocol):
     def dashboard_url(self) -> str | None:
         """The Ray dashboard's URL (for links), known without asking the cluster."""
         ...
+
+
+class AttemptsBackend:
+    """``inner``, keyed by submission id, seen by job id: :meth:`stop`, :meth:`status` and
+    :meth:`logs` of a job go to the submission of its current attempt (its ``ray_job_id``,
+    read through ``jobs``: ``JOBID``, then ``JOBID-a2`` ... after a retry). A job the store
+    does not know, or one not handed over yet, is asked for by its own id."""
+
+    def __init__(self, inner: JobsBackend, jobs: Callable[[str], Any]) -> None:
+        self.inner, self.jobs = inner, jobs
+
+    def current(self, job_id: str) -> str:
+        """The submission id of the job's current attempt."""
+        try:
+            ray_job_id = self.jobs(job_id).ray_job_id
+        except Exception:  # no such job (or the store cannot say): its own id
+            return job_id
+        return ray_job_id or job_id
+
+    def submit(self, submission: Submission) -> str:
+        return self.inner.submit(submission)
+
+    def stop(self, job_id: str) -> None:
+        self.inner.stop(self.current(job_id))
+
+    def status(self, job_id: str) -> BackendStatus:
+        return self.inner.status(self.current(job_id))
+
+    def logs(self, job_id: str) -> str:
+        return self.inner.logs(self.current(job_id))
+
+    def ready(self) -> str | None:
+        return self.inner.ready()
+
+
+class AttemptsClusterBackend(AttemptsBackend):
+    """An :class:`AttemptsBackend` whose backend can describe its cluster."""
+
+    inner: Any
+
+    def cluster_state(self) -> ClusterState:
+        state: ClusterState = self.inner.cluster_state()
+        return state
+
+    def dashboard_url(self) -> str | None:
+        url: str | None = self.inner.dashboard_url()
+        return url
+
+
+def by_attempts(inner: JobsBackend, jobs: Callable[[str], Any]) -> AttemptsBackend:
+    """``inner`` seen by job id (:class:`AttemptsBackend`); one that describes the cluster
+    when ``inner`` does."""
+    if isinstance(inner, ClusterSource):
+        return AttemptsClusterBackend(inner, jobs)
+    return AttemptsBackend(inner, jobs)

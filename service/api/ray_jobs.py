@@ -5,7 +5,10 @@
 pipeplan CLI of this environment, called by absolute path (a bare ``python`` in a Ray Job
 does not find this venv): ``pipeplan job run --job ID --server URL``, with the job's own
 token in its environment (``PIPEPLAN_JOB_TOKEN``), never the API token. The submission id is
-the pipeplan job id, so a repeated submission starts nothing.
+the pipeplan job id, so a repeated submission starts nothing; a job handed over again after
+its Ray Job died (``retries``) is submitted as ``JOBID-a2``, ``JOBID-a3`` ... (Ray keeps an
+id for good), and the service asks for the current one through
+:class:`~service.api.backend.AttemptsBackend`.
 
 For the dashboard's cluster page, :meth:`RayJobsBackend.cluster_state` reads the nodes and
 what they use from the same Ray dashboard over HTTP (its state API ``/api/v0/nodes`` and
@@ -139,7 +142,7 @@ class RayJobsBackend:
 
     def submit(self, submission: Submission) -> str:
         env = {JOB_TOKEN_ENV: submission.job_token}
-        return self.jobs.submit(submission.job_id, entrypoint(submission), env)
+        return self.jobs.submit(submission.submission_id, entrypoint(submission), env)
 
     def stop(self, job_id: str) -> None:
         self.jobs.stop(job_id)

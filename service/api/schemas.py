@@ -79,6 +79,11 @@ class EventType(StrEnum):
     """A training job wrote a checkpoint: ``{"step", "path"}``."""
     REPLAN = "replan"
     """A training job changed plans: the reason, the new plan and its prediction."""
+    ATTEMPT = "attempt"
+    """The service handed the job to the backend again after its work was lost (its Ray
+    Job's driver or node died): ``{"attempt", "attempts", "submission_id", "reason",
+    "resumes_from"}`` (the checkpoint the new attempt goes on from, or null: from the
+    start). Posted by the service, never by the job."""
     WAITING = "waiting"
     """The job waits for devices others hold: ``{"devices", "held_by"}``. It stays (or
     goes back to) ``queued`` with this as its ``waiting_for`` until its next event; one
@@ -99,6 +104,9 @@ MAX_PRIORITY = 1000
 """A job's ``priority`` is in [-MAX_PRIORITY, MAX_PRIORITY]."""
 MAX_DEADLINE_S = 30 * 24 * 3600.0
 """The longest ``deadline_s``: thirty days."""
+MAX_RETRIES = 10
+"""The most times a plan or compare job is handed to the backend again after its work was
+lost (``retries``)."""
 
 
 class JobCreate(BaseModel):
@@ -117,6 +125,9 @@ class JobCreate(BaseModel):
     that applies (:mod:`service.api.calibration`); false: the spec exactly as given."""
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S)
+    retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
+    """How many times the job is handed to the backend again when its work is lost (only
+    ``plan`` and ``compare`` jobs take it: :class:`RetriesField`)."""
 
 
 # --- the body of POST /v1/jobs: one model per kind --------------------------------------------
@@ -172,10 +183,12 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "weight_decay": Bound(0),
     "evaluations": Bound(1),
     "seconds": Bound(0, open_low=True),
+    "retries": Bound(0, MAX_RETRIES),
 }
 """The range of every number field of a job's spec (and of its ``budget``), by field name:
 stated in the OpenAPI document and enforced by :func:`service.api.validation.check_limits`
-before anything else reads the request."""
+before anything else reads the request. ``retries`` is a field of the job beside its spec
+(:class:`RetriesField`): its range is this table's too."""
 
 NAMED_CHOICES: dict[str, tuple[str, ...]] = {
     "planner": tuple(PLANNERS),
@@ -287,6 +300,19 @@ class JobRequestBase(BaseModel):
     was submitted; none: it waits as long as it takes."""
 
 
+class RetriesField(BaseModel):
+    """The ``retries`` of the kinds whose work is a search (``plan``, ``compare``)."""
+
+    retries: int = Field(
+        default=0,
+        ge=FIELD_BOUNDS["retries"].low,
+        le=FIELD_BOUNDS["retries"].high,
+        description="How many times the service hands the job to Ray again when its Ray "
+        "Job dies (a lost driver or node, not a cancel and not the job's own error); a "
+        "search goes on from its last checkpoint",
+    )
+
+
 class ProfileJob(JobRequestBase):
     """``kind: profile``: the result is the profile document."""
 
@@ -294,7 +320,7 @@ class ProfileJob(JobRequestBase):
     spec: ProfileSpec
 
 
-class PlanJob(JobRequestBase):
+class PlanJob(JobRequestBase, RetriesField):
     """``kind: plan``: the result is ``{"plan", "estimate", ...}``, as ``pipeplan plan
     --json`` prints it."""
 
@@ -302,7 +328,7 @@ class PlanJob(JobRequestBase):
     spec: PlanSpec
 
 
-class CompareJob(JobRequestBase):
+class CompareJob(JobRequestBase, RetriesField):
     """``kind: compare``: the result is the rows ``pipeplan compare --json`` prints."""
 
     kind: Literal[JobKind.COMPARE]
@@ -350,6 +376,7 @@ def job_create(request: AnyJobRequest) -> JobCreate:
         calibration=request.calibration,
         priority=request.priority,
         deadline_s=request.deadline_s,
+        retries=request.retries if isinstance(request, RetriesField) else 0,
     )
 
 
@@ -483,6 +510,11 @@ class Job(BaseModel):
     turn, ``{"behind": [job ids]}`` (the queued jobs that start before it)."""
     priority: int = 0
     deadline_s: float | None = None
+    retries: int = 0
+    """How many times the job may be handed to the backend again after its work was lost."""
+    attempt: int = 1
+    """Which hand-over this is: 1, then one more for every retry (an ``attempt`` event
+    records each)."""
 
 
 class JobPage(BaseModel):
@@ -547,6 +579,18 @@ class WaitingData(EventData):
     waited_s: float | None = None
 
 
+class AttemptData(EventData):
+    """The service handed the job over again: the attempt (2 for the first retry) out of
+    ``attempts``, the backend's new submission id, why the last attempt was lost, and the
+    checkpoint the new one resumes from (null: from the start)."""
+
+    attempt: int | None = None
+    attempts: int | None = None
+    submission_id: str | None = None
+    reason: str | None = None
+    resumes_from: str | None = None
+
+
 class ErrorData(EventData):
     """Why the job failed, one line."""
 
@@ -558,6 +602,7 @@ EVENT_DATA: dict[EventType, type[EventData]] = {
     EventType.EVALUATION: EvaluationData,
     EventType.CHECKPOINT: CheckpointData,
     EventType.WAITING: WaitingData,
+    EventType.ATTEMPT: AttemptData,
     EventType.ERROR: ErrorData,
 }
 """The ``data`` of each event type that has known fields; a ``measurement``, ``replan`` or

@@ -33,6 +33,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.executor.reservation import Claimant, claiming
+from pipeplan.service.api.backend import first_seq
 from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV
 from pipeplan.service.api.schemas import ERROR_KEY, SPEC_MODELS, EventType, JobKind, JobState
 from pipeplan.service.cli.console import say, validation_message
@@ -202,6 +203,7 @@ def run_job(
             say(f"job {job_id} is {job['state']} already: nothing to run")
             return 0
         channel = EventChannel(client, job_id, token)
+        channel.next_seq = first_seq(int(job.get("attempt") or 1))  # a retry's own seqs
         try:
             code = execute(job, channel)
         finally:

@@ -25,6 +25,7 @@ from pipeplan.service.api.calibration import calibrated_job
 from pipeplan.service.api.deps import BackendDep, SettingsDep, StoreDep
 from pipeplan.service.api.free_devices import narrowed
 from pipeplan.service.api.queue import dispatch, held
+from pipeplan.service.api.retries import search_spec
 from pipeplan.service.api.schemas import (
     JOB_ID_PATTERN,
     Job,
@@ -146,6 +147,7 @@ def submit(
         created_by,
         create.priority,
         create.deadline_s,
+        create.retries,
     )
     dispatch(store, backend, server_url)
     return store.get_job(job.id)
@@ -170,13 +172,18 @@ def create_job(
     """Validate the spec completely, store the job and submit it (API.md, "Jobs"). Its
     ``cluster`` becomes the calibrated spec where the service has a calibration for it that
     applies, unless ``calibration`` is false (:mod:`service.api.calibration`). A train
-    job's checkpoint folders are resolved first (:mod:`service.api.training`), and a spec
+    job's checkpoint folders are resolved first (:mod:`service.api.training`), a spec
     with ``devices: free`` is narrowed to the devices free now
-    (:mod:`service.api.free_devices`)."""
+    (:mod:`service.api.free_devices`), and a learned search's checkpoint folder is the
+    job's own unless it names one (:mod:`service.api.retries`; before the checks, which
+    then see the options the search runs with)."""
     create = job_create(request)
+    job_id = new_job_id()
+    if create.kind is JobKind.PLAN:
+        spec = search_spec(create.spec, job_id, settings.jobs_root)
+        create = create.model_copy(update={"spec": spec})
     validate_job(create, allow_code=settings.allow_code)
     create = create.model_copy(update={"spec": narrowed(create.spec, backend)})
-    job_id = new_job_id()
     if create.kind is JobKind.TRAIN:
         spec = train_spec(create.spec, job_id, store, settings.jobs_root)
         create = create.model_copy(update={"spec": spec})

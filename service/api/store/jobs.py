@@ -3,6 +3,9 @@ so a repeated seq is never stored twice, even when two copies race), the store's
 and :class:`JobStore`: create, read, page through and end jobs.
 
 Terminal states never change again: every state change is one conditional ``UPDATE``.
+A job whose work was lost may be handed to the backend again (:meth:`JobStore.begin_attempt`:
+``retries``, ``attempt``); a database written before these columns existed gets them, NULL
+in its rows, which read as no retries and the first attempt (:meth:`Database.create_tables`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import base64
 import secrets
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -32,7 +36,7 @@ from sqlalchemy import (
     update,
 )
 
-from pipeplan.service.api.schemas import TERMINAL, Job, JobKind, JobState
+from pipeplan.service.api.schemas import TERMINAL, EventType, Job, JobKind, JobState
 from pipeplan.service.api.store.database import finite, now, utc
 from pipeplan.service.api.store.tokens import TokenStore
 
@@ -89,6 +93,9 @@ def job_tables(metadata: MetaData, prefix: str) -> tuple[Table, Table]:
         Column("waiting_for", JSON),
         Column("priority", Integer),
         Column("deadline_s", Float),
+        Column("retries", Integer),
+        Column("attempt", Integer),
+        Column("attempted_at", DateTime(timezone=True)),
     )
     events = Table(
         f"{prefix}events",
@@ -138,6 +145,8 @@ class JobStore(TokenStore):
             waiting_for=m["waiting_for"],
             priority=m["priority"] or 0,
             deadline_s=m["deadline_s"],
+            retries=m["retries"] or 0,
+            attempt=m["attempt"] or 1,
         )
 
     def create_job(
@@ -150,10 +159,11 @@ class JobStore(TokenStore):
         created_by: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        retries: int = 0,
     ) -> Job:
         """A new ``queued`` job (``job_id``: one drawn with :func:`new_job_id` beforehand,
         for a spec that names the job's own folder; ``created_by``: the submitting token's
-        id)."""
+        id; ``retries``: how often it may be handed over again, :meth:`begin_attempt`)."""
         job_id = job_id or new_job_id()
         with self.engine.begin() as conn:
             conn.execute(
@@ -168,6 +178,8 @@ class JobStore(TokenStore):
                     created_by=created_by,
                     priority=priority,
                     deadline_s=deadline_s,
+                    retries=retries,
+                    attempt=1,
                 )
             )
         return self.get_job(job_id)
@@ -286,6 +298,55 @@ class JobStore(TokenStore):
             conn.execute(
                 update(self.jobs).where(self.jobs.c.id == job_id).values(ray_job_id=ray_job_id)
             )
+
+    def begin_attempt(
+        self, job: Job, submission_id: str, token_hash: str, seq: int, event: dict[str, Any]
+    ) -> bool:
+        """Hand ``job`` over again: its next attempt (``job.attempt + 1``) goes under the
+        backend's ``submission_id`` with a new job token (its hash: the last attempt's
+        token can post no more), the job back to ``queued`` (its first event makes it
+        ``running`` again), and the service's ``attempt`` event ``event`` stored at ``seq``
+        -- all in one transaction, and only if the job is still open at ``job.attempt``
+        (False otherwise: it ended, or another reconcile took it)."""
+        j = self.jobs
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(j)
+                .where(
+                    j.c.id == job.id,
+                    j.c.state.in_(OPEN_STATES),
+                    func.coalesce(j.c.attempt, 1) == job.attempt,
+                )
+                .values(
+                    state=JobState.QUEUED.value,
+                    started_at=None,
+                    waiting_for=None,
+                    attempt=job.attempt + 1,
+                    attempted_at=now(),
+                    ray_job_id=submission_id,
+                    token_hash=token_hash,
+                )
+            )
+            if done.rowcount == 0:
+                return False
+            conn.execute(
+                insert(self.events).values(
+                    job_id=job.id,
+                    seq=seq,
+                    type=EventType.ATTEMPT.value,
+                    data=finite(event),
+                    received_at=now(),
+                )
+            )
+        return True
+
+    def attempted_at(self, job_id: str) -> datetime | None:
+        """When the job's current attempt was handed over (None: it is its first)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(self.jobs.c.attempted_at).where(self.jobs.c.id == job_id)
+            ).scalar()
+        return utc(value)
 
     def mark_running(self, job_id: str) -> bool:
         """``queued -> running`` (started now); False when it was not queued."""
