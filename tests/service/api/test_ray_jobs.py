@@ -28,7 +28,7 @@ from pipeplan.executor.local.persistent_cluster import (
     read_state,
     stop_persistent,
 )
-from pipeplan.executor.ray_jobs import RayJobs
+from pipeplan.executor.ray_jobs import RayJobs, ray_token
 from pipeplan.service.api.backend import BackendState, Submission
 from pipeplan.service.api.ray_jobs import JOB_TOKEN_ENV, RayJobsBackend
 from pipeplan.service.tasks.common import cluster_spec, zoo_profile
@@ -119,6 +119,17 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         if svc is not None and is_running(svc.cluster):  # a test failed half-way
             stop_persistent(tmp / "state")
     assert code == 0, log.read_text()[-3000:]
+
+
+def live_placement_groups(service: Service) -> list[dict[str, Any]]:
+    """The cluster's placement groups not yet removed, from Ray's state API."""
+    token = ray_token()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{service.cluster.dashboard_url}/api/v0/placement_groups?limit=1000"
+    r = httpx.get(url, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    rows: list[dict[str, Any]] = r.json()["data"]["result"]["result"]
+    return [g for g in rows if g.get("state") != "REMOVED"]
 
 
 def wait_done(client: httpx.Client, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
@@ -267,6 +278,40 @@ def test_two_runs_on_one_device_take_turns_and_leave_no_placement_group(
         assert waits[0] == {"devices": ["n0/fast:0"], "held_by": [first["id"]]}
         assert waits[-1]["devices"] == [] and waits[-1]["waited_s"] > 0
     assert done[1]["started_at"] >= done[0]["started_at"]
+    assert live_placement_groups(service) == []
+
+
+def test_a_killed_service_loses_no_queued_job_and_starts_them_after_restart(
+    service: Service,
+) -> None:
+    """kill -9 of the service with one job running on the device and two queued behind it:
+    after a restart the running one finishes, the queued ones start in turn, all three
+    succeed, and no placement group is left."""
+    spec = solo_run()
+    long_run = {**spec, "steps": 40}
+    ids = [
+        service.client.post("/v1/jobs", json={"kind": "run", "spec": s}).json()["id"]
+        for s in (long_run, spec, spec)
+    ]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        jobs = [service.client.get(f"/v1/jobs/{i}").json() for i in ids]
+        if jobs[0]["state"] == "running" and all(j["state"] == "queued" for j in jobs[1:]):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"never one running and two queued: {jobs}")
+    service.process.kill()  # kill -9 while the first job runs
+    service.process.wait()
+    service.process = start_serve(service.tmp, service.port, service.log)
+    _wait_healthy(service.client, service.process, service.log)
+    done = [wait_done(service.client, i, timeout_s=240) for i in ids]
+    assert [j["state"] for j in done] == ["succeeded"] * 3, [j["error"] for j in done]
+    assert (
+        done[0]["started_at"] <= done[1]["started_at"]
+        and done[0]["started_at"] <= done[2]["started_at"]
+    )
+    assert live_placement_groups(service) == []
 
 
 def test_a_wrong_ray_token_is_named_by_ready(service: Service) -> None:
