@@ -15,9 +15,9 @@ stage the same way and sends its inputs' gradients back. Unequal microbatches an
 counts change only which rows go to whom (:class:`executor.microbatch.Layout`). After the
 last backward a replicated stage sums its replicas' gradients with ``all_reduce`` over the
 stage's subgroup -- through shared memory where its CPU replicas share a plan node and a
-host (:mod:`executor.shared_sum`) -- then every worker steps its optimizer. The driver passes the batch to the
-first stage (inputs) and the last (labels) through Ray's object store and never touches an
-activation or a gradient.
+host (:mod:`executor.shared_sum`) -- then every worker steps its optimizer. The driver passes
+the batch to the first stage (inputs) and the last (labels) through Ray's object store and
+never touches an activation or a gradient.
 
 **Records.** Every operation returns an :class:`OpRecord` (what it did, when): a forward's
 or backward's ``start`` is the moment its inputs had arrived, its ``end`` the moment its
