@@ -92,7 +92,7 @@ Slots = frozenset[tuple[str, str]] | None
 def slots(job: Job) -> Slots:
     """What a job's plan reserves, where its spec holds the plan (``run``, and ``train``
     with a ``plan``); None otherwise."""
-    plan = job.spec.get("plan")
+    plan: Any = job.spec.get("plan")
     try:
         return frozenset(
             parse_device_id(d)[:2] for stage in plan["stages"] for d in stage["devices"]
