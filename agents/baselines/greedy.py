@@ -93,14 +93,28 @@ class GreedyPlanner(Planner):
     Config = GreedyConfig
 
     def search(self, problem: Problem, search: Search) -> None:
-        threshold = self.config.threshold or ridge_point(problem.cluster)
-        labels = data_intensive(problem.profile, threshold)
-        sizes = [float(x.params_bytes + x.activation_bytes) for x in problem.profile.layers]
-        start = initial_structure(problem.cluster, labels, sizes)
-        climb = _Climber(problem, search, self.config.max_rounds)
-        state, _ = climb.run(start, climb.balance, _time_key)
-        if problem.objective is Objective.COST:
-            climb.provision(state)
+        climb(problem, search, self.config)
+
+
+def climb(
+    problem: Problem,
+    search: Search,
+    config: GreedyConfig | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Structure:
+    """The greedy plan's structure (steps 1-4), its evaluations recorded in ``search``;
+    ``stop`` (besides the search's budget) ends the climb early, for planners that start
+    from greedy's answer within a share of their own budget."""
+    c = GreedyConfig() if config is None else config
+    threshold = c.threshold or ridge_point(problem.cluster)
+    labels = data_intensive(problem.profile, threshold)
+    sizes = [float(x.params_bytes + x.activation_bytes) for x in problem.profile.layers]
+    start = initial_structure(problem.cluster, labels, sizes)
+    climber = _Climber(problem, search, c.max_rounds, stop)
+    state, _ = climber.run(start, climber.balance, _time_key)
+    if problem.objective is Objective.COST:
+        state = climber.provision(state)
+    return state
 
 
 # --- classification and the initial schedule ---------------------------------------------------
@@ -244,12 +258,22 @@ class _StageTimes:
 class _Climber:
     """Greedy improvement of a structure through ``search.evaluate``."""
 
-    def __init__(self, problem: Problem, search: Search, max_rounds: int) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        search: Search,
+        max_rounds: int,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         self.problem, self.search, self.max_rounds = problem, search, max_rounds
+        self.stop = stop
         self.times = _StageTimes(search.evaluator.tables, problem.global_batch)
         self.fastest = devices_fastest_first(problem.cluster)
         ids = problem.cluster.device_ids
         self.price = [problem.cluster.device_type(d).price_per_hour for d in ids]
+
+    def exhausted(self) -> bool:
+        return self.search.exhausted() or (self.stop is not None and self.stop())
 
     # --- evaluation --------------------------------------------------------------------------
 
@@ -283,7 +307,7 @@ class _Climber:
         """Take the best move while it improves ``key``; the last state and its key."""
         current = key(self.assess([state])[0])
         for _ in range(self.max_rounds):
-            if self.search.exhausted():
+            if self.exhausted():
                 break
             candidates = list(dict.fromkeys(c for c in moves(state) if c != state))
             if not candidates:
@@ -358,7 +382,7 @@ class _Climber:
         """Drop devices, most expensive first, while the cost per sample improves."""
         current = _cost_key(self.assess([state])[0])
         improved = True
-        while improved and not self.search.exhausted():
+        while improved and not self.exhausted():
             improved = False
             levels = sorted({self.price[d] for devs in state[1] for d in devs}, reverse=True)
             for price in levels:
