@@ -4,7 +4,9 @@ planner's seeds, its re-balancing mutation and one of its neighbours.
 The busiest resource of a plan (a stage's compute with its update and all-reduce, or the link
 after it) bounds its steady-state batch time from below; :func:`balanced_cuts` places the
 boundaries that minimise it by a dynamic program over contiguous splits. It is a guide, not
-the cost model: the pipeline fill and the dependencies are left out.
+the cost model: the pipeline fill and the dependencies are left out. Boundaries that would
+put a stage over its devices' memory (rule 9, :func:`stage_fits`) are ruled out, so the
+balanced plans fit whenever some boundaries for those devices and microbatches do.
 """
 
 from __future__ import annotations
@@ -12,34 +14,89 @@ from __future__ import annotations
 import numpy as np
 
 from pipeplan.agents.baselines.genetic.context import Context
-from pipeplan.agents.baselines.genetic.genome import Genomes, IntArray
+from pipeplan.agents.baselines.genetic.genome import FloatArray, Genomes, IntArray
 from pipeplan.core import rules
 
+MEMO_SIZE = 4096
+"""Stage tables kept (:func:`stage_cost`; each (L+1)^2 floats) before the memo is cleared."""
 
-def balanced_cuts(ctx: Context, assign: IntArray, mb: IntArray) -> tuple[IntArray, float]:
-    """Boundaries minimising the busiest resource for one device assignment and microbatch
-    choice: a stage's compute ``M_s (F_s + B_s)`` plus its update and all-reduce, or the link
-    after it, ``M_s (latency + X b / bandwidth)`` (GPipe overlaps the two; the pipeline fill
-    is ignored). A min-max dynamic program over contiguous splits, O(S L^2). Returns the
-    boundaries and that time."""
-    tb, L, B, S = ctx.tables, ctx.n_layers, ctx.problem.global_batch, mb.size
+
+def stage_fits(ctx: Context, devices: IntArray, b: float, warmup: int) -> np.ndarray:
+    """(L+1, L+1): whether layers ``[a, e)`` fit on every one of ``devices`` as one stage of
+    microbatch ``b`` with ``warmup`` 1F1B warm-up forwards (ignored under GPipe): the cost
+    model's memory rule (weights, gradients and optimizer state, plus the microbatches it
+    holds of its replica share of the activations) against the smallest capacity."""
+    tb, p = ctx.tables, ctx.problem
+    held = rules.held_microbatches(p.schedule, b, p.global_batch, warmup)
+    share = rules.replica_share(b, devices.size)
+    need = rules.memory_bytes(tb.params_range, tb.acts_range, share, held)
+    return np.asarray(need <= tb.dev_capacity[devices].min())
+
+
+def stage_cost(
+    ctx: Context, devices: IntArray, b: float, after: IntArray | None, b_after: float
+) -> FloatArray:
+    """(L+1, L+1): the busiest resource of layers ``[a, e)`` as one stage on ``devices`` at
+    microbatch ``b``: its compute ``M (F + B)`` plus its update and all-reduce, or the link to
+    the stage after it on ``after`` (None: the last stage; an empty array: a stage not known
+    yet, costed over the slower inter-node link) at that stage's microbatch ``b_after``."""
+    key = (devices.tobytes(), b, None if after is None else after.tobytes(), b_after)
+    if key not in ctx.stage_memo:
+        if len(ctx.stage_memo) >= MEMO_SIZE:
+            ctx.stage_memo.clear()
+        ctx.stage_memo[key] = _stage_cost(ctx, devices, b, after, b_after)
+    return ctx.stage_memo[key]
+
+
+def _stage_cost(
+    ctx: Context, devices: IntArray, b: float, after: IntArray | None, b_after: float
+) -> FloatArray:
+    tb, B = ctx.tables, ctx.problem.global_batch
+    t = tb.dev_type[devices]
+    m = B // b
+    cost = m * rules.compute_s(
+        ctx.fb_fixed[t], ctx.fb_per_sample[t], rules.replica_share(b, t.size)
+    ).max(0)
+    cost = cost + _update_time(ctx, devices) * tb.params_range  # step + all-reduce
+    if after is None:
+        return np.asarray(cost)
+    both = np.concatenate([devices, after])
+    cross = int(after.size == 0 or np.unique(tb.dev_node[both]).size > 1)
+    link = m * rules.transfer_s(tb.cuts * max(b, b_after), tb.link_bps[cross], tb.link_lat[cross])
+    return np.asarray(np.maximum(cost, link[None, :]))
+
+
+def balanced_cuts(ctx: Context, assign: IntArray, mb: IntArray) -> tuple[IntArray, float, bool]:
+    """Boundaries minimising the busiest resource (:func:`stage_cost`) for one device
+    assignment and microbatch choice, among those that fit in memory (:func:`stage_fits`);
+    a min-max dynamic program over contiguous splits, O(S L^2). Returns the boundaries,
+    that time and whether they fit; when no boundaries fit, the balanced ones regardless
+    of memory."""
+    S = mb.size
+    devs = [np.flatnonzero(assign == s) for s in range(S)]
+    b = [float(ctx.sizes[i]) for i in mb]
+    warm = ctx.warmups(mb)
+    costs, fits = [], []
+    for s in range(S):
+        after = devs[s + 1] if s < S - 1 else None
+        costs.append(stage_cost(ctx, devs[s], b[s], after, b[min(s + 1, S - 1)]))
+        fits.append(stage_fits(ctx, devs[s], b[s], int(warm[s])))
+    masked = [np.where(f, c, np.inf) for c, f in zip(costs, fits, strict=True)]
+    cuts, time = _min_max(ctx, masked)
+    if np.isfinite(time):
+        return cuts, time, True
+    cuts, time = _min_max(ctx, costs)
+    return cuts, time, False
+
+
+def _min_max(ctx: Context, costs: list[FloatArray]) -> tuple[IntArray, float]:
+    """The contiguous split of the layers into ``len(costs)`` stages (stage ``s`` costs
+    ``costs[s][a, e]`` for layers ``[a, e)``) with the smallest largest cost."""
+    L, S = ctx.n_layers, len(costs)
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     back = np.zeros((S, L + 1), dtype=np.int64)
-    devs = [np.flatnonzero(assign == s) for s in range(S)]
-    for s in range(S):
-        t = tb.dev_type[devs[s]]
-        b = float(ctx.sizes[mb[s]])
-        m = B // b
-        cost = m * rules.compute_s(
-            ctx.fb_fixed[t], ctx.fb_per_sample[t], rules.replica_share(b, t.size)
-        ).max(0)
-        cost = cost + _update_time(ctx, devs[s]) * tb.params_range  # step + all-reduce
-        if s < S - 1:  # the busier direction of the link to the next stage
-            cross = int(np.unique(tb.dev_node[np.concatenate(devs[s : s + 2])]).size > 1)
-            b_link = max(b, float(ctx.sizes[mb[s + 1]]))
-            link = m * rules.transfer_s(tb.cuts * b_link, tb.link_bps[cross], tb.link_lat[cross])
-            cost = np.maximum(cost, link[None, :])
+    for s, cost in enumerate(costs):
         worst = np.where(ctx.upper, np.maximum(best[:, None], cost), np.inf)
         back[s], best = worst.argmin(0), worst.min(0)
     cuts, e = [], L

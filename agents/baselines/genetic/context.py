@@ -27,7 +27,7 @@ from pipeplan.agents.search import Search
 from pipeplan.core import rules
 from pipeplan.core.batch_eval import PlanBatch
 from pipeplan.core.plan import Schedule
-from pipeplan.core.schedules import microbatch_count, population_warmups
+from pipeplan.core.schedules import microbatch_count, one_f_one_b_warmups, population_warmups
 from pipeplan.core.tables import CostTables
 
 
@@ -71,6 +71,9 @@ class GeneticConfig:
     """Generations before far-behind islands are dropped."""
     prune_ratio: float = 1.25
     """Drop islands whose best > this x the global best."""
+    max_islands: int = 12
+    """Most stage-count islands: with more stage counts allowed, those nearest the stage
+    counts of the seeds that fit in memory."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -84,6 +87,7 @@ class GeneticConfig:
             ("restart_after", self.restart_after >= 1, self.restart_after),
             ("prune_after", self.prune_after >= 0, self.prune_after),
             ("prune_ratio", self.prune_ratio >= 1.0, self.prune_ratio),
+            ("max_islands", self.max_islands >= 1, self.max_islands),
         ]
         for key in (
             "crossover_rate",
@@ -117,6 +121,12 @@ class Context:
     fb_per_sample: FloatArray = field(init=False)  # (T, L+1, L+1) the per-sample part
     upper: np.ndarray = field(init=False)  # (L+1, L+1) a < b
     cache: dict[bytes, tuple[float, float]] = field(default_factory=dict)
+    _warmups: dict[bytes, IntArray] = field(default_factory=dict)
+    stage_memo: dict[tuple[bytes, float, bytes | None, float], FloatArray] = field(
+        default_factory=dict
+    )
+    """Balancing's stage tables by (devices, microbatch, next stage's devices, its
+    microbatch): re-balancing asks for the same stages again and again."""
 
     def __post_init__(self) -> None:
         p = self.problem
@@ -135,6 +145,20 @@ class Context:
     @property
     def n_devices(self) -> int:
         return len(self.problem.cluster.device_ids)
+
+    def warmups(self, mb: IntArray) -> IntArray:
+        """1F1B warm-up forwards of each stage for one individual's microbatch choice
+        (:func:`core.schedules.one_f_one_b_warmups`; zeros under GPipe), cached."""
+        key = mb.astype(np.int16).tobytes()
+        if key not in self._warmups:
+            sizes = self.sizes[mb]
+            B = self.problem.global_batch
+            self._warmups[key] = (
+                np.array(one_f_one_b_warmups([int(v) for v in sizes], B), dtype=np.int64)
+                if self.problem.schedule is Schedule.ONE_F_ONE_B
+                else np.zeros(mb.size, dtype=np.int64)
+            )
+        return self._warmups[key]
 
     def fitness(self, g: Genomes) -> tuple[FloatArray, FloatArray]:
         """(objective value, violation) per individual; cached genomes are not re-costed."""
@@ -184,9 +208,9 @@ def _rows(batch: PlanBatch, mask: np.ndarray) -> PlanBatch:
     return PlanBatch(batch.bounds[mask], batch.microbatch[mask], batch.devices[mask])
 
 
-def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
-    """How far each plan misses: memory excess (``need / capacity - 1``) plus, for the cost
-    objective, the throughput shortfall of a steady-state upper bound on throughput."""
+def memory_ratio(ctx: Context, batch: PlanBatch) -> FloatArray:
+    """(P, S): each stage's memory per device over its smallest device's capacity (the cost
+    model's rule 9); a plan fits when no stage is above 1."""
     tb, problem = ctx.tables, ctx.problem
     B = problem.global_batch
     start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
@@ -194,7 +218,6 @@ def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
     dev = np.where(valid, batch.devices, 0)
     r = valid.sum(-1)
     b = batch.microbatch.astype(np.float64)
-    m = microbatch_count(B, batch.microbatch)
     warmups = (
         population_warmups(batch.microbatch, B)
         if problem.schedule is Schedule.ONE_F_ONE_B
@@ -204,7 +227,23 @@ def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
     share = rules.replica_share(b, r)
     memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], share, held)
     capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
-    out = np.maximum((memory / capacity).max(-1) - 1.0, 0.0)
+    return np.asarray(memory / capacity)
+
+
+def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
+    """How far each plan misses: memory excess (``need / capacity - 1``, worst stage) plus,
+    for the cost objective, the throughput shortfall of a steady-state upper bound on
+    throughput."""
+    tb, problem = ctx.tables, ctx.problem
+    B = problem.global_batch
+    start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
+    valid = batch.devices >= 0
+    dev = np.where(valid, batch.devices, 0)
+    r = valid.sum(-1)
+    b = batch.microbatch.astype(np.float64)
+    m = microbatch_count(B, batch.microbatch)
+    share = rules.replica_share(b, r)
+    out = np.maximum(memory_ratio(ctx, batch).max(-1) - 1.0, 0.0)
     if problem.objective is Objective.COST and problem.min_throughput:
         t = tb.dev_type[dev]
         n = share[..., None]

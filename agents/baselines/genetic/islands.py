@@ -27,6 +27,12 @@ import numpy as np
 
 from pipeplan.agents.baselines.genetic.balance import rebalance
 from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig
+from pipeplan.agents.baselines.genetic.feasible import (
+    fits,
+    greedy_seeds,
+    group_seeds,
+    repair_memory,
+)
 from pipeplan.agents.baselines.genetic.genome import FloatArray, Genomes, IntArray
 from pipeplan.agents.baselines.genetic.operators import (
     crossover,
@@ -41,6 +47,9 @@ from pipeplan.agents.baselines.genetic.seeds import random_genomes, seed_genomes
 from pipeplan.agents.problem import Problem, ProblemError
 from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
+
+START_SHARE = 0.3
+"""Share of a seconds budget the islands' seed proxies may take, all islands together."""
 
 
 @dataclass
@@ -59,10 +68,21 @@ class Island:
         return min(float(self.value.min()), self.record)
 
     @classmethod
-    def start(cls, ctx: Context, S: int) -> Island:
-        seeds = seed_genomes(ctx, S)
-        g = Genomes.concat([seeds, random_genomes(ctx, ctx.config.population - seeds.size, S)])
+    def start(
+        cls, ctx: Context, S: int, fitting: Genomes | None = None, deadline: float | None = None
+    ) -> Island:
+        """A population of ``S`` stages: the ``fitting`` seeds (:mod:`.feasible`, at most
+        half the population), :func:`seed_genomes` (their proxy work stops at ``deadline``,
+        the search's seconds) and random genomes, repaired; those over memory are replaced
+        by fitting ones where the island has any."""
+        pop = ctx.config.population
+        first = [] if fitting is None else [fitting.take(np.arange(min(fitting.size, pop // 2)))]
+        seeds = Genomes.concat([*first, seed_genomes(ctx, S, deadline)])
+        seeds = seeds.take(np.arange(min(seeds.size, pop)))
+        g = Genomes.concat([seeds, random_genomes(ctx, pop - seeds.size, S)])
         g = repair(ctx, g)
+        ok = fits(ctx, g)
+        g = repair_memory(ctx, g, g.take(np.flatnonzero(ok))) if ok.any() else g
         value, viol = ctx.fitness(g)
         return cls(S, g, value, viol)
 
@@ -77,11 +97,13 @@ class Island:
         children = mutate(ctx, crossover(a, b, c.crossover_rate, rng))
         hit = np.flatnonzero(rng.random(n) < c.rebalance_rate)
         children.cuts[hit] = rebalance(ctx, children.take(hit)).cuts
+        fitting = self.genomes.take(np.flatnonzero(np.isfinite(self.value)))
+        children = repair_memory(ctx, children, fitting)
         for _ in range(3):  # re-mutate children already costed or twice in this brood
             dup = duplicates(ctx, children)
             if not dup.any():
                 break
-            redo = mutate(ctx, children.take(np.flatnonzero(dup)))
+            redo = repair_memory(ctx, mutate(ctx, children.take(np.flatnonzero(dup))), fitting)
             children.cuts[dup], children.assign[dup], children.mb[dup] = (
                 redo.cuts,
                 redo.assign,
@@ -97,6 +119,10 @@ class Island:
         while not ctx.search.exhausted():
             i = int(np.argmin(ranking(self.value, self.viol)))
             near = neighbours(ctx, self.genomes.take(np.array([i])))
+            if np.isfinite(self.value[i]):  # from a plan that fits: only neighbours that fit
+                near = near.take(np.flatnonzero(fits(ctx, near)))
+            if near.size == 0:
+                return
             value, viol = ctx.fitness(near)
             j = int(np.argmin(value))
             if not value[j] < self.value[i] * (1 - 1e-12):
@@ -116,6 +142,9 @@ class Island:
         fresh = random_genomes(ctx, self.genomes.size, self.stages)
         half = np.arange(fresh.size // 2)
         fresh.cuts[half] = rebalance(ctx, fresh.take(half)).cuts
+        fresh = repair_memory(
+            ctx, fresh, self.genomes.take(np.flatnonzero(np.isfinite(self.value)))
+        )
         self._replace(np.zeros(0, dtype=np.int64), fresh, *ctx.fitness(fresh))
         self.stalled = 0
 
@@ -145,9 +174,18 @@ class GeneticPlanner(Planner):
         ctx = Context(problem, search, c, np.random.default_rng(problem.seed))
         unequal = not ctx.equal
         ctx.equal = True  # phase 1: equal microbatches (phase 2 widens the same islands)
+        allowed = stage_range(problem, c.min_stages, c.max_stages)
+        seeds = fitting_seeds(ctx, allowed, greedy=c.min_stages == 1 and c.max_stages is None)
+        if search.exhausted():
+            return
+        chosen = island_stages(allowed, seeds, c.max_islands)
+        seconds = problem.budget.seconds
+        until = None if seconds is None else search.elapsed + START_SHARE * seconds
         islands: list[Island] = []
-        for S in stage_range(problem, c.min_stages, c.max_stages):
-            islands.append(Island.start(ctx, S))
+        for k, S in enumerate(chosen):
+            left = None if until is None else max(until - search.elapsed, 0.0)
+            deadline = None if left is None else search.elapsed + left / (len(chosen) - k)
+            islands.append(Island.start(ctx, S, seeds.get(S), deadline))
             if search.exhausted():
                 return
         islands = evolve(ctx, islands, half_budget(problem) if unequal else None)
@@ -160,6 +198,37 @@ class GeneticPlanner(Planner):
         for island in islands:  # restarted islands were polished before their restart
             if island.value.min() <= c.prune_ratio * best:
                 island.polish(ctx)
+
+
+def fitting_seeds(ctx: Context, allowed: range, greedy: bool) -> dict[int, Genomes]:
+    """Seeds that fit in memory (:func:`~.feasible.group_seeds`, and greedy's plan when
+    ``greedy``) with a stage count in ``allowed``, costed, best first, by stage count."""
+    found = [g for g in group_seeds(ctx) if g.stages in allowed]
+    if greedy and not ctx.search.exhausted():
+        mine = greedy_seeds(ctx)
+        if mine is not None and mine.stages in allowed:
+            found += [mine.take(np.array([i])) for i in range(mine.size)]
+    by_stages: dict[int, list[Genomes]] = {}
+    for g in found:
+        by_stages.setdefault(g.stages, []).append(g)
+    out: dict[int, Genomes] = {}
+    for S, parts in by_stages.items():
+        g = Genomes.concat(parts)
+        value, _ = ctx.fitness(g)
+        keep = np.flatnonzero(np.isfinite(value))
+        if keep.size:
+            out[S] = g.take(keep[np.argsort(value[keep], kind="stable")])
+    return out
+
+
+def island_stages(allowed: range, seeds: dict[int, Genomes], most: int) -> list[int]:
+    """The stage counts that get an island: every allowed one when there are at most
+    ``most``; else the ``most`` nearest to the stage counts of the fitting seeds (all of
+    them when there are none, as the search cannot tell where to look)."""
+    if len(allowed) <= most or not seeds:
+        return list(allowed)
+    near = sorted(allowed, key=lambda S: (min(abs(S - t) for t in seeds), S))
+    return sorted(near[:most])
 
 
 def half_budget(problem: Problem) -> tuple[int | None, float | None]:

@@ -17,6 +17,13 @@ from pipeplan.agents.baselines.genetic.balance import rebalance
 from pipeplan.agents.baselines.genetic.context import Context
 from pipeplan.agents.baselines.genetic.genome import FloatArray, Genomes, IntArray, canonical
 
+DEVICE_MOVES = 3.0
+"""Most devices a mutation moves on average: on large clusters the per-device rate is
+lowered to this many over the devices, so a child stays near its parents."""
+NEIGHBOURS = 512
+"""Most one-step neighbours :func:`neighbours` returns (a random choice beyond it): on
+large clusters device moves and swaps number in the tens of thousands."""
+
 
 def repair_cuts(cuts: IntArray, n_layers: int) -> IntArray:
     """Sorted, distinct boundaries in ``[1, L)``: every stage keeps at least one layer."""
@@ -90,7 +97,8 @@ def mutate(ctx: Context, g: Genomes) -> Genomes:
     step = rng.choice([-1, 1], size=g.cuts.shape) * rng.geometric(0.5, size=g.cuts.shape)
     cuts = g.cuts + hit * step
     assign = g.assign.copy()
-    move = rng.random((P, N)) < c.device_mutation
+    rate = min(c.device_mutation, DEVICE_MOVES / N)
+    move = rng.random((P, N)) < rate
     fresh = np.where(rng.random((P, N)) < c.unused_rate, -1, rng.integers(0, S, size=(P, N)))
     assign = np.where(move, fresh, assign)
     swap = np.flatnonzero(rng.random(P) < c.device_mutation * 2)
@@ -123,23 +131,15 @@ def ranking(value: FloatArray, viol: FloatArray) -> IntArray:
 def neighbours(ctx: Context, g: Genomes) -> Genomes:
     """Every one-step change of one individual: a boundary shifted by 1 or 2 layers, a device
     moved to another stage (or out), two devices' stages swapped, a microbatch-size step or
-    one stage's size for all, and the boundaries re-balanced."""
-    S, N, K = g.stages, ctx.n_devices, len(ctx.sizes)
+    one stage's size for all, and the boundaries re-balanced. Device moves and swaps beyond
+    :data:`NEIGHBOURS` are a random choice of them."""
+    S, K = g.stages, len(ctx.sizes)
     out: list[Genomes] = []
     for i, step in itertools.product(range(S - 1), (-2, -1, 1, 2)):
         n = g.take(np.zeros(1, dtype=np.int64))
         n.cuts[0, i] += step
         out.append(n)
-    for d, slot in itertools.product(range(N), range(-1, S)):
-        if slot != g.assign[0, d]:
-            n = g.take(np.zeros(1, dtype=np.int64))
-            n.assign[0, d] = slot
-            out.append(n)
-    for d, e in itertools.combinations(range(N), 2):
-        if g.assign[0, d] != g.assign[0, e]:
-            n = g.take(np.zeros(1, dtype=np.int64))
-            n.assign[0, [d, e]] = g.assign[0, [e, d]]
-            out.append(n)
+    out.append(_device_steps(ctx, g))
     for s, step in itertools.product(range(1 if ctx.equal else S), (-1, 0, 1)):
         n = g.take(np.zeros(1, dtype=np.int64))
         size = min(max(n.mb[0, s] + step, 0), K - 1)
@@ -150,3 +150,27 @@ def neighbours(ctx: Context, g: Genomes) -> Genomes:
         out.append(n)
     out.append(rebalance(ctx, g))
     return repair(ctx, Genomes.concat(out))
+
+
+def _device_steps(ctx: Context, g: Genomes) -> Genomes:
+    """One individual's device moves (a device to another stage, or out) and swaps (two
+    devices of different stages), at most :data:`NEIGHBOURS` of them (a random choice)."""
+    S, a = g.stages, g.assign[0]
+    dev, slot = np.divmod(np.arange(a.size * (S + 1)), S + 1)
+    slot = slot - 1
+    keep = slot != a[dev]
+    dev, slot = dev[keep], slot[keep]
+    d, e = np.triu_indices(a.size, 1)
+    keep = a[d] != a[e]
+    d, e = d[keep], e[keep]
+    total = dev.size + d.size
+    pick = np.arange(total)
+    if total > NEIGHBOURS:
+        pick = np.sort(ctx.rng.choice(total, NEIGHBOURS, replace=False))
+    moves, swaps = pick[pick < dev.size], pick[pick >= dev.size] - dev.size
+    assign = np.repeat(a[None], moves.size + swaps.size, axis=0)
+    assign[np.arange(moves.size), dev[moves]] = slot[moves]
+    rows = moves.size + np.arange(swaps.size)
+    assign[rows, d[swaps]], assign[rows, e[swaps]] = a[e[swaps]], a[d[swaps]]
+    n = assign.shape[0]
+    return Genomes(np.repeat(g.cuts, n, axis=0), assign, np.repeat(g.mb, n, axis=0))

@@ -36,13 +36,15 @@ def _one_per_stage(ctx: Context, S: int, n: int) -> IntArray:
     return assign
 
 
-def candidates(ctx: Context, S: int, n: int) -> Genomes:
+def candidates(ctx: Context, S: int, n: int, deadline: float | None = None) -> Genomes:
     """The ``n`` most promising structures by a cheap proxy, middle microbatch size.
 
     Candidate device assignments -- one device per stage (every ordered choice when few) and
     any with replicas and unused devices (all of them when few, else random ones) -- each get
     :func:`balanced_cuts` boundaries and are ranked by that busiest-resource time (times the
-    price for the cost objective, those surely below the throughput target last).
+    price for the cost objective, those surely below the throughput target last), those
+    that fit in memory first. The proxy stops at ``deadline`` (the search's seconds; the
+    candidates not reached are left out): on large clusters it is the costly part.
     """
     N, mid = ctx.n_devices, len(ctx.sizes) // 2
     if (S + 1) ** N <= 2048:  # every assignment (stages or unused), repaired and canonical
@@ -53,9 +55,15 @@ def candidates(ctx: Context, S: int, n: int) -> Genomes:
     assign = canonical(np.concatenate([_one_per_stage(ctx, S, 256), spread]), ctx.classes)
     mb = np.full(S, mid, dtype=np.int64)
     proxy = np.empty(assign.shape[0])
+    fit = np.zeros(assign.shape[0], dtype=bool)
     cuts = np.empty((assign.shape[0], S - 1), dtype=np.int64)
+    done = assign.shape[0]
     for i, a in enumerate(assign):
-        cuts[i], proxy[i] = balanced_cuts(ctx, a, mb)
+        if i and deadline is not None and ctx.search.elapsed >= deadline:
+            done = i
+            break
+        cuts[i], proxy[i], fit[i] = balanced_cuts(ctx, a, mb)
+    assign, cuts, proxy, fit = assign[:done], cuts[:done], proxy[:done], fit[:done]
     if ctx.problem.objective is Objective.COST:
         price = np.where(assign >= 0, ctx.tables.dev_price[None, :], 0.0).sum(1)
         busy = proxy
@@ -64,15 +72,15 @@ def candidates(ctx: Context, S: int, n: int) -> Genomes:
             proxy[ctx.problem.global_batch / busy < ctx.problem.min_throughput] = np.inf
     g = Genomes(cuts, assign, np.repeat(mb[None], assign.shape[0], axis=0))
     _, first = np.unique(np.array(g.keys()), return_index=True)
-    return g.take(first[np.argsort(proxy[first], kind="stable")][:n])
+    return g.take(first[np.lexsort((proxy[first], ~fit[first]))][:n])
 
 
-def seed_genomes(ctx: Context, S: int) -> Genomes:
+def seed_genomes(ctx: Context, S: int, deadline: float | None = None) -> Genomes:
     """Sensible starting points, at most half the population: the ``seed_candidates`` best
     :func:`candidates` are costed (the proxy misses the pipeline fill and the dependencies),
     the best of those kept, and the very best also with every microbatch size."""
     K, half = len(ctx.sizes), max(ctx.config.population // 2, 1)
-    g = candidates(ctx, S, ctx.config.seed_candidates)
+    g = candidates(ctx, S, ctx.config.seed_candidates, deadline)
     g = g.take(np.argsort(ranking(*ctx.fitness(g)))[: max(half - K, 1)])
     top = g.take(np.zeros(K, dtype=np.int64))
     top.mb[:] = np.arange(K)[:, None]
