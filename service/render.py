@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -66,6 +66,18 @@ def totals_lines(est: Estimate) -> list[str]:
     ]
     lines += [f"  does not fit: {p}" for p in est.not_fitting]
     return lines
+
+
+def bound_lines(bound: Mapping[str, Any], batch_time_s: float) -> list[str]:
+    """The lower bound on the batch time beside a plan's (``core.bounds``' ``Bound.to_dict``),
+    and what memory rules out."""
+    low = float(bound["lower_bound_s"])
+    ratio = batch_time_s / low if low > 0 else float("inf")
+    lines = [
+        f"lower bound     {low * 1e3:.3f} ms  (all compute over the cluster's "
+        f"{float(bound['total_flops']) / 1e12:,.1f} TFLOP/s); this plan is {ratio:.2f}x it"
+    ]
+    return lines + [f"  no plan fits: {reason}" for reason in bound.get("reasons", [])]
 
 
 def rental_lines(planned: Planned) -> list[str]:

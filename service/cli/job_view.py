@@ -30,6 +30,7 @@ from pipeplan.service.cli.console import err, out
 from pipeplan.service.client import EventCallback
 from pipeplan.service.render import (
     NOTE_WIDTH,
+    bound_lines,
     estimate_table,
     format_value,
     measured_lines,
@@ -325,7 +326,9 @@ def _render_plan(spec: Document, doc: Document) -> None:
         f"search          {doc['evaluations']} evaluations in {doc['wall_time_s']:.2f} s "
         f"({doc['planner']}{how})"
     )
-    for line in [*totals_lines(est), search]:
+    bound = doc.get("bound")
+    bounds = bound_lines(bound, est.batch_time_s) if isinstance(bound, dict) else []
+    for line in [*totals_lines(est), *bounds, search]:
         typer.echo(line)
     measured = doc.get("measured")
     if isinstance(measured, dict):

@@ -37,6 +37,7 @@ from pipeplan.service.cli.options import (
     reward_for_workers,
 )
 from pipeplan.service.render import (
+    bound_lines,
     comparison_table,
     estimate_table,
     failure_lines,
@@ -69,24 +70,14 @@ def _render_plan(done: Planned) -> None:
     out().print(
         estimate_table(est, f"{done.result.planner}: {describe(done.problem)} (cost model)")
     )
-    for line in [*totals_lines(est), *bound_lines(done), *rental_lines(done), search_line(done)]:
+    p = done.problem
+    bound = lower_bound(p.profile, p.cluster, p.global_batch, p.schedule).to_dict()
+    bounds = bound_lines(bound, est.batch_time_s)
+    for line in [*totals_lines(est), *bounds, *rental_lines(done), search_line(done)]:
         typer.echo(line)
     if done.measured is not None:
         for line in measured_lines(done.measured.to_dict(), est.batch_time_s):
             typer.echo(line)
-
-
-def bound_lines(done: Planned) -> list[str]:
-    """The lower bound on the batch time beside the answer (:mod:`core.bounds`), and what
-    memory rules out."""
-    p = done.problem
-    bound = lower_bound(p.profile, p.cluster, p.global_batch, p.schedule)
-    ratio = bound.ratio(done.result.estimate.batch_time_s)
-    lines = [
-        f"lower bound     {bound.batch_time_s * 1e3:.3f} ms  (all compute over the cluster's "
-        f"{bound.total_flops / 1e12:,.1f} TFLOP/s); this plan is {ratio:.2f}x it"
-    ]
-    return lines + [f"  no plan fits: {reason}" for reason in bound.reasons()]
 
 
 @clean_errors

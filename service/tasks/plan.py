@@ -72,6 +72,7 @@ class Planned:
         bound = lower_bound(p.profile, p.cluster, p.global_batch, p.schedule)
         doc["lower_bound_s"] = bound.batch_time_s
         doc["ratio_to_bound"] = bound.ratio(r.estimate.batch_time_s)
+        doc["bound"] = bound.to_dict()
         hired = self.rental
         if hired is not None:
             doc["rental"] = hired.to_dict()

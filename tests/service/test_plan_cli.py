@@ -61,7 +61,7 @@ def test_plan_json_and_plan_file(monkeypatch, capsys, profile_path, tmp_path) ->
     assert code == 0, err
     doc = json.loads(out)
     keys = {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
-    assert set(doc) == keys | {"lower_bound_s", "ratio_to_bound"}
+    assert set(doc) == keys | {"lower_bound_s", "ratio_to_bound", "bound"}
     assert doc["planner"] == "greedy" and doc["evaluations"] > 0
     plan = Plan.load(saved)
     assert plan.to_dict() == doc["plan"] and plan.global_batch == 32

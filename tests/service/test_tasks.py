@@ -88,7 +88,7 @@ def test_plan_returns_the_document_plan_json_prints(alexnet: Document) -> None:
     done = plan(request, recorder)
     doc = done.to_dict()
     keys = {"plan", "estimate", "planner", "evaluations", "wall_time_s"}
-    assert set(doc) == keys | {"lower_bound_s", "ratio_to_bound"}
+    assert set(doc) == keys | {"lower_bound_s", "ratio_to_bound", "bound"}
     assert doc["planner"] == "greedy" and doc["plan"]["global_batch"] == 32
     plan_ = Plan.from_dict(doc["plan"])
     est = cost_model(plan_, ModelProfile.from_dict(alexnet), cluster_spec("cloud-mix"))
