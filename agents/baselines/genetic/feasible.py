@@ -36,23 +36,35 @@ from pipeplan.core.schedules import microbatch_count
 
 GREEDY_SHARE = 0.2
 """Share of the budget (seconds and evaluations) greedy's seed may take."""
-GROUP_PARTS = (1, 2, 4, 8, 0)
-"""Each device class is cut into this many groups (0: one group per device)."""
+GROUP_PARTS = (1, 2, 4, 8, 0, -2, -4)
+"""Each device class is cut into this many groups (0: one group per device); -m: ``m``
+classes of one type (on ``m`` nodes) make one group."""
 REPLICA_STEPS = 8
 """Most replicas :func:`repair_memory` adds to one child."""
 MICROBATCH_STEPS = 1
 """Microbatch-size steps (each way) :func:`repair_memory` tries."""
 
 
-def groups_of(ctx: Context, types: list[int], parts: int) -> list[IntArray]:
-    """The devices of ``types`` (in that order) as groups: each device class (one type on
-    one node) cut into ``parts`` groups of near-equal size (0: a group per device), the
-    groups of one node next to each other so that their links stay inside the node."""
+Layout = tuple[tuple[int, int], ...]
+"""Device types in pipeline order, each with how its classes are cut (:data:`GROUP_PARTS`)."""
+
+
+def groups_of(ctx: Context, layout: Layout) -> list[IntArray]:
+    """The devices of the layout's types (in its order) as groups: each device class (one
+    type on one node) cut into ``parts`` groups of near-equal size (0: a group per device;
+    -m: ``m`` classes of the type, on ``m`` nodes, one group), the groups of one node next
+    to each other so that their links stay inside the node."""
     tb = ctx.tables
     out: list[IntArray] = []
-    for t in types:
-        for node in np.unique(tb.dev_node[tb.dev_type == t]):
-            cls = np.flatnonzero((tb.dev_type == t) & (tb.dev_node == node))
+    for t, parts in layout:
+        nodes = np.unique(tb.dev_node[tb.dev_type == t])
+        classes = [np.flatnonzero((tb.dev_type == t) & (tb.dev_node == n)) for n in nodes]
+        if parts < 0:
+            out.extend(
+                np.concatenate(classes[i : i - parts]) for i in range(0, len(classes), -parts)
+            )
+            continue
+        for cls in classes:
             k = cls.size if parts == 0 else min(parts, cls.size)
             out.extend(np.array_split(cls, k))
     return out
@@ -73,9 +85,15 @@ def group_split(ctx: Context, groups: list[IntArray], k: int) -> Genomes | None:
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     back = np.full((G, L + 1), -1, dtype=np.int64)  # -1: group skipped
+    tb = ctx.tables
+    tables: dict[tuple[bytes, int, int], tuple[np.ndarray, np.ndarray]] = {}
     for g, devs in enumerate(groups):
-        cost = stage_cost(ctx, devs, b, none, b)
-        fits = stage_fits(ctx, devs, b, min(G - g - 1, m))
+        # groups alike in types and node count cost alike (the next link is not known)
+        warm = min(G - g - 1, m)
+        key = (tb.dev_type[devs].tobytes(), np.unique(tb.dev_node[devs]).size, warm)
+        if key not in tables:
+            tables[key] = (stage_cost(ctx, devs, b, none, b), stage_fits(ctx, devs, b, warm))
+        cost, fits = tables[key]
         worst = np.where(ctx.upper & fits, np.maximum(best[:, None], cost), np.inf)
         take = worst.min(0)
         use = take < best
@@ -100,22 +118,50 @@ def group_split(ctx: Context, groups: list[IntArray], k: int) -> Genomes | None:
 
 
 def group_seeds(ctx: Context) -> list[Genomes]:
-    """:func:`group_split` genomes for the fastest 1, 2, ... device types, every cut of the
-    classes into groups (:data:`GROUP_PARTS`) and every microbatch size (one size for all
-    stages), distinct; each a one-individual population."""
+    """:func:`group_split` genomes, distinct, each a one-individual population (costed):
+    for the fastest 1, 2, ... device types, every cut of the classes into groups
+    (:data:`GROUP_PARTS`, the same for every type) at every microbatch size (one for all
+    stages); then, from the best of those, one pass of coordinate descent that tries each
+    type's cut on its own, and the next type added with each cut (with the neighbouring
+    microbatch sizes too), keeping what lowers the objective."""
     tb, types = ctx.tables, ctx.problem.cluster.device_types
     flops = [types[name].flops for name in tb.types]
     present = sorted({int(t) for t in tb.dev_type}, key=lambda t: (-flops[t], t))
     out: dict[bytes, Genomes] = {}
+    best: tuple[float, Layout, int] = (np.inf, (), 0)
+
+    def attempt(layout: Layout, k: int) -> None:
+        nonlocal best
+        g = group_split(ctx, groups_of(ctx, layout), k)
+        if g is None:
+            return
+        value = float(ctx.fitness(g)[0][0])
+        out.setdefault(g.keys()[0], g)
+        if value < best[0]:
+            best = (value, layout, k)
+
+    K = len(ctx.sizes)
     for n_types in range(1, len(present) + 1):
         for parts in GROUP_PARTS:
-            groups = groups_of(ctx, present[:n_types], parts)
-            for k in range(len(ctx.sizes)):
+            for k in range(K):
                 if ctx.search.exhausted():
                     return list(out.values())
-                g = group_split(ctx, groups, k)
-                if g is not None:
-                    out.setdefault(g.keys()[0], g)
+                attempt(tuple((t, parts) for t in present[:n_types]), k)
+    if not np.isfinite(best[0]):
+        return list(out.values())
+    for pos in range(len(present)):
+        _, layout, k = best
+        if pos > len(layout):
+            break
+        for parts in GROUP_PARTS:
+            if pos < len(layout) and parts == layout[pos][1]:
+                continue
+            changed = (*layout[:pos], (present[pos], parts), *layout[pos + 1 :])
+            for step in (0, -1, 1):
+                if ctx.search.exhausted():
+                    return list(out.values())
+                if 0 <= k + step < K:
+                    attempt(changed, k + step)
     return list(out.values())
 
 

@@ -49,7 +49,8 @@ from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
 
 START_SHARE = 0.3
-"""Share of a seconds budget the islands' seed proxies may take, all islands together."""
+"""Share of a seconds budget that starting islands may take, all together (at least one is
+started): past it, the islands started evolve with the rest of the budget."""
 
 
 @dataclass
@@ -183,11 +184,14 @@ class GeneticPlanner(Planner):
         until = None if seconds is None else search.elapsed + START_SHARE * seconds
         islands: list[Island] = []
         for k, S in enumerate(chosen):
-            left = None if until is None else max(until - search.elapsed, 0.0)
+            left = None if until is None else until - search.elapsed
+            if islands and left is not None and left <= 0:
+                break  # the rest of the budget evolves the islands started
             deadline = None if left is None else search.elapsed + left / (len(chosen) - k)
             islands.append(Island.start(ctx, S, seeds.get(S), deadline))
             if search.exhausted():
                 return
+        islands.sort(key=lambda i: i.stages)
         islands = evolve(ctx, islands, half_budget(problem) if unequal else None)
         if unequal and not search.exhausted():
             ctx.equal = False
@@ -202,7 +206,8 @@ class GeneticPlanner(Planner):
 
 def fitting_seeds(ctx: Context, allowed: range, greedy: bool) -> dict[int, Genomes]:
     """Seeds that fit in memory (:func:`~.feasible.group_seeds`, and greedy's plan when
-    ``greedy``) with a stage count in ``allowed``, costed, best first, by stage count."""
+    ``greedy``) with a stage count in ``allowed``, costed: by stage count, best first
+    within each, and the stage counts in the order of their best seeds."""
     found = [g for g in group_seeds(ctx) if g.stages in allowed]
     if greedy and not ctx.search.exhausted():
         mine = greedy_seeds(ctx)
@@ -211,24 +216,29 @@ def fitting_seeds(ctx: Context, allowed: range, greedy: bool) -> dict[int, Genom
     by_stages: dict[int, list[Genomes]] = {}
     for g in found:
         by_stages.setdefault(g.stages, []).append(g)
-    out: dict[int, Genomes] = {}
+    ranked: list[tuple[float, int, Genomes]] = []
     for S, parts in by_stages.items():
         g = Genomes.concat(parts)
         value, _ = ctx.fitness(g)
         keep = np.flatnonzero(np.isfinite(value))
         if keep.size:
-            out[S] = g.take(keep[np.argsort(value[keep], kind="stable")])
-    return out
+            order = keep[np.argsort(value[keep], kind="stable")]
+            ranked.append((float(value[order[0]]), S, g.take(order)))
+    return {S: g for _, S, g in sorted(ranked, key=lambda r: (r[0], r[1]))}
 
 
 def island_stages(allowed: range, seeds: dict[int, Genomes], most: int) -> list[int]:
-    """The stage counts that get an island: every allowed one when there are at most
-    ``most``; else the ``most`` nearest to the stage counts of the fitting seeds (all of
-    them when there are none, as the search cannot tell where to look)."""
-    if len(allowed) <= most or not seeds:
+    """The stage counts that get an island, in the order they are started: without fitting
+    seeds every allowed one, fewest stages first (the search cannot tell where to look);
+    with them, the stage counts of the seeds, best seed first, then the others nearest to
+    those, at most ``most`` in all (every allowed one when there are at most ``most``)."""
+    if not seeds:
         return list(allowed)
-    near = sorted(allowed, key=lambda S: (min(abs(S - t) for t in seeds), S))
-    return sorted(near[:most])
+    order = [S for S in seeds if S in allowed]  # best seed first (:func:`fitting_seeds`)
+    rest = sorted(
+        (S for S in allowed if S not in seeds), key=lambda S: (min(abs(S - t) for t in seeds), S)
+    )
+    return (order + rest)[: max(most, 1) if len(allowed) > most else len(allowed)]
 
 
 def half_budget(problem: Problem) -> tuple[int | None, float | None]:
