@@ -17,13 +17,20 @@ Assumptions made here, as PipeDream's would be on this cluster (documented, not 
   profile (or FLOPs, DESIGN.md rule 1) at the microbatch size;
 - one flat interconnect of bandwidth ``B``: the intra-node link on a one-node cluster, else
   the inter-node link; the boundary bytes are the cost model's (skips relayed);
-- no memory model (the SOSP'19 optimiser has none).
+- memory: the SOSP'19 optimiser has none, and without one no plan of a model of billions of
+  parameters fits. A stage is allowed only where it fits (:class:`StageMemory`, the cost
+  model's rule 9) on the devices it will be mapped onto -- known in the DP, as stages take
+  devices in cluster order: the last stage of ``A(j, m)`` takes devices ``m - m'`` to
+  ``m - 1``. Its held microbatches are GPipe's (the most any schedule holds), so a stage
+  that fits here fits under 1F1B too.
 
 The DP runs for every allowed microbatch size. Stages are then mapped onto the actual
 devices in cluster order (stage 0 takes the first ``m_0`` devices of ``cluster.device_ids``,
-and so on) and every plan is costed by the real cost model, which picks the best. For the
-``time`` objective PipeDream uses all ``N`` workers; for ``cost`` (provisioning) it is also
-run for ``m = 1 .. N`` workers, the first ``m`` devices in cluster order.
+and so on) and every plan is costed by the real cost model, which picks the best; each
+size's plans are costed before the next size's DP runs, so a budget that ends early still
+leaves an answer. For the ``time`` objective PipeDream uses all ``N`` workers; for ``cost``
+(provisioning) it is also run for ``m = 1 .. N`` workers, the first ``m`` devices in cluster
+order.
 
 Complexity: ``O(L^2 N^2)`` per microbatch size.
 """
@@ -41,6 +48,7 @@ from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
 from pipeplan.core import rules
 from pipeplan.core.batch_eval import PlanBatch
+from pipeplan.core.plan import Schedule
 
 FloatArray = np.ndarray
 
@@ -73,18 +81,51 @@ def assumed_type(problem: Problem, assume: str | None) -> str:
     return next(t for t in types if counts[t] == most)
 
 
+@dataclass(frozen=True)
+class StageMemory:
+    """Rule 9 for the DP's stages: layers ``[i, j)`` on ``r`` replicas that are devices
+    ``first .. first + r - 1`` in cluster order, at one microbatch size."""
+
+    params_prefix: FloatArray
+    """(L+1,) parameter bytes of layers ``[0, l)``."""
+    acts_prefix: FloatArray
+    """(L+1,) activation bytes per sample of layers ``[0, l)``."""
+    capacity: FloatArray
+    """(N,) each device's memory in bytes, in cluster order."""
+    microbatch: int
+    held: float
+    """Microbatches a stage holds at its peak (GPipe's ``B / b``)."""
+
+    def smallest(self) -> FloatArray:
+        """(N+1, N+1): the smallest capacity of devices ``[a, e)`` (inf when empty)."""
+        n = self.capacity.size
+        out = np.full((n + 1, n + 1), np.inf)
+        for a in range(n):
+            out[a, a + 1 :] = np.minimum.accumulate(self.capacity[a:])
+        return out
+
+    def need(self, i: ArrayLike, j: int, replicas: ArrayLike) -> FloatArray:
+        """Bytes per device of layers ``[i, j)`` on ``replicas`` replicas."""
+        p, a = self.params_prefix, self.acts_prefix
+        i = np.asarray(i)
+        share = rules.replica_share(self.microbatch, np.asarray(replicas))
+        return np.asarray(rules.memory_bytes(p[j] - p[i], a[j] - a[i], share, self.held))
+
+
 def pipedream_partition(
     layer_time: ArrayLike,
     params: ArrayLike,
     comm: ArrayLike,
     workers: int,
     bandwidth: float,
+    memory: StageMemory | None = None,
 ) -> list[tuple[int, int, int]]:
     """PipeDream's DP over ``L`` layers and ``workers`` identical workers.
 
     layer_time: (L,) forward + backward seconds of each layer; params: (L,) weight bytes;
     comm: (L+1,) seconds to send the activations crossing the cut before layer ``c``;
-    bandwidth: bytes/s. Returns stages as ``(start, end, replicas)`` using all the workers.
+    bandwidth: bytes/s; memory: where stages must fit (None: anywhere). Returns stages as
+    ``(start, end, replicas)`` using all the workers, or no stages when none fit.
     """
     comm = np.asarray(comm, dtype=np.float64)
     t_sum = np.concatenate([[0.0], np.cumsum(np.asarray(layer_time, dtype=np.float64))])
@@ -95,20 +136,33 @@ def pipedream_partition(
         sync = SYNC_FACTOR * (m - 1) * (w_sum[j] - w_sum[i]) / (m * bandwidth)
         return np.maximum(t_sum[j] - t_sum[i], sync) / m
 
+    smallest = None if memory is None else memory.smallest()
+
+    def over(i: ArrayLike, j: int, mm: np.ndarray, m: int) -> np.ndarray:
+        """Whether layers [i, j) on the mm devices before worker m are over memory."""
+        if memory is None or smallest is None:
+            return np.zeros(np.broadcast_shapes(np.shape(i), mm.shape), dtype=bool)
+        return np.asarray(memory.need(i, j, mm) > smallest[m - mm, m])
+
     A = np.full((L + 1, workers + 1), np.inf)
     choice = np.zeros((L + 1, workers + 1, 2), dtype=np.int64)  # (i, m') of the last stage
     for j in range(1, L + 1):
         ii = np.arange(1, j)[:, None]
         for m in range(1, workers + 1):
             best, arg = float(stage(np.array(0), j, np.array(m))), (0, m)
+            if over(0, j, np.array(m), m):
+                best = np.inf
             if j > 1 and m > 1:
                 mm = np.arange(1, m)[None, :]
                 v = np.maximum(np.maximum(A[ii, m - mm], 2.0 * comm[ii]), stage(ii, j, mm))
+                v = np.where(over(ii, j, mm, m), np.inf, v)
                 k = int(v.argmin())
                 if v.flat[k] < best:
                     best, arg = float(v.flat[k]), (k // (m - 1) + 1, k % (m - 1) + 1)
             A[j, m], choice[j, m] = best, arg
     stages: list[tuple[int, int, int]] = []
+    if not np.isfinite(A[L, workers]):
+        return stages
     end, left = L, workers
     while end > 0:
         start, r = (int(x) for x in choice[end, left])
@@ -131,17 +185,26 @@ class PipeDreamDPPlanner(Planner):
         link = net.intra_node if len(cluster.nodes) == 1 else net.inter_node
         N = len(cluster.device_ids)
         params = np.diff(tb.params_prefix)
+        acts = np.concatenate(
+            [[0.0], np.cumsum([x.activation_bytes for x in problem.profile.layers])]
+        )
         workers = range(1, N + 1) if problem.objective is Objective.COST else range(N, N + 1)
-        plans: dict[int, list[tuple[list[tuple[int, int, int]], int]]] = {}
+        B = problem.global_batch
         for b in problem.microbatch_sizes():
             fwd = rules.compute_s(tb.fwd_fixed[t], tb.fwd_per_sample[t], b)
             per_layer = rules.compute_s(fwd + tb.bwd_fixed[t], tb.bwd_per_sample[t], b)
             comm = rules.transfer_s(tb.cuts * b, link.bytes_per_s, link.latency_s)
+            held = rules.held_microbatches(Schedule.GPIPE, b, B, 0)
+            memory = StageMemory(tb.params_prefix, acts, tb.dev_capacity, b, float(held))
+            plans: dict[int, list[tuple[list[tuple[int, int, int]], int]]] = {}
             for m in workers:
-                stages = pipedream_partition(per_layer, params, comm, m, link.bytes_per_s)
-                plans.setdefault(len(stages), []).append((stages, b))
-        for S in sorted(plans):
-            search.evaluate(_batch(plans[S], S))
+                stages = pipedream_partition(per_layer, params, comm, m, link.bytes_per_s, memory)
+                if stages:
+                    plans.setdefault(len(stages), []).append((stages, b))
+                if search.exhausted():
+                    break
+            for S in sorted(plans):
+                search.evaluate(_batch(plans[S], S))
             if search.exhausted():
                 return
 
