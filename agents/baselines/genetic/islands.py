@@ -48,6 +48,9 @@ from pipeplan.agents.problem import Problem, ProblemError
 from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
 
+POLISH_SHARE = 0.1
+"""Share of a seconds budget spent polishing the best seed before the islands evolve: at
+scale a generation costs seconds, and the seed's one-step neighbours are the cheapest gain."""
 START_SHARE = 0.3
 """Share of a seconds budget that starting islands may take, all together (at least one is
 started): past it, the islands started evolve with the rest of the budget."""
@@ -115,9 +118,10 @@ class Island:
         improved = self.value.min() < before * (1 - 1e-12)
         self.stalled = 0 if improved else self.stalled + 1
 
-    def polish(self, ctx: Context) -> None:
-        """Steepest descent from the best individual over :func:`neighbours`."""
-        while not ctx.search.exhausted():
+    def polish(self, ctx: Context, until: float | None = None) -> None:
+        """Steepest descent from the best individual over :func:`neighbours` (until the
+        search's seconds reach ``until``, when given)."""
+        while not ctx.search.exhausted() and (until is None or ctx.search.elapsed < until):
             i = int(np.argmin(ranking(self.value, self.viol)))
             near = neighbours(ctx, self.genomes.take(np.array([i])))
             if np.isfinite(self.value[i]):  # from a plan that fits: only neighbours that fit
@@ -189,6 +193,11 @@ class GeneticPlanner(Planner):
                 break  # the rest of the budget evolves the islands started
             deadline = None if left is None else search.elapsed + left / (len(chosen) - k)
             islands.append(Island.start(ctx, S, seeds.get(S), deadline))
+            if k == 0 and S in seeds:  # the best seed, polished at once (unequal sizes too)
+                ctx.equal, began = not unequal, search.elapsed
+                islands[0].polish(ctx, None if seconds is None else began + POLISH_SHARE * seconds)
+                ctx.equal = True
+                until = None if until is None else until + search.elapsed - began
             if search.exhausted():
                 return
         islands.sort(key=lambda i: i.stages)
