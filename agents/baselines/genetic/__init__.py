@@ -9,6 +9,8 @@
 - :mod:`~agents.baselines.genetic.operators`: repair, selection, crossover, mutation and the
   neighbourhood;
 - :mod:`~agents.baselines.genetic.seeds`: seeded and random initial populations;
+- :mod:`~agents.baselines.genetic.feasible`: seeds that fit in memory by construction (group
+  splits, greedy's plan) and the repair that keeps children within memory;
 - :mod:`~agents.baselines.genetic.islands`: one island per stage count, restarts, polish and
   the planner's two phases (equal microbatches, then unequal ones).
 

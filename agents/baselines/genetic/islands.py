@@ -3,12 +3,17 @@ side, stalled islands polished and restarted, far-behind ones dropped.
 
 Stage counts are **islands**: one population per ``S`` in ``[min_stages, max_stages]`` (a
 :class:`PlanBatch` holds one stage count); after ``prune_after`` generations, islands whose
-best is worse than ``prune_ratio`` x the global best are dropped. Per generation and island:
+best is worse than ``prune_ratio`` x the global best are dropped. Seeds that fit in memory
+(:mod:`.feasible`) come first: their stage counts get the first islands (at most
+``max_islands`` in all, nearest to them), the best seed is polished at once, and islands
+are started only within a share of a seconds budget, so that at scale (where a generation
+costs seconds) the rest of it evolves them. Per generation and island:
 elitism, tournament selection, crossover, mutation, now and then boundaries re-balanced for
 the child's devices, repair, and duplicates re-mutated. An island that stalls for
 ``restart_after`` generations is polished by steepest descent over one-step neighbours and
 restarted afresh; the search stops after ``patience`` generations without a better plan, or
-when ``search.exhausted()``.
+when ``search.exhausted()``. Children over memory are repaired or replaced by a fitting
+parent before they are costed (:func:`~.feasible.repair_memory`).
 
 Two phases when unequal microbatches are allowed: the islands first evolve with equal
 microbatches (until ``patience``, or half the problem's budget), then the same populations
