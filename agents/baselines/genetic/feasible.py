@@ -39,6 +39,10 @@ GREEDY_SHARE = 0.2
 GROUP_PARTS = (1, 2, 4, 8, 0, -2, -4)
 """Each device class is cut into this many groups (0: one group per device); -m: ``m``
 classes of one type (on ``m`` nodes) make one group."""
+GROUP_SHARE = 0.3
+"""Share of a seconds budget the group splits may take."""
+MAX_GROUPS_PER_LAYER = 4
+"""Group cuts with more groups than this many per layer are not tried."""
 REPLICA_STEPS = 8
 """Most replicas :func:`repair_memory` adds to one child."""
 MICROBATCH_STEPS = 1
@@ -123,16 +127,27 @@ def group_seeds(ctx: Context) -> list[Genomes]:
     (:data:`GROUP_PARTS`, the same for every type) at every microbatch size (one for all
     stages); then, from the best of those, one pass of coordinate descent that tries each
     type's cut on its own, and the next type added with each cut (with the neighbouring
-    microbatch sizes too), keeping what lowers the objective."""
+    microbatch sizes too), keeping what lowers the objective. Cuts into more than
+    :data:`MAX_GROUPS_PER_LAYER` groups per layer are left out (the split uses at most one
+    group per layer; the rest only cost time), and the whole stops after
+    :data:`GROUP_SHARE` of a seconds budget."""
     tb, types = ctx.tables, ctx.problem.cluster.device_types
     flops = [types[name].flops for name in tb.types]
     present = sorted({int(t) for t in tb.dev_type}, key=lambda t: (-flops[t], t))
     out: dict[bytes, Genomes] = {}
     best: tuple[float, Layout, int] = (np.inf, (), 0)
+    search, seconds = ctx.search, ctx.problem.budget.seconds
+    until = None if seconds is None else search.elapsed + GROUP_SHARE * seconds
+
+    def over() -> bool:
+        return search.exhausted() or (until is not None and search.elapsed >= until)
 
     def attempt(layout: Layout, k: int) -> None:
         nonlocal best
-        g = group_split(ctx, groups_of(ctx, layout), k)
+        groups = groups_of(ctx, layout)
+        if len(groups) > MAX_GROUPS_PER_LAYER * ctx.n_layers:
+            return
+        g = group_split(ctx, groups, k)
         if g is None:
             return
         value = float(ctx.fitness(g)[0][0])
@@ -144,7 +159,7 @@ def group_seeds(ctx: Context) -> list[Genomes]:
     for n_types in range(1, len(present) + 1):
         for parts in GROUP_PARTS:
             for k in range(K):
-                if ctx.search.exhausted():
+                if over():
                     return list(out.values())
                 attempt(tuple((t, parts) for t in present[:n_types]), k)
     if not np.isfinite(best[0]):
@@ -158,7 +173,7 @@ def group_seeds(ctx: Context) -> list[Genomes]:
                 continue
             changed = (*layout[:pos], (present[pos], parts), *layout[pos + 1 :])
             for step in (0, -1, 1):
-                if ctx.search.exhausted():
+                if over():
                     return list(out.values())
                 if 0 <= k + step < K:
                     attempt(changed, k + step)

@@ -44,8 +44,10 @@ def repair_devices(assign: IntArray, stages: int, rng: np.random.Generator) -> I
     (from a larger-S parent) are first wrapped into range.
     """
     a = np.where(assign >= stages, assign % stages, assign)
+    used = np.nonzero(a >= 0)
+    counts = np.zeros((a.shape[0], stages), dtype=np.int64)  # (P, S) devices per stage
+    np.add.at(counts, (used[0], a[used]), 1)
     for s in range(stages):
-        counts = (a[:, :, None] == np.arange(stages)).sum(1)  # (P, S)
         rows = np.flatnonzero(counts[:, s] == 0)
         if rows.size == 0:
             continue
@@ -53,6 +55,10 @@ def repair_devices(assign: IntArray, stages: int, rng: np.random.Generator) -> I
         peers = np.where(sub >= 0, np.take_along_axis(c, np.maximum(sub, 0), 1), 0)
         priority = np.where(sub < 0, 0.0, np.where(peers >= 2, 1.0, np.inf))
         pick = np.argmin(priority + rng.random(sub.shape), axis=1)
+        old = sub[np.arange(rows.size), pick]
+        moved = old >= 0
+        counts[rows[moved], old[moved]] -= 1
+        counts[rows, s] += 1
         a[rows, pick] = s
     return a
 
