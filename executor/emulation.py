@@ -21,11 +21,14 @@ are real CPUs too and slowing them by a GPU's flops would time a cluster that do
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from pipeplan.core.cluster import ClusterSpec, parse_device_id
 from pipeplan.core.errors import PipeplanError, PlanError
 from pipeplan.core.profile import LayerTiming, ModelProfile
-from pipeplan.models.layer_timing import Clock
+
+if TYPE_CHECKING:  # a name for annotations: this module needs no torch
+    from pipeplan.models.layer_timing import Clock
 
 __all__ = [
     "EMULATED_NOTE",

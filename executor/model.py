@@ -9,14 +9,16 @@ token for the GPT), then one SGD or Adam step.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.config import OPTIMIZERS as OPTIMIZERS
+from pipeplan.executor.config import OptimizerConfig as OptimizerConfig
 from pipeplan.executor.loss import LossTerms as LossTerms
 from pipeplan.executor.loss import batch_loss as batch_loss
 from pipeplan.executor.loss import loss_terms as loss_terms
@@ -86,51 +88,6 @@ def disable_dropout(model: nn.Module) -> None:
             m.p = 0.0
 
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """The optimizer every stage runs after each batch."""
-
-    kind: Literal["sgd", "adam", "adamw"] = "sgd"
-    """SGD (with optional momentum), Adam, or AdamW (Adam with decoupled weight decay)."""
-    lr: float = 0.05
-    """Learning rate."""
-    momentum: float = 0.0
-    """SGD momentum (ignored by Adam)."""
-    weight_decay: float = 0.0
-    """L2 penalty added to the gradient (both optimizers)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in OPTIMIZERS:
-            raise PipeplanError(f"optimizer.kind: one of {list(OPTIMIZERS)}, got {self.kind!r}")
-        if not self.lr > 0:
-            raise PipeplanError(f"optimizer.lr: must be > 0, got {self.lr!r}")
-        if self.momentum < 0 or self.weight_decay < 0:
-            raise PipeplanError(
-                f"optimizer: momentum and weight_decay must be >= 0, got {self.momentum!r}, "
-                f"{self.weight_decay!r}"
-            )
-
-    @property
-    def state_buffers(self) -> int:
-        """Buffers of the parameters' size the optimizer keeps: Adam's two moments, SGD's
-        momentum buffer (when it has momentum), else none."""
-        if self.kind in ("adam", "adamw"):
-            return 2
-        return 1 if self.momentum > 0 else 0
-
-    def make(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        if self.kind == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.kind == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(
-            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-        )
-
-
 def timing_loss(logits: torch.Tensor) -> torch.Tensor:
     """The last stage's loss work on ``logits`` against labels of class 0, for profiling: a
     profile timed with it (:func:`models.profiler.profile_model`, ``loss``) costs what a
@@ -148,10 +105,14 @@ class ReferenceResult:
     accuracies: tuple[float, ...]
 
 
+SGD = OptimizerConfig()
+"""The default optimizer (a frozen value, shared)."""
+
+
 def train_single_process(
     source: ModelSource,
     batches: Sequence[Batch],
-    optimizer: OptimizerConfig = OptimizerConfig(),
+    optimizer: OptimizerConfig = SGD,
     *,
     deterministic: bool = False,
     device: torch.device | str = "cpu",

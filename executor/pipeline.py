@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 import numpy as np
 import ray
@@ -49,62 +47,24 @@ from pipeplan.core.plan import Plan
 from pipeplan.core.schedules import microbatch_count
 from pipeplan.executor import metrics, shared_sum
 from pipeplan.executor.accelerators import accelerator_of, accelerators, check_nodes
+from pipeplan.executor.config import RunConfig as RunConfig
+from pipeplan.executor.config import check_engine as check_engine
 from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import device_slowdowns
 from pipeplan.executor.errors import ExecutorError, StageFailedError
 from pipeplan.executor.live_cluster import LiveNode, live_nodes
 from pipeplan.executor.measure import Measurement, Placement, StepResult, summarise, transfers
 from pipeplan.executor.microbatch import Layout
-from pipeplan.executor.model import Batch, ModelSource, OptimizerConfig
-from pipeplan.executor.partition import ValueMeta, partition
+from pipeplan.executor.model import Batch, ModelSource
+from pipeplan.executor.partition import partition
 from pipeplan.executor.pinning import actor_options, check_feasible, check_shares
 from pipeplan.executor.reservation import Reservation, claim
 from pipeplan.executor.stage import Feed, StageWorker, StepOutput, WorkerSpec
 from pipeplan.executor.submit import Ref, WorkerHandle, submit_step
-from pipeplan.executor.torch_engine import ENGINES, Engine, unsupported
 from pipeplan.executor.transport import GroupSpec, backend_for
 from pipeplan.executor.waiting import lost_peer, wait_all
 
 _Actor = ray.remote(StageWorker)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to run a plan."""
-
-    steps: int = 5
-    """Measured steps, after the warm-up."""
-    warmup: int = 1
-    """Steps run first and left out of the batch time (loss and accuracy still reported)."""
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    """Optimizer of every stage."""
-    emulate: bool = True
-    """Emulate slower device types: each compute lasts ``slowdown x`` its CPU time
-    (:func:`executor.emulation.emulation_sleep`)."""
-    deterministic: bool = False
-    """Disable dropout (needed to compare with single-process training)."""
-    data: Literal["digits", "synthetic"] = "synthetic"
-    """Batches for :func:`run` when none are given."""
-    seed: int = 0
-    """Seed of the generated or shuffled data."""
-    timeout_s: float = 300.0
-    """Longest wait for one step, or for one request to the actors."""
-    start_timeout_s: float = 180.0
-    """Longest wait for every actor to be placed and built."""
-    engine: Engine = "pipeplan"
-    """Who runs each stage's operations: pipeplan's schedule runner (every plan), or
-    PyTorch's pipeline schedules (equal microbatches, no replicas:
-    :mod:`executor.torch_engine`)."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.warmup < 0:
-            raise PlanError(
-                f"run: steps must be >= 1 and warmup >= 0, got {self.steps}, {self.warmup}"
-            )
-        if not (self.timeout_s > 0 and self.start_timeout_s > 0):
-            raise PlanError("run: timeouts must be > 0")
-        if self.engine not in ENGINES:
-            raise PlanError(f"run.engine: {self.engine!r} is not one of {list(ENGINES)}")
 
 
 def _layout(plan: Plan) -> Layout:
@@ -459,26 +419,6 @@ class Pipeline:
         for s in range(len(self.workers)):
             out.update(self.stage_parameters(s))
         return out
-
-
-def check_engine(
-    plan: Plan,
-    cluster: ClusterSpec | None,
-    config: RunConfig,
-    meta: Mapping[str, ValueMeta] | None = None,
-) -> None:
-    """Refuse a plan the chosen engine cannot run: before any cluster starts, what the plan
-    and the spec tell; with the cut's ``meta`` (:meth:`Pipeline.start`), a constant crossing
-    a cut too."""
-    if config.engine != "torch-pipelining":
-        return
-    slowdowns = device_slowdowns(cluster, plan.devices) if cluster is not None else {}
-    emulated = config.emulate and any(v != 1.0 for v in slowdowns.values())
-    why = unsupported(plan, meta or {}, emulated)
-    if why is not None:
-        raise PlanError(
-            f"engine torch-pipelining cannot run this plan: {why}; engine pipeplan runs every plan"
-        )
 
 
 def make_batches(

@@ -19,40 +19,18 @@ hook).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from pipeplan.core.plan import Plan, Schedule
+from pipeplan.core.plan import Schedule
+from pipeplan.executor.config import ENGINES as ENGINES
+from pipeplan.executor.config import Engine as Engine
+from pipeplan.executor.config import unsupported as unsupported
 from pipeplan.executor.partition import StageGraph, ValueMeta
-
-Engine = Literal["pipeplan", "torch-pipelining"]
-ENGINES: tuple[str, ...] = ("pipeplan", "torch-pipelining")
-
-
-def unsupported(plan: Plan, meta: Mapping[str, ValueMeta], emulated: bool) -> str | None:
-    """Why torch.distributed.pipelining cannot run ``plan`` (None: it can)."""
-    sizes = {s.microbatch for s in plan.stages}
-    if len(sizes) > 1:
-        return f"unequal microbatches {[s.microbatch for s in plan.stages]}"
-    (b,) = sizes
-    if plan.global_batch % b:
-        return f"microbatch {b} does not divide the global batch {plan.global_batch}"
-    m, n = plan.global_batch // b, plan.num_stages
-    if plan.schedule is Schedule.ONE_F_ONE_B and m < n:
-        return f"1F1B with {m} microbatches for {n} stages (it needs at least one per stage)"
-    replicated = [i for i, s in enumerate(plan.stages) if s.replicas > 1]
-    if replicated:
-        return f"replicated stages {replicated}"
-    constants = sorted(n for n, m in meta.items() if m.kind == "constant")
-    if constants:
-        return f"Python constants crossing a stage boundary {constants}"
-    if emulated:
-        return "emulation of slower device types (run with emulate off)"
-    return None
 
 
 class StageModule(nn.Module):

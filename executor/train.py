@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,65 +34,12 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
 from pipeplan.executor import checkpoint
 from pipeplan.executor.checkpoint import Manifest
+from pipeplan.executor.config import TrainConfig as TrainConfig
 from pipeplan.executor.data import DataSpec, open_stream
 from pipeplan.executor.loss import LossSpec
-from pipeplan.executor.model import ModelSource, OptimizerConfig
-from pipeplan.executor.pipeline import Pipeline, RunConfig
+from pipeplan.executor.model import ModelSource
+from pipeplan.executor.pipeline import Pipeline
 from pipeplan.executor.stage import Feed
-from pipeplan.executor.torch_engine import Engine
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train."""
-
-    steps: int
-    """Steps to have trained at the end (counted from the start of training, not from a
-    resumed checkpoint)."""
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    data: str = "synthetic"
-    """The data source (:mod:`executor.data`)."""
-    loss: str = "cross-entropy"
-    """The loss (:mod:`executor.loss`)."""
-    seed: int = 0
-    """Seed of the data order (the model's seed is the model reference's)."""
-    checkpoint_dir: Path | None = None
-    """Where checkpoints go (None: none are taken)."""
-    checkpoint_every: int = 0
-    """Take a checkpoint every this many steps (0: only after the last step)."""
-    resume: Path | None = None
-    """A checkpoint to continue from."""
-    emulate: bool = True
-    deterministic: bool = False
-    """Disable dropout (to compare with single-process training)."""
-    timeout_s: float = 300.0
-    start_timeout_s: float = 180.0
-    engine: Engine = "pipeplan"
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise PipeplanError(f"steps: must be >= 1, got {self.steps}")
-        if self.checkpoint_every < 0:
-            raise PipeplanError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
-        if self.engine == "torch-pipelining" and self.loss != "cross-entropy":
-            raise PipeplanError(
-                f"loss: engine torch-pipelining trains with cross-entropy only, not {self.loss!r}"
-            )
-        if self.checkpoint_every and self.checkpoint_dir is None:
-            raise PipeplanError("checkpoint_every: needs a checkpoint directory (checkpoint_dir)")
-
-    def run_config(self) -> RunConfig:
-        return RunConfig(
-            steps=self.steps,
-            warmup=0,
-            optimizer=self.optimizer,
-            emulate=self.emulate,
-            deterministic=self.deterministic,
-            seed=self.seed,
-            timeout_s=self.timeout_s,
-            start_timeout_s=self.start_timeout_s,
-            engine=self.engine,
-        )
 
 
 @dataclass(frozen=True)
