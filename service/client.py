@@ -209,9 +209,13 @@ class Client:
 
     # --- jobs -------------------------------------------------------------------------
 
-    def submit(self, kind: JobKind | str, spec: dict[str, Any], name: str | None = None) -> Job:
-        """Validate, store and start a job; the service answers 422 for a bad spec."""
-        body = {"kind": str(kind), "spec": spec, "name": name}
+    def submit(
+        self, kind: JobKind | str, spec: dict[str, Any], name: str | None = None, **fields: Any
+    ) -> Job:
+        """Validate, store and start a job; the service answers 422 for a bad spec.
+        ``fields``: the job's own fields beside its spec (``priority``, ``deadline_s``,
+        ``retries``)."""
+        body = {"kind": str(kind), "spec": spec, "name": name, **fields}
         return Job.model_validate(self._send("POST", "/v1/jobs", json=body).json())
 
     def get(self, job_id: str, wait: float | None = None) -> Job:

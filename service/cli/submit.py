@@ -57,8 +57,26 @@ WaitOpt = Annotated[
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="cluster.yaml or a preset name")]
 PlannerOpt = Annotated[str | None, typer.Option("--planner", help="planner name")]
 
-COMMON = frozenset({"spec", "name", "server", "token", "wait", "as_json"})
-"""The parameters of every ``submit`` command; the others describe the request."""
+PriorityOpt = Annotated[
+    int,
+    typer.Option(
+        "--priority", help="the queue's order: higher first, then older first (job field)"
+    ),
+]
+DeadlineOpt = Annotated[
+    float | None,
+    typer.Option("--deadline-s", help="fail the job if it has not started after this many seconds"),
+]
+RetriesOpt = Annotated[
+    int,
+    typer.Option("--retries", help="resubmit the search this many times if its Ray Job is lost"),
+]
+
+COMMON = frozenset(
+    {"spec", "name", "server", "token", "wait", "as_json", "priority", "deadline_s", "retries"}
+)
+"""The parameters of every ``submit`` command (``retries``: of ``plan`` and ``compare``): how
+the job is queued and followed; the others describe the request."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,14 @@ class Submitting:
     name: str | None
     wait: bool
     as_json: bool
+    priority: int = 0
+    deadline_s: float | None = None
+    retries: int = 0
+
+    def fields(self) -> dict[str, Any]:
+        """The job's queue fields the service takes beside its spec (defaults left out)."""
+        given = {"priority": self.priority, "deadline_s": self.deadline_s, "retries": self.retries}
+        return {k: v for k, v in given.items() if v}
 
 
 def read_spec(text: str) -> Document:
@@ -112,7 +138,7 @@ def submit_job(kind: JobKind, spec: Document, how: Submitting) -> None:
     """Submit; print the job id (``--json``: the job), or with ``--wait`` follow it and
     print its result as the local command does (``--json``: the result document)."""
     with connect(how.server, how.token) as client:
-        job = client.submit(kind, spec, how.name)
+        job = client.submit(kind, spec, how.name, **how.fields())
         if not how.wait:
             if how.as_json:
                 echo_json(job.model_dump(mode="json"))
@@ -168,6 +194,9 @@ def submit_plan(
     token: TokenOpt = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
+    priority: PriorityOpt = 0,
+    deadline_s: DeadlineOpt = None,
+    retries: RetriesOpt = 0,
 ) -> None:
     """A `pipeplan plan` job: one planner on one problem."""
 
@@ -182,7 +211,8 @@ def submit_plan(
         )  # fmt: skip
 
     doc = request_spec(ctx, spec, build)
-    submit_job(JobKind.PLAN, doc, Submitting(server, token, name, wait, as_json))
+    how = Submitting(server, token, name, wait, as_json, priority, deadline_s, retries)
+    submit_job(JobKind.PLAN, doc, how)
 
 
 @submit_app.command("compare")
@@ -199,6 +229,9 @@ def submit_compare(
     token: TokenOpt = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
+    priority: PriorityOpt = 0,
+    deadline_s: DeadlineOpt = None,
+    retries: RetriesOpt = 0,
 ) -> None:
     """A `pipeplan compare` job: several planners on one problem."""
 
@@ -207,7 +240,8 @@ def submit_compare(
         return CompareRequest(**problem_fields(problem), planners=names)
 
     doc = request_spec(ctx, spec, build)
-    submit_job(JobKind.COMPARE, doc, Submitting(server, token, name, wait, as_json))
+    how = Submitting(server, token, name, wait, as_json, priority, deadline_s, retries)
+    submit_job(JobKind.COMPARE, doc, how)
 
 
 @submit_app.command("profile")
@@ -226,6 +260,8 @@ def submit_profile(
     token: TokenOpt = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
+    priority: PriorityOpt = 0,
+    deadline_s: DeadlineOpt = None,
 ) -> None:
     """A `pipeplan profile` job: a zoo model into a profile document."""
 
@@ -239,7 +275,8 @@ def submit_profile(
         )
 
     doc = request_spec(ctx, spec, build)
-    submit_job(JobKind.PROFILE, doc, Submitting(server, token, name, wait, as_json))
+    how = Submitting(server, token, name, wait, as_json, priority, deadline_s)
+    submit_job(JobKind.PROFILE, doc, how)
 
 
 @submit_app.command("run")
@@ -263,6 +300,8 @@ def submit_run(
     token: TokenOpt = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
+    priority: PriorityOpt = 0,
+    deadline_s: DeadlineOpt = None,
 ) -> None:
     """A `pipeplan run` job: a plan trained on the service's Ray cluster."""
 
@@ -277,7 +316,8 @@ def submit_run(
         )  # fmt: skip
 
     doc = request_spec(ctx, spec, build)
-    submit_job(JobKind.RUN, doc, Submitting(server, token, name, wait, as_json))
+    how = Submitting(server, token, name, wait, as_json, priority, deadline_s)
+    submit_job(JobKind.RUN, doc, how)
 
 
 TrainDataOpt = Annotated[
@@ -322,6 +362,8 @@ def submit_train(
     token: TokenOpt = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
+    priority: PriorityOpt = 0,
+    deadline_s: DeadlineOpt = None,
 ) -> None:
     """A `pipeplan train` job: a model trained on a plan on the service's Ray cluster."""
 
@@ -332,7 +374,8 @@ def submit_train(
         )  # fmt: skip
 
     doc = request_spec(ctx, spec, build)
-    submit_job(JobKind.TRAIN, doc, Submitting(server, token, name, wait, as_json))
+    how = Submitting(server, token, name, wait, as_json, priority, deadline_s)
+    submit_job(JobKind.TRAIN, doc, how)
 
 
 def register(app: typer.Typer) -> None:

@@ -67,6 +67,7 @@ class ContractStub:
         self.script: dict[str, list[tuple[EventType, Doc]]] = {}
         self.next_script: list[tuple[EventType, Doc]] = []
         self.streams = 0
+        self.bodies: list[Doc] = []  # every POST /v1/jobs, as sent
 
     def add_job(self, kind: str, spec: Doc, name: str | None = None) -> Doc:
         job_id = f"job-{len(self.jobs) + 1:04d}"
@@ -109,6 +110,7 @@ class ContractStub:
     def _jobs(self, request: httpx.Request) -> httpx.Response:
         if request.method == "POST":
             body = json.loads(request.content)
+            self.bodies.append(body)
             if body["kind"] not in ("profile", "plan", "compare", "run"):
                 return httpx.Response(422, json={"detail": [
                     {"loc": ["body", "kind"], "msg": "Input should be 'profile', 'plan', "
@@ -210,6 +212,24 @@ def test_submit_takes_the_whole_request_with_spec(
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     code, out, _ = cli("submit", "compare", "--spec", str(tmp_path / "spec.json"))
     assert code == 0 and stub.jobs[out.strip()]["spec"] == spec
+
+
+def test_submit_sends_the_queue_fields_beside_the_spec(
+    cli: Any, stub: ContractStub, files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = ("--priority", "3", "--deadline-s", "60", "--retries", "2")
+    code, _, err = cli(*plan_args(files), *flags)
+    assert (code, err) == (0, "")
+    sent = stub.bodies[-1]
+    assert (sent["priority"], sent["deadline_s"], sent["retries"]) == (3, 60.0, 2)
+    assert sent["spec"] == plan_request().model_dump(mode="json", exclude_defaults=True)
+    code, _, _ = cli(*plan_args(files))
+    assert code == 0 and not {"priority", "deadline_s", "retries"} & set(stub.bodies[-1])
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"model": "alexnet"})))
+    code, _, err = cli("submit", "profile", "--spec", "-", "--priority", "-1")  # with --spec
+    assert (code, err) == (0, "") and stub.bodies[-1]["priority"] == -1
+    code, _, err = cli("submit", "profile", "alexnet", "--retries", "1")  # a search's field
+    assert code == 2 and "--retries" in err
 
 
 def test_submit_refuses_spec_with_flags_and_missing_flags(cli: Any) -> None:
