@@ -1,6 +1,7 @@
 """Training data for runs: what ``--data`` names, read as a stream of global batches.
 
-:meth:`DataSpec.parse` reads the ``--data`` text (nothing is imported, no file is read):
+:meth:`DataSpec.parse` (:mod:`executor.data_spec`, without torch) reads the ``--data`` text
+(nothing is imported, no file is read):
 
 - ``synthetic`` (the default): random inputs shaped like the model's example (token ids
   for the GPT) and random labels, for speed runs where accuracy does not matter; endless.
@@ -29,10 +30,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass
 from itertools import count as counting
 from itertools import islice
-from typing import Any, Literal, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,60 +40,13 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from pipeplan.core.code import is_code_ref, load_callable
+from pipeplan.core.code import load_callable
 from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.data_spec import DataSpec as DataSpec
 from pipeplan.executor.model import Batch
-
-DataKind = Literal["synthetic", "digits", "imagefolder", "tokens", "code"]
-_NAMED = ("synthetic", "digits")
-_WITH_PATH = ("imagefolder", "tokens")
-_FORMS = "synthetic, digits, imagefolder:PATH, tokens:PATH or package.module:callable"
 
 Orders = Callable[[int, int], Iterator[torch.Tensor]]
 """``(samples, first epoch) ->`` the sample order of every epoch from the first on."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Where a run's batches come from, as ``--data`` names it (see the module's doc)."""
-
-    kind: DataKind = "synthetic"
-    """Which source."""
-    path: str | None = None
-    """The folder (``imagefolder``) or file (``tokens``), absolute so every worker reads
-    the same one."""
-    ref: str | None = None
-    """The ``package.module:callable`` of ``code`` (imported when a stream opens)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in (*_NAMED, *_WITH_PATH, "code"):
-            raise PipeplanError(f"data: kind is one of {_FORMS}, got {self.kind!r}")
-        takes = "a path" if self.kind in _WITH_PATH else "a ref" if self.kind == "code" else None
-        if (takes == "a path") != bool(self.path) or (takes == "a ref") != bool(self.ref):
-            raise PipeplanError(
-                f"data: {self.kind} takes {takes or 'no path nor ref'}, got {self!r}"
-            )
-        if self.ref is not None and not is_code_ref(self.ref):
-            raise PipeplanError(f"data: {self.ref!r} is not a package.module:callable")
-
-    @classmethod
-    def parse(cls, text: str) -> DataSpec:
-        """The spec ``text`` names; a relative path is made absolute here."""
-        if text in _NAMED:
-            return cls(cast(DataKind, text))
-        kind, colon, path = text.partition(":")
-        if colon and kind in _WITH_PATH:
-            if not path:
-                raise PipeplanError(f"data: {text!r} names no path")
-            return cls(cast(DataKind, kind), path=os.path.abspath(os.path.expanduser(path)))
-        if is_code_ref(text):
-            return cls("code", ref=text)
-        raise PipeplanError(f"data: {text!r} is none of {_FORMS}")
-
-    def __str__(self) -> str:
-        if self.kind in _WITH_PATH:
-            return f"{self.kind}:{self.path}"
-        return self.ref if self.ref is not None else self.kind
 
 
 class BatchStream:

@@ -5,25 +5,26 @@ step and a whole-batch step compute the same update: :meth:`Loss.terms` (or
 :func:`loss_terms` for cross-entropy) sums the loss of some samples, :func:`batch_loss`
 turns that sum into the piece's share of the global-batch mean.
 
-``--loss`` is parsed into a :class:`LossSpec` (a picklable value; nothing is imported), which
-each worker turns into a :class:`Loss` with :func:`load_loss`.
+``--loss`` is parsed into a :class:`LossSpec` (:mod:`executor.loss_spec`: a picklable value,
+read without torch; nothing is imported), which each worker turns into a :class:`Loss` with
+:func:`load_loss`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from pipeplan.core.code import is_code_ref, load_callable
+from pipeplan.core.code import load_callable
 from pipeplan.core.errors import PipeplanError
+from pipeplan.executor.loss_spec import CROSS_ENTROPY as CROSS_ENTROPY
+from pipeplan.executor.loss_spec import LossSpec as LossSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A user's loss: ``(outputs, targets) -> scalar``, the mean over the samples given."""
-CROSS_ENTROPY = "cross-entropy"
 
 
 @dataclass(frozen=True)
@@ -56,44 +57,6 @@ def batch_loss(terms: LossTerms, samples: int, global_batch: int) -> torch.Tenso
     """
     per_sample = terms.predictions / samples
     return terms.loss_sum / (global_batch * per_sample)
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """Which loss to train with, as ``--loss`` names it: ``cross-entropy`` or a reference
-    ``package.module:callable`` to a :data:`LossFn` (imported only by :func:`load_loss`)."""
-
-    kind: Literal["cross-entropy", "code"] = "cross-entropy"
-    """Cross-entropy over every prediction (next-token for LMs), or a user's function."""
-    ref: str | None = None
-    """The function's ``package.module:callable`` reference, for ``kind="code"``."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in (CROSS_ENTROPY, "code"):
-            raise PipeplanError(f"loss: kind is {CROSS_ENTROPY!r} or 'code', got {self.kind!r}")
-        if (self.kind == "code") != (self.ref is not None):
-            raise PipeplanError(f"loss: a reference goes with kind 'code' only, got {self!r}")
-        if self.ref is not None and not is_code_ref(self.ref):
-            raise PipeplanError(f"loss: {self.ref!r} is not a package.module:callable")
-
-    @classmethod
-    def parse(cls, text: str) -> LossSpec:
-        """The spec ``text`` names; refused, naming ``loss`` and the text, when it names none."""
-        if text == CROSS_ENTROPY:
-            return cls()
-        if is_code_ref(text):
-            return cls("code", text)
-        raise PipeplanError(
-            f"loss: {text!r} is neither {CROSS_ENTROPY!r} nor a package.module:callable"
-        )
-
-    def __str__(self) -> str:
-        return self.ref if self.kind == "code" and self.ref else CROSS_ENTROPY
-
-    @property
-    def class_targets(self) -> bool:
-        """Whether targets are class indices (cross-entropy); a user's loss takes any."""
-        return self.kind == "cross-entropy"
 
 
 @dataclass(frozen=True)
