@@ -15,105 +15,42 @@ A reference is one of three forms:
 
 Every build is seeded (``torch.random.fork_rng`` and ``manual_seed``: the same weights on
 every build, the global RNG untouched), so stage workers rebuild the same model from the
-reference alone. :func:`check_reference` checks a reference's form without importing
-anything (the API process must not import a user's code); the torch-free parts (option
+reference alone. :func:`reference_kind` and :func:`check_input` check a reference's form
+and its input fields without importing anything (the API process must not import a user's
+code, nor torch: they are :mod:`models.reference`'s); the other torch-free parts (option
 values, shapes, whether a reference names code) are :mod:`core.model_refs`'.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from pipeplan.core.code import is_code_ref, load_callable
+from pipeplan.core.code import load_callable
 from pipeplan.core.errors import PipeplanError
 from pipeplan.core.model_refs import HF_PREFIX, names_code, parse_options, parse_shape, parse_value
 from pipeplan.models import hf, zoo
+from pipeplan.models.reference import (
+    INPUT_DTYPE_NAMES,
+    InputDtype,
+    Kind,
+    check_input,
+    reference_kind,
+)
 
 __all__ = [
     "HF_PREFIX", "INPUT_DTYPES", "Built", "InputDtype", "Kind", "build_model", "check_input",
     "names_code", "parse_options", "parse_shape", "parse_value", "reference_kind",
 ]  # fmt: skip
 
-Kind = Literal["zoo", "code", "hf"]
-InputDtype = Literal["float32", "int64"]
 INPUT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "int64": torch.int64}
+"""The torch dtype of each :data:`~models.reference.INPUT_DTYPE_NAMES`."""
+if tuple(INPUT_DTYPES) != INPUT_DTYPE_NAMES:  # one list of names, read without torch there
+    raise ImportError(f"models.spec: {tuple(INPUT_DTYPES)} != reference.{INPUT_DTYPE_NAMES}")
 Built = tuple[nn.Module, torch.Tensor]
-
-_HF_CLASS = re.compile(r"^[A-Za-z_]\w*$")
-
-
-def reference_kind(ref: str, field: str = "model") -> Kind:
-    """The form of a model reference, checked without importing anything."""
-    if ref.startswith(HF_PREFIX):
-        if not _HF_CLASS.match(ref[len(HF_PREFIX) :]):
-            raise PipeplanError(f"{field}: {ref!r} is not hf:ClassName (e.g. hf:GPT2LMHeadModel)")
-        return "hf"
-    if is_code_ref(ref):
-        return "code"
-    if ref in zoo.MODELS:
-        return "zoo"
-    raise PipeplanError(
-        f"{field}: unknown {ref!r} (a zoo name: {', '.join(zoo.MODELS)}; "
-        "package.module:factory; or hf:ClassName)"
-    )
-
-
-def check_input(
-    ref: str,
-    input_size: int | None,
-    input_shape: Sequence[int] | None,
-    input_dtype: str | None,
-    example: str | None,
-    fields: Mapping[str, str] | None = None,
-) -> Kind:
-    """The reference's form and whether its input is described the way its form takes;
-    ``fields`` renames the fields in errors (``{"input_shape": "--input-shape"}``)."""
-    name = {"model": "model", "input_size": "input_size", "input_shape": "input_shape",
-            "input_dtype": "input_dtype", "example": "example", **(fields or {})}  # fmt: skip
-    kind = reference_kind(ref, name["model"])
-    if kind == "code" and input_size is not None:
-        raise PipeplanError(
-            f"{name['input_size']}: {input_size!r} does not apply to {ref!r} (a factory's "
-            "input is described by input_shape or an example function)"
-        )
-    given = {"input_shape": input_shape, "input_dtype": input_dtype, "example": example}
-    if kind != "code":
-        for key, value in given.items():
-            if value is not None:
-                raise PipeplanError(
-                    f"{name[key]}: {value!r} only applies to a package.module:factory model, "
-                    f"not {ref!r} (it takes input_size)"
-                )
-        return kind
-    if input_dtype is not None and input_dtype not in INPUT_DTYPES:
-        raise PipeplanError(
-            f"{name['input_dtype']}: one of {', '.join(INPUT_DTYPES)}, got {input_dtype!r}"
-        )
-    if input_shape is not None and (
-        not input_shape or any(isinstance(n, bool) or int(n) < 1 for n in input_shape)
-    ):
-        raise PipeplanError(f"{name['input_shape']}: sizes must be >= 1, got {input_shape!r}")
-    if example is not None:
-        if not is_code_ref(example):
-            raise PipeplanError(
-                f"{name['example']}: {example!r} is not of the form package.module:function"
-            )
-        if input_shape is not None or input_dtype is not None:
-            raise PipeplanError(
-                f"{name['example']}: give either an example function or input_shape/"
-                f"input_dtype, not both (got {example!r} and {input_shape!r})"
-            )
-    elif input_shape is None:
-        raise PipeplanError(
-            f"{name['input_shape']}: model {ref!r} needs its input's shape (without the "
-            "batch dimension) or an example function"
-        )
-    return kind
 
 
 def _factory_model(ref: str, options: Mapping[str, Any], seed: int) -> nn.Module:

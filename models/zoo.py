@@ -17,7 +17,6 @@ so two builds with the same arguments are identical, and the global RNG is left 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,11 +26,10 @@ from torch import nn
 
 from pipeplan.core.errors import PipeplanError
 from pipeplan.models import zoo_names
+from pipeplan.models.zoo_names import GPT1_N_CTX as GPT1_N_CTX
+from pipeplan.models.zoo_names import GPT1_VOCAB as GPT1_VOCAB
 
 Builder = Callable[..., nn.Module]
-
-GPT1_N_CTX = 512
-GPT1_VOCAB = 40478
 
 
 def _check_positive(field: str, value: Any) -> None:
@@ -149,18 +147,6 @@ class DigitsCNN(nn.Module):
 # --- registry -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """How to build one named model and what its example input looks like."""
-
-    builder: Builder
-    default_size: int
-    min_size: int
-    kind: str  # "image3", "image1" or "tokens"
-    options: tuple[str, ...]
-    max_size_option: str | None = None
-
-
 def _torchvision(name: str, **extra: Any) -> Builder:
     def build(num_classes: int = 10) -> nn.Module:
         _check_positive(f"{name}.num_classes", num_classes)
@@ -176,45 +162,25 @@ def _digits(input_size: int, num_classes: int = 10) -> nn.Module:
     return DigitsCNN(input_size, num_classes)
 
 
-_IMAGE = ("num_classes",)
-_SPECS: dict[str, _Spec] = {
-    "alexnet": _Spec(_torchvision("alexnet"), 64, 63, "image3", _IMAGE),
-    "vgg16": _Spec(_torchvision("vgg16"), 32, 32, "image3", _IMAGE),
-    "inception_v3": _Spec(
-        _torchvision("inception_v3", aux_logits=False, init_weights=False),
-        75, 75, "image3", _IMAGE,
-    ),  # fmt: skip
-    "resnet50": _Spec(_torchvision("resnet50"), 32, 32, "image3", _IMAGE),
-    "gpt": _Spec(_gpt, 64, 1, "tokens",
-                 ("n_layer", "d_model", "n_head", "n_ctx", "vocab_size", "dropout"), "n_ctx"),
-    "digits_cnn": _Spec(_digits, 8, 2, "image1", ("num_classes",)),
-}  # fmt: skip
+_BUILDERS: dict[str, Builder] = {
+    "alexnet": _torchvision("alexnet"),
+    "vgg16": _torchvision("vgg16"),
+    "inception_v3": _torchvision("inception_v3", aux_logits=False, init_weights=False),
+    "resnet50": _torchvision("resnet50"),
+    "gpt": _gpt,
+    "digits_cnn": _digits,
+}
 
 MODELS: tuple[str, ...] = zoo_names.MODELS
-"""The names :func:`build` takes (in :mod:`models.zoo_names`, which needs no torch)."""
-if tuple(_SPECS) != MODELS:  # one list of names: a builder for each, and no other
-    raise ImportError(f"models.zoo: builders {tuple(_SPECS)} != zoo_names.MODELS {MODELS}")
+"""The names :func:`build` takes (in :mod:`models.zoo_names`, which needs no torch, with
+each model's input sizes and options)."""
+if tuple(_BUILDERS) != MODELS:  # one list of names: a builder for each, and no other
+    raise ImportError(f"models.zoo: builders {tuple(_BUILDERS)} != zoo_names.MODELS {MODELS}")
 
 
-def _check(name: str, spec: _Spec, size: Any, options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(spec.options))
-    if unknown:
-        raise PipeplanError(
-            f"{name}: unknown option {unknown[0]!r} (known: {', '.join(spec.options)})"
-        )
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise PipeplanError(f"{name}.input_size: expected an integer, got {size!r}")
-    if size < spec.min_size:
-        raise PipeplanError(f"{name}.input_size: must be >= {spec.min_size}, got {size}")
-    if spec.max_size_option is not None:
-        limit = options.get(spec.max_size_option, GPT1_N_CTX)
-        if size > limit:
-            raise PipeplanError(
-                f"{name}.input_size: must be <= {spec.max_size_option} ({limit}), got {size}"
-            )
-
-
-def _example(spec: _Spec, size: int, options: dict[str, Any], gen: torch.Generator) -> torch.Tensor:
+def _example(
+    spec: zoo_names.ZooInput, size: int, options: dict[str, Any], gen: torch.Generator
+) -> torch.Tensor:
     if spec.kind == "tokens":
         vocab = options.get("vocab_size", GPT1_VOCAB)
         return torch.randint(vocab, (1, size), generator=gen)
@@ -226,13 +192,12 @@ def build(
     name: str, input_size: int | None = None, *, seed: int = 0, **options: Any
 ) -> tuple[nn.Module, torch.Tensor]:
     """``(model, example_input)`` for a name in :data:`MODELS` (module docstring: options)."""
-    spec = _SPECS.get(name)
+    spec = zoo_names.INPUTS.get(name)
     if spec is None:
         raise PipeplanError(f"model name: unknown {name!r} (one of {', '.join(MODELS)})")
-    size = spec.default_size if input_size is None else input_size
-    _check(name, spec, size, options)
+    size = zoo_names.check_size(name, input_size, options)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         args = (size,) if spec.kind == "image1" else ()
-        model = spec.builder(*args, **options)
+        model = _BUILDERS[name](*args, **options)
     return model, _example(spec, size, options, torch.Generator().manual_seed(seed))
