@@ -39,11 +39,10 @@ from pipeplan.executor.local.persistent_cluster import default_state_dir, is_run
 from pipeplan.executor.local_cluster import LocalCluster
 from pipeplan.executor.measured_profile import call_sizes, measure_profile
 from pipeplan.executor.model import ModelSource
-from pipeplan.models import zoo
-from pipeplan.models.spec import InputDtype, check_input
+from pipeplan.models.spec import InputDtype
 from pipeplan.service.tasks.common import RequestError
 from pipeplan.service.tasks.progress import Reporter
-from pipeplan.service.tasks.requests import ModelFields
+from pipeplan.service.tasks.requests import ModelFields, check_source
 
 SPEC_FILE = "spec.json"
 """Next to the persistent cluster's state file: the spec ``cluster up`` started."""
@@ -197,13 +196,18 @@ def model_source(
     """What the executor builds: ``model`` (a zoo name, ``package.module:factory`` or
     ``hf:ClassName``, with its ``options`` and input), or the zoo model a profile names (its
     name, and its input's last dimension as the input size). The reference's form is
-    checked here; nothing is imported (a factory is imported where the model is built)."""
-    if (model is None) == (profile is None):
-        raise RequestError(
-            "model, profile: give exactly one of model (a zoo name) or profile (a document)"
-        )
+    checked here (:func:`~service.tasks.requests.check_source`); nothing is imported (a
+    factory is imported where the model is built)."""
+    check_source(
+        model,
+        input_size,
+        profile,
+        options=options,
+        input_shape=input_shape,
+        input_dtype=input_dtype,
+        example=example,
+    )
     if model is not None:
-        check_input(model, input_size, input_shape, input_dtype, example)
         return ModelSource(
             model,
             input_size,
@@ -214,18 +218,6 @@ def model_source(
             example_ref=example,
         )
     assert profile is not None  # one of the two, checked above
-    if input_size is not None:
-        raise RequestError("input_size: only applies with model (a profile has its own)")
-    given = {"model_options": options or None, "input_shape": input_shape,
-             "input_dtype": input_dtype, "example": example}  # fmt: skip
-    for name, value in given.items():
-        if value is not None:
-            raise RequestError(f"{name}: only applies with model, got {value!r}")
-    if profile.name not in zoo.MODELS:
-        raise RequestError(
-            f"profile: its model {profile.name!r} is not a zoo model the executor can build "
-            f"(one of {', '.join(zoo.MODELS)}); give model instead"
-        )
     size = profile.input_shape[-1] if profile.input_shape else None
     return ModelSource(profile.name, size, seed=seed)
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.observations import Observation
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.measure import Measurement
+
+if TYPE_CHECKING:  # a name for annotations: the API process imports this module without torch
+    from pipeplan.executor.measure import Measurement
 
 OBSERVATION_KEY = "observation"
 """The key of an evaluation event's data that holds the observation."""

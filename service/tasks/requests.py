@@ -12,6 +12,7 @@ and the API build and check requests with it, and the use-cases that run them
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,9 @@ from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Schedule
 from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.config import OPTIMIZERS, OptimizerConfig, TrainConfig
+from pipeplan.models import zoo_names
+from pipeplan.models.reference import check_input
 
 Document = dict[str, Any]
 """A profile, cluster or plan document (DESIGN.md, "Data formats")."""
@@ -113,6 +117,41 @@ def check_model_fields(request: ModelFields, model: str | None) -> None:
         value = getattr(request, name)
         if value not in (None, {}):
             raise RequestError(f"{name}: only applies with model, got {value!r}")
+
+
+def check_source(
+    model: str | None,
+    input_size: int | None,
+    profile: ModelProfile | None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    input_shape: Sequence[int] | None = None,
+    input_dtype: str | None = None,
+    example: str | None = None,
+) -> None:
+    """Whether the executor can name a model to build (:func:`service.tasks.live.model_source`):
+    exactly one of ``model`` (its form and input fields) or a ``profile`` of a zoo model,
+    without ``input_size`` or the model fields. Nothing is imported."""
+    if (model is None) == (profile is None):
+        raise RequestError(
+            "model, profile: give exactly one of model (a zoo name) or profile (a document)"
+        )
+    if model is not None:
+        check_input(model, input_size, input_shape, input_dtype, example)
+        return
+    assert profile is not None  # one of the two, checked above
+    if input_size is not None:
+        raise RequestError("input_size: only applies with model (a profile has its own)")
+    given = {"model_options": options or None, "input_shape": input_shape,
+             "input_dtype": input_dtype, "example": example}  # fmt: skip
+    for name, value in given.items():
+        if value is not None:
+            raise RequestError(f"{name}: only applies with model, got {value!r}")
+    if profile.name not in zoo_names.MODELS:
+        raise RequestError(
+            f"profile: its model {profile.name!r} is not a zoo model the executor can build "
+            f"(one of {', '.join(zoo_names.MODELS)}); give model instead"
+        )
 
 
 # --- a planning problem -----------------------------------------------------------------------
@@ -336,3 +375,49 @@ class TrainRequest(ProblemRequest):
     engine: EngineKind = EngineKind.PIPEPLAN
     emulate: bool = True
     deterministic: bool = False
+
+
+def check_train_fields(request: TrainRequest) -> None:
+    """The request's own checks, before any cluster, profile or import."""
+    if (request.plan is None) == (request.planner is None):
+        raise RequestError("plan, planner: give exactly one (a plan document, or a planner)")
+    if request.planner is None and request.options:
+        raise RequestError("options: only apply with planner")
+    if request.steps is not None and request.epochs is not None:
+        raise RequestError("steps, epochs: give at most one")
+    for name in ("steps", "epochs"):
+        value = getattr(request, name)
+        if value is not None and value < 1:
+            raise RequestError(f"{name}: must be >= 1, got {value}")
+    if request.checkpoint_every < 0:
+        raise RequestError(f"checkpoint_every: must be >= 0, got {request.checkpoint_every}")
+    if request.checkpoint_every and request.checkpoint_dir is None:
+        raise RequestError("checkpoint_every: needs checkpoint_dir")
+    if request.optimizer not in OPTIMIZERS:
+        raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
+
+
+def train_config(
+    request: TrainRequest, steps: int, checkpoint_dir: Path | None, resume: Path | None
+) -> TrainConfig:
+    """The executor's settings of a request (checked: optimizer, steps, checkpoints)."""
+    optimizer = OptimizerConfig(
+        request.optimizer,  # type: ignore[arg-type]  # checked by check_train_fields
+        request.lr,
+        request.momentum,
+        request.weight_decay,
+    )
+    return TrainConfig(
+        steps=steps,
+        optimizer=optimizer,
+        data=request.data,
+        loss=request.loss,
+        seed=request.seed,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=request.checkpoint_every,
+        resume=resume,
+        emulate=request.emulate,
+        deterministic=request.deterministic,
+        timeout_s=request.timeout_s,
+        engine=request.engine.value,
+    )

@@ -22,9 +22,8 @@ from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.data import DataSpec
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.loss import LossSpec
-from pipeplan.executor.model import OPTIMIZERS, OptimizerConfig
 from pipeplan.executor.pinning import check_feasible
-from pipeplan.executor.train import TrainConfig, TrainResult, steps_for_epochs
+from pipeplan.executor.train import TrainResult, steps_for_epochs
 from pipeplan.executor.train import train as train_plan
 from pipeplan.service.tasks.common import cluster_spec
 from pipeplan.service.tasks.live import live_cluster, source_of
@@ -32,30 +31,11 @@ from pipeplan.service.tasks.plan import PlanRequest, plan
 from pipeplan.service.tasks.progress import QUIET, Reporter
 from pipeplan.service.tasks.requests import (
     ProblemRequest,
-    RequestError,
     TrainRequest,
     check_problem_fields,
+    check_train_fields,
+    train_config,
 )
-
-
-def check_train_fields(request: TrainRequest) -> None:
-    """The request's own checks, before any cluster, profile or import."""
-    if (request.plan is None) == (request.planner is None):
-        raise RequestError("plan, planner: give exactly one (a plan document, or a planner)")
-    if request.planner is None and request.options:
-        raise RequestError("options: only apply with planner")
-    if request.steps is not None and request.epochs is not None:
-        raise RequestError("steps, epochs: give at most one")
-    for name in ("steps", "epochs"):
-        value = getattr(request, name)
-        if value is not None and value < 1:
-            raise RequestError(f"{name}: must be >= 1, got {value}")
-    if request.checkpoint_every < 0:
-        raise RequestError(f"checkpoint_every: must be >= 0, got {request.checkpoint_every}")
-    if request.checkpoint_every and request.checkpoint_dir is None:
-        raise RequestError("checkpoint_every: needs checkpoint_dir")
-    if request.optimizer not in OPTIMIZERS:
-        raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
 
 
 @dataclass(frozen=True)
@@ -91,32 +71,6 @@ def _plan_of(request: TrainRequest, reporter: Reporter) -> tuple[Plan, ModelProf
         PlanRequest(**fields, planner=request.planner, options=request.options), reporter
     )
     return planned.result.plan, planned.problem.profile
-
-
-def train_config(
-    request: TrainRequest, steps: int, checkpoint_dir: Path | None, resume: Path | None
-) -> TrainConfig:
-    """The executor's settings of a request (checked: optimizer, steps, checkpoints)."""
-    optimizer = OptimizerConfig(
-        request.optimizer,  # type: ignore[arg-type]  # checked by check_train_fields
-        request.lr,
-        request.momentum,
-        request.weight_decay,
-    )
-    return TrainConfig(
-        steps=steps,
-        optimizer=optimizer,
-        data=request.data,
-        loss=request.loss,
-        seed=request.seed,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=request.checkpoint_every,
-        resume=resume,
-        emulate=request.emulate,
-        deterministic=request.deterministic,
-        timeout_s=request.timeout_s,
-        engine=request.engine.value,
-    )
 
 
 def _checkpoint_dir(request: TrainRequest) -> Path | None:
