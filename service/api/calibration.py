@@ -50,8 +50,8 @@ from pipeplan.service.api.validation import (
     check_plan_limits,
     check_profile_limits,
 )
-from pipeplan.service.tasks.common import RequestError, cluster_spec, presets
 from pipeplan.service.tasks.observations import OBSERVATION_KEY, document_sha256, spec_sha256
+from pipeplan.service.tasks.requests import RequestError, cluster_spec, presets
 
 log = logging.getLogger("pipeplan.service.calibration")
 

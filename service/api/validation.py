@@ -41,13 +41,14 @@ from pipeplan.core.limits import (
     MAX_MICROBATCHES,
     MAX_NODES,
 )
+from pipeplan.core.model_refs import names_code
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.data import DataSpec
-from pipeplan.executor.loss import LossSpec
-from pipeplan.executor.pipeline import RunConfig, check_engine
-from pipeplan.models import zoo
-from pipeplan.models.spec import check_input, names_code, reference_kind
+from pipeplan.executor.config import RunConfig, check_engine
+from pipeplan.executor.data_spec import DataSpec
+from pipeplan.executor.loss_spec import LossSpec
+from pipeplan.models import zoo_names
+from pipeplan.models.reference import check_input, reference_kind
 from pipeplan.service.api.schemas import (
     EVENT_DATA,
     FIELD_BOUNDS,
@@ -57,7 +58,6 @@ from pipeplan.service.api.schemas import (
     JobKind,
 )
 from pipeplan.service.api.training import is_job_ref
-from pipeplan.service.tasks.live import source_of
 from pipeplan.service.tasks.requests import (
     CompareRequest,
     ModelFields,
@@ -70,14 +70,16 @@ from pipeplan.service.tasks.requests import (
     TrainRequest,
     check_plan_fields,
     check_problem_fields,
+    check_source,
+    check_train_fields,
     cluster_spec,
     measured_budget,
     planner_names,
     planner_options,
     problem_of,
+    train_config,
 )
 from pipeplan.service.tasks.simulate import SimulateRequest
-from pipeplan.service.tasks.train import check_train_fields, train_config
 
 # DESIGN.md's limits are core.limits', checked here on the raw documents before the core
 # builds anything from them; the ranges of a request's own number fields are
@@ -247,17 +249,17 @@ def check_code(request: BaseModel, allow_code: bool) -> None:
 
 
 def check_model(model: str | None, input_size: int | None, fields: ModelFields) -> None:
-    """A model reference's form and input fields; a zoo model's input size (building it
-    with its default options checks it). A factory is not imported, an ``hf:`` model not
-    built: the job does both."""
+    """A model reference's form and input fields; a zoo model's input size (with its
+    default options: the job checks the options' values). A factory is not imported, an
+    ``hf:`` model not built, a zoo model not built: the job does all three."""
     if model is None:
         return
-    if model not in zoo.MODELS and not model.startswith("hf:") and ":" not in model:
-        raise RequestError(f"model: unknown model {model!r} (one of {', '.join(zoo.MODELS)})")
+    if model not in zoo_names.MODELS and not model.startswith("hf:") and ":" not in model:
+        raise RequestError(f"model: unknown model {model!r} (one of {', '.join(zoo_names.MODELS)})")
     reference_kind(model)
     check_input(model, input_size, fields.input_shape, fields.input_dtype, fields.example)
-    if model in zoo.MODELS and input_size is not None and not fields.model_options:
-        zoo.build(model, input_size)
+    if model in zoo_names.MODELS and input_size is not None and not fields.model_options:
+        zoo_names.check_size(model, input_size, {})
 
 
 def _stand_in(name: str) -> ModelProfile:
@@ -304,7 +306,15 @@ def _check_profile(request: ProfileRequest) -> None:
 def _check_run(request: RunRequest) -> None:
     plan = Plan.from_dict(request.plan)
     prof = ModelProfile.from_dict(request.profile) if request.profile is not None else None
-    source_of(request, prof)
+    check_source(
+        request.model,
+        request.input_size,
+        prof,
+        options=request.model_options,
+        input_shape=request.input_shape,
+        input_dtype=request.input_dtype,
+        example=request.example,
+    )
     check_model(request.model, request.input_size, request)
     config = RunConfig(
         steps=request.steps,

@@ -25,8 +25,8 @@ from pipeplan.service.api.calibration import view
 from pipeplan.service.api.schemas import ClusterCalibration
 from pipeplan.service.api.settings import Settings
 from pipeplan.service.api.store import Store
-from pipeplan.service.tasks.common import cluster_spec
 from pipeplan.service.tasks.observations import spec_sha256
+from pipeplan.service.tasks.requests import cluster_spec
 
 MAX_CALIBRATIONS_SHOWN = 20
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.executor.measure import relative_error
+from pipeplan.core.held_out import relative_error
 from pipeplan.service.api.schemas import JobKind
 from pipeplan.service.web.svg import Scale, Svg, nice_ticks, tick_label
 

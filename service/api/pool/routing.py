@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeplan.agents.registry import planner_class
 from pipeplan.core.errors import PipeplanError
-from pipeplan.models.spec import names_code
+from pipeplan.core.model_refs import names_code
 from pipeplan.service.api.backend import (
     BackendState,
     BackendStatus,

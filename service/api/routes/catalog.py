@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from pipeplan.agents.problem import ProblemError
 from pipeplan.agents.registry import PLANNERS, planner_class
 from pipeplan.core.cluster import ClusterSpec
-from pipeplan.models import zoo
+from pipeplan.models import zoo_names
 from pipeplan.service.api.auth import ApiAuth
 from pipeplan.service.api.calibration import preset_sha256, view
 from pipeplan.service.api.deps import StoreDep
@@ -24,7 +24,7 @@ from pipeplan.service.api.schemas import (
     PlannerInfo,
     error_responses,
 )
-from pipeplan.service.tasks.common import PRESETS_DIR, presets
+from pipeplan.service.tasks.requests import PRESETS_DIR, presets
 
 router = APIRouter(prefix="/v1", tags=["catalog"], responses=error_responses(401, 403))
 
@@ -70,7 +70,7 @@ def list_planners(_: ApiAuth) -> list[PlannerInfo]:
 @router.get("/models")
 def list_models(_: ApiAuth) -> list[ModelInfo]:
     """The zoo models a spec's ``model`` may name."""
-    return [ModelInfo(name=name) for name in zoo.MODELS]
+    return [ModelInfo(name=name) for name in zoo_names.MODELS]
 
 
 @router.get("/clusters")
