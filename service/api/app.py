@@ -44,6 +44,7 @@ from pipeplan.service.api.calibration_fit import FitWorker
 from pipeplan.service.api.deps import AppContext
 from pipeplan.service.api.metrics import Metrics, MetricsMiddleware
 from pipeplan.service.api.pool import PlannerPool, route_jobs
+from pipeplan.service.api.pool.profiles import PoolProfiles
 from pipeplan.service.api.queue import dispatch, held
 from pipeplan.service.api.ray_jobs import RayJobsBackend
 from pipeplan.service.api.retries import Forget, retries_left, retry, was_lost
@@ -280,7 +281,8 @@ def create_app(
 ) -> FastAPI:
     """The service's app (tests pass their own store, a fake backend, and a calibration fit
     worker shared by their apps). With a planner ``pool`` (started and closed with the app),
-    the jobs that need no device run in it, and ``POST /v1/plan`` answers from it."""
+    the jobs that need no device run in it, ``POST /v1/plan`` answers from it, and the
+    dashboard's plan panel takes zoo models' profiles from it."""
     settings = settings or get_settings()
     store = store or Store(settings.database_url)
     backend = by_attempts(backend or default_backend(settings), store.get_job)
@@ -294,6 +296,7 @@ def create_app(
         metrics=Metrics(store.counts),
         calibrator=Calibrator(store, worker=fit_worker),
         pool=pool,
+        profiles=PoolProfiles(pool) if pool is not None else None,
     )
     app = FastAPI(
         title="pipeplan",

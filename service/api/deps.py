@@ -19,6 +19,7 @@ from pipeplan.service.api.metrics import Metrics
 from pipeplan.service.api.pool import PlannerPool
 from pipeplan.service.api.settings import ApiToken, Settings
 from pipeplan.service.api.store import Store
+from pipeplan.service.web.job_plan import ZooProfiles
 
 MAX_TOKEN_HASHES = 10_000
 
@@ -26,8 +27,8 @@ MAX_TOKEN_HASHES = 10_000
 @dataclass
 class AppContext:
     """The service's parts: settings, the API token, the store, the backend, metrics, the
-    calibrator that refits clusters from the runs their jobs measured, and the planner pool
-    (None: there is none)."""
+    calibrator that refits clusters from the runs their jobs measured, the planner pool
+    (None: there is none) and the zoo models' profiles the dashboard takes from it."""
 
     settings: Settings
     token: ApiToken
@@ -36,6 +37,8 @@ class AppContext:
     metrics: Metrics
     calibrator: Calibrator
     pool: PlannerPool | None = None
+    profiles: ZooProfiles | None = None
+    """Zoo models' analytic profiles for the plan panel (None: without a pool, none)."""
     token_hashes: dict[str, str] = field(default_factory=dict)
     """Job id -> its token's hash, as read from the store (they never change)."""
 
@@ -76,9 +79,14 @@ async def get_pool(context: ContextDep) -> PlannerPool | None:
     return context.pool
 
 
+async def get_profiles(context: ContextDep) -> ZooProfiles | None:
+    return context.profiles
+
+
 StoreDep = Annotated[Store, Depends(get_store)]
 CalibratorDep = Annotated[Calibrator, Depends(get_calibrator)]
 BackendDep = Annotated[JobsBackend, Depends(get_backend)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PoolDep = Annotated[PlannerPool | None, Depends(get_pool)]
+ProfilesDep = Annotated[ZooProfiles | None, Depends(get_profiles)]

@@ -5,9 +5,11 @@
   result, the plan a ``run`` job runs, the plan a ``train`` job trains on (its result's:
   the one its planner found, or the one it was given).
 
-The plan is costed again with the job's profile and cluster (a zoo model is profiled
-analytically, as the job's search did; those profiles are kept per model and input size)
-to draw its Gantt chart from the cost model's timeline. A ``run`` job, and a search with a
+The plan is costed again with the job's profile and cluster to draw its Gantt chart from
+the cost model's timeline. A job that names a zoo model is costed with the model's analytic
+profile, as its search was, from the page's :data:`ZooProfiles` (the planner pool's
+workers take it: profiling builds the model with torch, which the API process does not
+import; without a pool there is no chart, and the note says why). A ``run`` job, and a search with a
 measured reward, also show the measured stage times beside the predicted ones. Whatever
 cannot be drawn is said in a note, never an error page: the job's spec may lack a cluster
 document, a run may have used a profile it did not keep.
@@ -15,9 +17,8 @@ document, a run may have used a profile it did not keep.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from pipeplan.core.cluster import ClusterSpec
@@ -26,8 +27,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.service.api.schemas import Event, EventType, Job, JobKind
-from pipeplan.service.tasks.common import cluster_spec, zoo_profile
-from pipeplan.service.tasks.progress import QUIET
+from pipeplan.service.tasks.requests import cluster_spec
 from pipeplan.service.web.format import objective_value
 from pipeplan.service.web.plan_view import gantt_svg, plan_grid_svg
 from pipeplan.service.web.run_view import RunComparison, comparison_of, stage_bars_svg
@@ -36,11 +36,13 @@ MAX_GANTT_MICROBATCHES = 4096
 """Microbatches over all stages beyond which a plan is not simulated for its chart here
 (the page answers within a request; the API's ``/v1/simulate`` has its own bound)."""
 
-
-@lru_cache(maxsize=8)
-def analytic_profile(model: str, input_size: int | None) -> ModelProfile:
-    """A zoo model's analytic profile, as a job's search builds it (seconds, so kept)."""
-    return zoo_profile(model, input_size, QUIET)
+ZooProfiles = Callable[[str, int | None], ModelProfile]
+"""``(model, input_size) ->`` the zoo model's analytic profile, as a job's search takes it
+(:class:`~service.api.pool.profiles.PoolProfiles`); a :class:`PipeplanError` says why not."""
+NO_PROFILES = (
+    "the job names a zoo model, whose profile the planner pool's workers take, and this "
+    "service runs without a pool: no Gantt chart (give the job a profile to have one)"
+)
 
 
 @dataclass
@@ -90,7 +92,9 @@ def _result_plan(job: Job) -> tuple[Any, str, float | None]:
     return None, "", None
 
 
-def _profile(spec: Mapping[str, Any], kind: JobKind) -> tuple[ModelProfile | None, str]:
+def _profile(
+    spec: Mapping[str, Any], kind: JobKind, profiles: ZooProfiles | None
+) -> tuple[ModelProfile | None, str]:
     """The profile the job's plans are costed with, or why there is none."""
     if isinstance(spec.get("profile"), Mapping):
         return ModelProfile.from_dict(spec["profile"]), ""
@@ -100,7 +104,9 @@ def _profile(spec: Mapping[str, Any], kind: JobKind) -> tuple[ModelProfile | Non
             "not keep: no Gantt chart (give the job a profile to have one)"
         )
     if isinstance(spec.get("model"), str):
-        return analytic_profile(spec["model"], spec.get("input_size")), ""
+        if profiles is None:
+            return None, NO_PROFILES
+        return profiles(spec["model"], spec.get("input_size")), ""
     return None, "the job's spec names no model and no profile: no Gantt chart"
 
 
@@ -124,7 +130,7 @@ def _choose(panel: PlanPanel, event: Event | None) -> Any:
     return doc
 
 
-def _draw_estimate(panel: PlanPanel, plan: Plan) -> None:
+def _draw_estimate(panel: PlanPanel, plan: Plan, profiles: ZooProfiles | None) -> None:
     spec, kind = panel.job.spec, panel.job.kind
     panel.cluster, why = _cluster(spec)
     if panel.cluster is None:
@@ -137,7 +143,7 @@ def _draw_estimate(panel: PlanPanel, plan: Plan) -> None:
             "this page simulates for a Gantt chart"
         )
         return
-    profile, why = _profile(spec, kind)
+    profile, why = _profile(spec, kind, profiles)
     if profile is None:
         panel.notes.append(why)
         return
@@ -147,8 +153,11 @@ def _draw_estimate(panel: PlanPanel, plan: Plan) -> None:
         panel.notes.append(f"{len(panel.estimate.timeline)} boxes: too many to draw")
 
 
-def plan_panel(job: Job, event: Event | None = None) -> PlanPanel:
-    """The panel of ``job``: the plan of ``event`` (a search's best so far) or its own."""
+def plan_panel(
+    job: Job, event: Event | None = None, profiles: ZooProfiles | None = None
+) -> PlanPanel:
+    """The panel of ``job``: the plan of ``event`` (a search's best so far) or its own;
+    ``profiles``: where a zoo model's profile comes from (None: nowhere)."""
     panel = PlanPanel(job, objective=str(job.spec.get("objective", "time")))
     panel.run = comparison_of(job.kind, job.result) if job.state.terminal else None
     if panel.run is not None and panel.run.stages:
@@ -163,7 +172,7 @@ def plan_panel(job: Job, event: Event | None = None) -> PlanPanel:
         return panel
     try:
         panel.plan = Plan.from_dict(doc)
-        _draw_estimate(panel, panel.plan)
+        _draw_estimate(panel, panel.plan, profiles)
     except PipeplanError as e:  # a document the core refuses: said, not a failed page
         panel.notes.append(f"cannot draw the plan: {e}")
     if panel.plan is not None:

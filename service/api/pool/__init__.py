@@ -9,6 +9,7 @@ belongs (:func:`runs_in_pool`): cost-model work to the pool, work on devices to 
 from pipeplan.service.api.pool.planner_pool import (
     JOB_TARGET,
     PLAN_TARGET,
+    PROFILE_TARGET,
     WARM_MODULES,
     PlannerPool,
     PoolClosed,
@@ -28,6 +29,7 @@ __all__ = [
     "JOB_TARGET",
     "LOST_MESSAGE",
     "PLAN_TARGET",
+    "PROFILE_TARGET",
     "POOL_JOB_ID",
     "WARM_MODULES",
     "PlannerPool",

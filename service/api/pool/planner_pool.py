@@ -43,6 +43,8 @@ JOB_TARGET = "pipeplan.service.cli.job:run_in_process"
 """What a worker runs for a job: the Ray Job's entrypoint, in-process (exit code back)."""
 PLAN_TARGET = "pipeplan.service.api.pool.work:plan_document"
 """What a worker runs for a synchronous plan: the plan job's result document of a spec."""
+PROFILE_TARGET = "pipeplan.service.api.pool.work:zoo_profile_document"
+"""What a worker runs for the dashboard: a zoo model's analytic profile, as a document."""
 WARM_MODULES = ("pipeplan.service.cli.job", "pipeplan.service.api.pool.work")
 """What a worker imports before its first job: the entrypoint and, with it, torch, the
 planners and the use-cases."""

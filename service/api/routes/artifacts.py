@@ -27,11 +27,11 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.service.api.auth import JobUserAuth
-from pipeplan.service.api.deps import SettingsDep, StoreDep
+from pipeplan.service.api.deps import ProfilesDep, SettingsDep, StoreDep
 from pipeplan.service.api.routes.jobs import JobId
 from pipeplan.service.api.schemas import Job, JobKind, JobState, error_responses
 from pipeplan.service.gantt import draw_gantt
-from pipeplan.service.web.job_plan import plan_panel
+from pipeplan.service.web.job_plan import ZooProfiles, plan_panel
 
 log = logging.getLogger("pipeplan.service")
 
@@ -80,7 +80,7 @@ def _plan_of(result: Any) -> dict[str, Any] | None:
     return plan if isinstance(plan, dict) else None
 
 
-def _gantt(job: Job, folder: Path) -> None:
+def _gantt(job: Job, folder: Path, profiles: ZooProfiles | None) -> None:
     """Draw ``gantt.png`` of a succeeded plan job into ``folder`` if it is not there (the
     PNG written beside it, then renamed: a reader never sees a part). A plan the dashboard
     cannot simulate (no profile or cluster it can rebuild, too many microbatches) has none."""
@@ -89,7 +89,7 @@ def _gantt(job: Job, folder: Path) -> None:
         return
     if _plan_of(job.result) is None:
         return
-    estimate = plan_panel(job).estimate
+    estimate = plan_panel(job, profiles=profiles).estimate
     if estimate is None:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,16 +102,20 @@ def _gantt(job: Job, folder: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def _drawn(job: Job, folder: Path) -> None:
+def _drawn(job: Job, folder: Path, profiles: ZooProfiles | None) -> None:
     try:
-        _gantt(job, folder)
+        _gantt(job, folder, profiles)
     except Exception:  # a chart that cannot be drawn leaves the other artifacts listed
         log.exception("artifacts: no Gantt chart for job %s", job.id)
 
 
 @router.get("")
 async def list_artifacts(
-    job_id: JobId, _: JobUserAuth, store: StoreDep, settings: SettingsDep
+    job_id: JobId,
+    _: JobUserAuth,
+    store: StoreDep,
+    settings: SettingsDep,
+    profiles: ProfilesDep,
 ) -> list[Artifact]:
     """The job's artifacts: ``plan.json`` once its result has a plan, then the files of
     its folder in name order (at most 1,000; a succeeded plan job's ``gantt.png`` among
@@ -121,7 +125,7 @@ async def list_artifacts(
     if (plan := _plan_of(job.result)) is not None:
         size = len(JSONResponse(plan).body)
         listed.append(Artifact(name=PLAN, size_bytes=size, kind="result"))
-    await run_in_threadpool(_drawn, job, settings.jobs_root / job_id)
+    await run_in_threadpool(_drawn, job, settings.jobs_root / job_id, profiles)
     files = await run_in_threadpool(_files, settings.jobs_root / job_id)
     return listed + [f for f in files if f.name != PLAN]
 
@@ -139,14 +143,19 @@ async def list_artifacts(
     },
 )
 async def get_artifact(
-    job_id: JobId, name: ArtifactName, _: JobUserAuth, store: StoreDep, settings: SettingsDep
+    job_id: JobId,
+    name: ArtifactName,
+    _: JobUserAuth,
+    store: StoreDep,
+    settings: SettingsDep,
+    profiles: ProfilesDep,
 ) -> Response:
     """One artifact by its name (:func:`list_artifacts`)."""
     job = await run_in_threadpool(store.get_job, job_id)
     if name == PLAN and (plan := _plan_of(job.result)) is not None:
         return JSONResponse(plan)
     if name == GANTT:
-        await run_in_threadpool(_drawn, job, settings.jobs_root / job_id)
+        await run_in_threadpool(_drawn, job, settings.jobs_root / job_id, profiles)
     folder = (settings.jobs_root / job_id).resolve()
     path = (folder / name).resolve()
     if not path.is_relative_to(folder) or not path.is_file():

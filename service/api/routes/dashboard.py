@@ -196,7 +196,7 @@ def plan_fragment(
             raise JobNotFound(job_id)
     except JobNotFound as e:
         return HTMLResponse(f"<p class='note'>{e}</p>", 404, headers=PAGE_HEADERS)
-    panel = plan_panel(job, _event(context, job_id, seq))
+    panel = plan_panel(job, _event(context, job_id, seq), context.profiles)
     return templates.TemplateResponse(
         request, "plan_panel.html", {"panel": panel}, headers=PAGE_HEADERS
     )

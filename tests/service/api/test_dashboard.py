@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from pipeplan.core.costmodel import Estimate, simulate
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
+from pipeplan.executor.worker_pool import Outcome, resolve
 from pipeplan.service.api.app import create_app
 from pipeplan.service.api.auth import COOKIE, CSRF_HEADER
 from pipeplan.service.api.backend import (
@@ -33,6 +34,7 @@ from pipeplan.service.api.backend import (
     NodeState,
     Submission,
 )
+from pipeplan.service.api.pool import PROFILE_TARGET, PlannerPool
 from pipeplan.service.api.ray_jobs import RayJobsBackend, nodes_from_dashboard
 from pipeplan.service.api.routes.dashboard import local_path
 from pipeplan.service.api.schemas import JobKind
@@ -46,6 +48,7 @@ from pipeplan.service.web.run_view import comparison_of, stage_bars_svg
 from pipeplan.service.web.svg import nice_ticks
 from tests.core.test_formats import PROFILE
 from tests.service.api.conftest import API_TOKEN, AUTH, FakeBackend
+from tests.service.test_pool import FakeWorkers
 
 Doc = dict[str, Any]
 CLUSTER_NAME = "local-hetero"
@@ -486,6 +489,68 @@ def test_a_run_without_a_profile_says_why_there_is_no_gantt_chart(
     panel = browser.get(f"/jobs/{r.json()['id']}/plan").text
     assert "a profile measured on the cluster" in panel and "no Gantt chart" in panel
     assert "class='gantt'" not in panel and 'data-stages="2"' in panel
+
+
+TRAIN_SPEC: Doc = {"plan": RUN_PLAN, "model": "digits_cnn", "cluster": CLUSTER_NAME}
+"""A train job of a zoo model without a profile: its panel costs the plan with the model's
+analytic profile, which only the planner pool takes (the API process has no torch)."""
+
+
+def _zoo_panel(client: TestClient) -> str:
+    r = client.post("/v1/jobs", json={"kind": "train", "spec": TRAIN_SPEC}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return client.get(f"/jobs/{r.json()['id']}/plan").text
+
+
+def _pool_app(
+    api_settings: Settings, store: Store, backend: FakeBackend, answer: Callable[..., Outcome]
+) -> tuple[FastAPI, list[str]]:
+    """An app whose planner pool runs each call in the test's process, as ``answer`` does."""
+    calls: list[str] = []
+
+    def script(worker: Any, target: str, args: tuple[Any, ...], t: float | None) -> Outcome:
+        calls.append(target)
+        return answer(target, args)
+
+    pool = PlannerPool(FakeWorkers(script), size=1)
+    return create_app(api_settings, store=store, backend=backend, pool=pool), calls
+
+
+def test_a_zoo_models_plan_is_costed_with_the_profile_the_pool_takes(
+    api_settings: Settings, store: Store, fake_backend: FakeBackend
+) -> None:
+    app, calls = _pool_app(
+        api_settings, store, fake_backend, lambda t, a: Outcome(value=resolve(t)(*a))
+    )
+    with TestClient(app) as client:
+        login(client)
+        panel = _zoo_panel(client)
+        again = _zoo_panel(client)
+    est = estimate(RUN_PLAN, digits_profile())
+    assert panel.count("class='op op-") == len(est.timeline) > 0
+    assert float(_number(r"data-batch-time-ms='([0-9.e+-]+)'", panel)) == pytest.approx(
+        est.batch_time_s * 1e3, rel=1e-5
+    )
+    assert again.count("class='op op-") == len(est.timeline)
+    assert calls == [PROFILE_TARGET]  # taken once, then kept
+
+
+def test_a_profile_the_pool_cannot_take_is_said_in_the_panel(
+    api_settings: Settings, store: Store, fake_backend: FakeBackend
+) -> None:
+    app, _ = _pool_app(api_settings, store, fake_backend, lambda t, a: Outcome(error="no room"))
+    with TestClient(app) as client:
+        login(client)
+        panel = _zoo_panel(client)
+    assert "profiling digits_cnn: no room" in panel and "class='gantt'" not in panel
+
+
+def test_without_a_pool_a_zoo_models_panel_says_why_there_is_no_gantt_chart(
+    browser: TestClient,
+) -> None:
+    panel = _zoo_panel(browser)
+    assert "runs without a pool: no Gantt chart" in panel and "class='gantt'" not in panel
+    assert 'data-stages="2"' in panel
 
 
 # --- the cluster page ------------------------------------------------------------------------
