@@ -161,9 +161,14 @@ def test_the_function_level_import_rule_reads_the_source() -> None:
 
 def _loaded(statement: str) -> set[str]:
     """The heavy libraries in ``sys.modules`` after ``statement``, in a fresh interpreter."""
-    probe = f"{statement}; import sys; print(' '.join(m for m in sys.modules))"
+    probe = f"{statement}\nimport sys; print(' '.join(m for m in sys.modules))"
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
     )
     return set(done.stdout.split()) & {*HEAVY, "ray.rllib"}
 
@@ -184,15 +189,65 @@ def test_the_light_commands_import_neither_torch_nor_ray(module: str) -> None:
     assert _loaded(f"import {module}") == set()
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet: the API checks a run job against executor.pipeline (RunConfig), and "
-    "the dashboard's plan panel profiles zoo models; executor.pipeline, models.zoo and "
-    "models.profiler import torch at the top",
+TORCH_FREE = (
+    "pipeplan.executor.config",  # run and train settings; the engine's limits
+    "pipeplan.executor.data_spec",
+    "pipeplan.executor.loss_spec",
+    "pipeplan.models.reference",  # a model reference's form and input fields
+    "pipeplan.models.zoo_names",  # the zoo's names and input sizes
 )
+"""The definitions the API checks a job with; the torch-using code imports them."""
+
+
+def test_the_definitions_the_api_checks_with_import_neither_torch_nor_ray() -> None:
+    assert _loaded("import " + ", ".join(TORCH_FREE)) == set()
+
+
 def test_the_api_process_starts_without_torch() -> None:
     assert _loaded("import pipeplan.service.api.app") & {"torch", "torchvision"} == set()
+
+
+SERVE = """
+import tempfile
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from pipeplan.service.api.app import create_app
+from tests.service.api.conftest import AUTH, FakeBackend, make_settings
+
+STAGE = {"layers": [0, 2], "devices": ["n0/fast:0"], "microbatch": 4}
+PLAN = {"global_batch": 8, "stages": [STAGE]}
+SPECS = {
+    "plan": {"model": "digits_cnn", "input_size": 8, "cluster": "local-hetero", "planner": "dp"},
+    "run": {"plan": PLAN, "model": "digits_cnn", "data": "digits", "engine": "torch-pipelining"},
+    "train": {"plan": PLAN, "model": "digits_cnn", "cluster": "local-hetero", "data": "digits",
+              "loss": "cross-entropy", "optimizer": "adam", "checkpoint_dir": "/ckpt"},
+    "profile": {"model": "gpt", "input_size": 16},
+}
+with tempfile.TemporaryDirectory() as tmp:
+    app = create_app(make_settings(Path(tmp)), backend=FakeBackend())
+    with TestClient(app, headers=AUTH) as client:
+        assert client.get("/healthz").status_code == 200
+        ids = []
+        for kind, spec in SPECS.items():
+            r = client.post("/v1/jobs", json={"kind": kind, "spec": spec})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+        r = client.post("/v1/jobs", json={"kind": "profile", "spec": {"model": "alexnet",
+                                                                        "input_size": 8}})
+        assert r.status_code == 422 and "must be >= 63" in r.text, r.text
+        assert len(client.get("/v1/jobs").json()["items"]) == len(SPECS)
+        for path in ("/", "/cluster", *(f"/jobs/{i}" for i in ids),
+                     *(f"/jobs/{i}/plan" for i in ids), f"/v1/jobs/{ids[0]}/artifacts"):
+            assert client.get(path).status_code == 200, path
+"""
+"""Serve the API in this process: health, jobs of every kind checked and listed, the
+dashboard's pages (a zoo model's plan panel included) and a job's artifacts."""
+
+
+def test_serving_the_api_and_the_dashboard_loads_no_torch() -> None:
+    assert _loaded(SERVE) & {"torch", "torchvision"} == set()
 
 
 def _graph() -> dict[str, set[str]]:
