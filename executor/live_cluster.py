@@ -18,6 +18,7 @@ import ray
 from pipeplan.core.cluster import ClusterSpec, DeviceType, Network, Node
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.resources import DEVICE_PREFIX, NODE_PREFIX, device_resource, node_resource
 
 __all__ = [
     "DEFAULT_FLOPS",
@@ -32,18 +33,8 @@ __all__ = [
     "nodes_from_ray",
 ]
 
-DEVICE_PREFIX = "device:"
-NODE_PREFIX = "pipeplan_node:"
 DEFAULT_FLOPS = 1.0e12
 """FLOP/s given to a discovered device type that no reference spec describes."""
-
-
-def device_resource(device_type: str) -> str:
-    return f"{DEVICE_PREFIX}{device_type}"
-
-
-def node_resource(node: str) -> str:
-    return f"{NODE_PREFIX}{node}"
 
 
 def node_resources(node: Node) -> dict[str, float]:

@@ -16,10 +16,12 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from ray.job_submission import JobStatus, JobSubmissionClient
+from typing import TYPE_CHECKING
 
 from pipeplan.executor.errors import ExecutorError
+
+if TYPE_CHECKING:  # Ray is imported where a client is made: the API process starts without it
+    from ray.job_submission import JobSubmissionClient
 
 __all__ = ["JobInfo", "RayJobs", "RayJobsError", "ray_token"]
 
@@ -54,6 +56,8 @@ class JobInfo:
 
     @property
     def terminal(self) -> bool:
+        from ray.job_submission import JobStatus
+
         return self.status is not None and JobStatus(self.status).is_terminal()
 
 
@@ -81,7 +85,9 @@ class RayJobs:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def client(self) -> JobSubmissionClient:
-        """The connected client (made now if there is none)."""
+        """The connected client (made now if there is none: Ray is imported then)."""
+        from ray.job_submission import JobSubmissionClient
+
         with self._lock:
             if self._client is None:
                 try:

@@ -25,7 +25,6 @@ import os
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -33,6 +32,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
+from pipeplan.executor.worker_calls import Outcome, WorkerLost, WorkerTimeout, resolve
 
 __all__ = ["Outcome", "RayWorker", "RayWorkers", "WorkerLost", "WorkerTimeout", "resolve"]
 
@@ -40,37 +40,6 @@ MAX_LOG_CHARS = 1_000_000
 """The most captured text a call keeps (its end, where the failure is)."""
 START_TIMEOUT_S = 300.0
 """How long a new worker may take to import its modules."""
-
-
-class WorkerLost(ExecutorError):
-    """The worker's process is gone (killed, crashed, out of memory); names the worker."""
-
-
-class WorkerTimeout(ExecutorError):
-    """A call ran past its limit; the worker is still busy with it and must be killed."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one call gave: its return ``value`` or its failure (``error``: the exception's
-    one line, ``traceback``), and the text it printed or logged (``log``)."""
-
-    value: Any = None
-    log: str = ""
-    error: str | None = None
-    traceback: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def resolve(target: str) -> Any:
-    """The object ``package.module:attr`` names (imported now)."""
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"target: expected 'package.module:attr', got {target!r}")
-    return getattr(importlib.import_module(module), attr)
 
 
 class _Capture(io.TextIOBase):
