@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from pipeplan.executor.live_cluster import DEVICE_PREFIX, NODE_PREFIX
 from pipeplan.executor.ray_jobs import JobInfo, RayJobs, RayJobsError, ray_token
+from pipeplan.executor.resources import DEVICE_PREFIX, NODE_PREFIX
 from pipeplan.service.api.backend import (
     BackendState,
     BackendStatus,

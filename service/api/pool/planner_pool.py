@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeplan.executor.worker_pool import Outcome, WorkerLost, WorkerTimeout
+from pipeplan.executor.worker_calls import Outcome, WorkerLost, WorkerTimeout
 from pipeplan.service.api.backend import BackendState, BackendStatus, Submission
 
 log = logging.getLogger("pipeplan.service.pool")

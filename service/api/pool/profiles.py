@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 from pipeplan.core.errors import PipeplanError
 from pipeplan.core.profile import ModelProfile
-from pipeplan.executor.worker_pool import WorkerLost
+from pipeplan.executor.worker_calls import WorkerLost
 from pipeplan.service.api.pool.planner_pool import (
     PROFILE_TARGET,
     PlannerPool,

@@ -20,7 +20,7 @@ from fastapi import APIRouter, HTTPException, status
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
-from pipeplan.executor.worker_pool import WorkerLost
+from pipeplan.executor.worker_calls import WorkerLost
 from pipeplan.service.api.auth import ApiAuth
 from pipeplan.service.api.deps import PoolDep, SettingsDep
 from pipeplan.service.api.pool import PLAN_TARGET, PlannerPool, PoolClosed, PoolTimeout
