@@ -9,10 +9,10 @@ The plan is costed again with the job's profile and cluster to draw its Gantt ch
 the cost model's timeline. A job that names a zoo model is costed with the model's analytic
 profile, as its search was, from the page's :data:`ZooProfiles` (the planner pool's
 workers take it: profiling builds the model with torch, which the API process does not
-import; without a pool there is no chart, and the note says why). A ``run`` job, and a search with a
-measured reward, also show the measured stage times beside the predicted ones. Whatever
-cannot be drawn is said in a note, never an error page: the job's spec may lack a cluster
-document, a run may have used a profile it did not keep.
+import; without a pool there is no chart, and the note says why). A ``run`` job, and a
+search with a measured reward, also show the measured stage times beside the predicted
+ones. Whatever cannot be drawn is said in a note, never an error page: the job's spec may
+lack a cluster document, a run may have used a profile it did not keep.
 """
 
 from __future__ import annotations
