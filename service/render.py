@@ -16,6 +16,7 @@ from pipeplan.agents.compare import Row, describe, exact_reference, ratios
 from pipeplan.agents.problem import Objective, Problem
 from pipeplan.core.costmodel import Estimate
 from pipeplan.core.held_out import relative_error
+from pipeplan.service.device_groups import stage_labels
 
 if TYPE_CHECKING:
     from pipeplan.service.tasks.plan import Planned
@@ -34,14 +35,17 @@ def format_value(value: float, objective: Objective) -> str:
 
 
 def estimate_table(est: Estimate, title: str = "") -> Table:
+    """A row per stage; its devices as :func:`~service.device_groups.stage_labels` writes
+    them (ids on a small plan, counts by node kind and type on a large one)."""
     table = Table(title=title or "cost model estimate", title_justify="left")
     for col in ("stage", "devices", "layers", "microbatch", "fwd ms", "bwd ms", "compute ms",
                 "transfer ms", "memory GB", "fits"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("devices", "layers") else "right")
-    for st in est.stages:
+    labels = stage_labels([st.devices for st in est.stages])
+    for st, devices in zip(est.stages, labels, strict=True):
         table.add_row(
             str(st.index),
-            ", ".join(st.devices),
+            devices,
             f"[{st.layers[0]}, {st.layers[1]})",
             f"{st.microbatch} x{st.microbatches}",
             f"{st.forward_s * 1e3:.3f}",
