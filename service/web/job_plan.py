@@ -27,6 +27,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.service.api.schemas import Event, EventType, Job, JobKind
+from pipeplan.service.device_groups import stage_labels
 from pipeplan.service.tasks.requests import cluster_spec
 from pipeplan.service.web.format import objective_value
 from pipeplan.service.web.plan_view import gantt_svg, plan_grid_svg
@@ -65,6 +66,12 @@ class PlanPanel:
     @property
     def value_text(self) -> str:
         return objective_value(self.objective, self.value)
+
+    @property
+    def device_labels(self) -> list[str]:
+        """Each stage's devices as the stages table shows them: ids on a small plan, counts
+        by node kind and type on a large one (the ids then in a details element)."""
+        return stage_labels([s.devices for s in self.plan.stages]) if self.plan else []
 
 
 def _result_plan(job: Job) -> tuple[Any, str, float | None]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeplan.core.held_out import relative_error
 from pipeplan.service.api.schemas import JobKind
+from pipeplan.service.device_groups import stage_labels
 from pipeplan.service.web.svg import Scale, Svg, nice_ticks, tick_label
 
 PREDICTED, MEASURED = "#9db4d6", "#2f5d9e"
@@ -56,6 +57,11 @@ class RunComparison:
     @property
     def error(self) -> float:
         return relative_error(self.predicted_batch_s, self.measured_batch_s)
+
+    @property
+    def device_labels(self) -> list[str]:
+        """Each stage's devices as the page shows them (ids on a small plan, else counts)."""
+        return stage_labels([s.devices for s in self.stages])
 
 
 def _num(doc: Mapping[str, Any], key: str) -> float:
