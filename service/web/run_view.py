@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeplan.core.errors import FormatError
 from pipeplan.core.held_out import relative_error
 from pipeplan.service.api.schemas import JobKind
 from pipeplan.service.device_groups import stage_labels
@@ -60,8 +61,12 @@ class RunComparison:
 
     @property
     def device_labels(self) -> list[str]:
-        """Each stage's devices as the page shows them (ids on a small plan, else counts)."""
-        return stage_labels([s.devices for s in self.stages])
+        """Each stage's devices as the page shows them (ids on a small plan, else counts);
+        the ids as the result gives them where one is not ``NODE/TYPE:INDEX``."""
+        try:
+            return stage_labels([s.devices for s in self.stages])
+        except FormatError:  # a result document the core would refuse: shown, not raised
+            return [", ".join(s.devices) for s in self.stages]
 
 
 def _num(doc: Mapping[str, Any], key: str) -> float:

@@ -15,7 +15,9 @@ from fastapi.testclient import TestClient
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
 from pipeplan.models.shapes import generate
+from pipeplan.service.api.schemas import JobKind
 from pipeplan.service.web.plan_view import plan_grid_svg
+from pipeplan.service.web.run_view import comparison_of
 from tests.service.api.conftest import AUTH, FakeBackend
 from tests.service.api.test_dashboard import login, post_events
 from tests.service.test_device_groups import SCALE_CLUSTER, SCALE_LABELS, scale_plan, scale_stages
@@ -89,3 +91,17 @@ def test_the_grid_of_a_large_plan_has_a_column_per_node_grouped_by_kind() -> Non
     assert [k for k in kinds if not k.startswith("stage")] == ["a100x8", "v100x8", "t4x4"]
     assert "stage 10 on t4x4-9: 4 t4 (t4x4-9/t4:0, t4x4-9/t4:1, t4x4-9/t4:2, t4x4-9/t4:3)" in svg
     assert ">4 v100</text>" in svg
+
+
+def test_a_run_result_with_ids_the_core_refuses_shows_them_as_given() -> None:
+    stage = {"index": 0, "layers": [0, 1], "compute_s": 1.0, "transfer_s": 0.0, "update_s": 0.0}
+    bad = [*(f"a100x8-0/a100:{k}" for k in range(8)), "not an id"]
+    result = {
+        "predicted": {"batch_time_s": 1.0, "stages": [{**stage, "devices": bad}]},
+        "measured": {"batch_time_s": 1.0, "stages": [stage]},
+    }
+    run = comparison_of(JobKind.RUN, result)
+    assert run is not None and run.device_labels == [", ".join(bad)]
+    good = {**result["predicted"], "stages": [{**stage, "devices": [*bad[:8], "a100x8-1/a100:0"]}]}
+    run = comparison_of(JobKind.RUN, {**result, "predicted": good})
+    assert run is not None and run.device_labels == ["8 a100 (a100x8-0) + 1 a100 (a100x8-1)"]
