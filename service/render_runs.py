@@ -9,6 +9,7 @@ from rich.table import Table
 from pipeplan.core.plan import Plan
 from pipeplan.executor.measure import Comparison
 from pipeplan.executor.measured_reward import plan_key
+from pipeplan.service.device_groups import IDS_UP_TO, compact, stage_labels
 from pipeplan.service.render import pct
 from pipeplan.service.tasks.demo import REFERENCE, Demo, DemoRow
 
@@ -29,8 +30,9 @@ def run_table(c: Comparison) -> Table:
                   pct(est.throughput, m.throughput))  # fmt: skip
     table.add_row("comm fraction", f"{est.comm_fraction:.2f}", f"{m.comm_fraction:.2f}",
                   f"{est.comm_fraction - m.comm_fraction:+.2f}")  # fmt: skip
-    for p, q in zip(est.stages, m.stages, strict=True):
-        where = f"stage {p.index} [{p.layers[0]}, {p.layers[1]}) {', '.join(p.devices)}"
+    labels = stage_labels([p.devices for p in est.stages])
+    for p, q, devices in zip(est.stages, m.stages, labels, strict=True):
+        where = f"stage {p.index} [{p.layers[0]}, {p.layers[1]}) {devices}"
         ms(f"{where}: compute ms", p.compute_s, q.compute_s)
         ms(f"{where}: transfer ms", p.transfer_s, q.transfer_s)
     return table
@@ -49,8 +51,9 @@ def run_lines(c: Comparison, data: str) -> list[str]:
 def describe_plan(plan: Plan) -> str:
     """``[0,16) fast:0 x4 | [16,21) mid:0 x4`` (layers, devices, microbatches)."""
     parts = []
+    large = sum(len(s.devices) for s in plan.stages) > IDS_UP_TO
     for i, s in enumerate(plan.stages):
-        devices = "+".join(d.split("/", 1)[1] for d in s.devices)
+        devices = compact(s.devices) if large else "+".join(d.split("/", 1)[1] for d in s.devices)
         parts.append(f"[{s.start},{s.end}) {devices} x{plan.microbatches(i)}")
     return " | ".join(parts)
 

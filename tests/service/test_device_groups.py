@@ -9,7 +9,7 @@ from rich.console import Console
 
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
-from pipeplan.core.plan import Plan
+from pipeplan.core.plan import Plan, Stage
 from pipeplan.core.profile import ModelProfile
 from pipeplan.models.shapes import generate
 from pipeplan.service.device_groups import (
@@ -22,6 +22,7 @@ from pipeplan.service.device_groups import (
     stage_labels,
 )
 from pipeplan.service.render import estimate_table
+from pipeplan.service.render_runs import describe_plan
 from pipeplan.service.tasks.common import PRESETS_DIR
 
 SCALE_CLUSTER = PRESETS_DIR / "scale" / "dc-328.yaml"
@@ -163,3 +164,11 @@ def test_the_cli_table_of_a_hundred_device_plan_keeps_a_line_per_stage(
     for row, label in zip(rows, SCALE_LABELS, strict=True):
         assert f"│ {label} " in row
     assert "/a100:" not in text and "/t4:" not in text
+
+
+def test_a_run_line_names_a_large_plans_stages_by_group() -> None:
+    small = Plan(8, (Stage((0, 2), ("n0/fast:0",), 4), Stage((2, 4), ("n1/mid:0",), 4)))
+    assert describe_plan(small) == "[0,2) fast:0 x2 | [2,4) mid:0 x2"
+    ids = tuple(f"a100x8-{k}/a100:{i}" for k in range(2) for i in range(8))
+    large = Plan(16, (Stage((0, 2), ids[:8], 2), Stage((2, 4), ids[8:], 2)))
+    assert describe_plan(large) == "[0,2) 8 a100 (a100x8-0) x8 | [2,4) 8 a100 (a100x8-1) x8"
