@@ -41,21 +41,8 @@ INPUTS: dict[str, ZooInput] = {
 }  # fmt: skip
 
 MODELS: tuple[str, ...] = tuple(INPUTS)
-"""Named models to profile, plan and run: torchvision CNNs, a GPT-style decoder, a digits CNN.
-
-``build(name, input_size, **options)`` returns ``(model, example_input)``; the example input
-has a batch dimension of 1. Weights are freshly initialised from ``seed`` (never downloaded),
-so two builds with the same arguments are identical, and the global RNG is left untouched.
-
-- ``alexnet``, ``vgg16``, ``inception_v3``, ``resnet50``: torchvision, ``weights=None``;
-  ``input_size`` is the image side (3 x size x size); option ``num_classes`` (default 10).
-- ``gpt``: a GPT-1 sized decoder in plain ``torch.nn`` (token + position embeddings, pre-LN
-  blocks of causal self-attention and an MLP, final LayerNorm, LM head); ``input_size`` is
-  the sequence length; options ``n_layer`` (12), ``d_model`` (768), ``n_head`` (12),
-  ``n_ctx`` (512), ``vocab_size`` (40478), ``dropout`` (0.1).
-- ``digits_cnn``: a small CNN for 8 x 8 single-channel digits (scikit-learn's
-  ``load_digits``), 10 classes; ``input_size`` is the image side.
-"""
+"""The zoo's names, in the order :mod:`models.zoo` documents them (its docstring says what
+each model is and the options it takes)."""
 
 
 def check_size(name: str, size: Any, options: Mapping[str, Any]) -> int:
