@@ -235,16 +235,14 @@ def violation(ctx: Context, batch: PlanBatch) -> FloatArray:
     for the cost objective, the throughput shortfall of a steady-state upper bound on
     throughput."""
     tb, problem = ctx.tables, ctx.problem
-    B = problem.global_batch
-    start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
-    valid = batch.devices >= 0
-    dev = np.where(valid, batch.devices, 0)
-    r = valid.sum(-1)
-    b = batch.microbatch.astype(np.float64)
-    m = microbatch_count(B, batch.microbatch)
-    share = rules.replica_share(b, r)
     out = np.maximum(memory_ratio(ctx, batch).max(-1) - 1.0, 0.0)
     if problem.objective is Objective.COST and problem.min_throughput:
+        B = problem.global_batch
+        start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
+        valid = batch.devices >= 0
+        dev = np.where(valid, batch.devices, 0)
+        m = microbatch_count(B, batch.microbatch)
+        share = rules.replica_share(batch.microbatch.astype(np.float64), valid.sum(-1))
         t = tb.dev_type[dev]
         n = share[..., None]
         a, e = start[..., None], end[..., None]
