@@ -49,7 +49,14 @@ def tapp_table(d: Doc) -> str:
         for m in d["models"]
         if m["claim"].get("measured_speedup_vs_bsp") is not None
     ]
-    return "Planned over BSP: " + ", ".join(speedups)
+    own = [
+        f"{m['model']} {r['speedup_vs_bsp']:.2f}x"
+        for m in d["models"]
+        for r in m["rows"]
+        if r["method"] == "TAPP" and r.get("speedup_vs_bsp") is not None
+    ]
+    line = "Planned over BSP: " + ", ".join(speedups)
+    return line + ("; TAPP's own plan: " + ", ".join(own) if own else "")
 
 
 def links(d: Doc) -> str:

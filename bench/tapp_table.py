@@ -11,6 +11,8 @@ forward and backward last ``k x`` its CPU time), five ways to train:
 - ``BSP``: synchronous data parallelism, one stage replicated on every device (TAPP's
   baseline; the ``data_parallel`` planner may keep only a prefix of the devices -- its
   choice is in the JSON as ``data_parallel_planner``);
+- ``TAPP``: TAPP's own plan (the ``tapp`` planner's answer, when it is among the planners
+  asked), measured as it is, so the table shows what the learned planner alone gives;
 - ``Planned``: the best plan of the planners asked (``dp``, ``brute`` up to three stages and
   ``tapp`` with a small budget) and of ``genetic`` kept to two stages or more, by the cost
   model on the profile measured on the cluster
@@ -116,7 +118,8 @@ MODELS: dict[str, ModelCase] = {
     "vgg16": ModelCase("VGG-16@32", "vgg16", 32, 32),
     "inception_v3": ModelCase("Inception-V3@75", "inception_v3", 75, 32),
 }
-METHODS = ("SingleCPU", "Pipe-Torch", "BSP", "Planned", "Pipelined")
+METHODS = ("SingleCPU", "Pipe-Torch", "BSP", "TAPP", "Planned", "Pipelined")
+"""The rows of a model's table; ``TAPP`` only where the ``tapp`` planner was asked and answered."""
 PIPELINED = "genetic"
 """The planner searched for the best plan of several stages (its ``min_stages``; the other
 planners search every stage count)."""
@@ -275,8 +278,11 @@ def model_table(
         console.print(f"  {label}: {describe(plan)} predicted {pred * 1e3:.0f} ms ({secs:.1f} s)")
     best = best_candidate(candidates)
     piped = best_candidate(candidates, min_stages=2)
+    if "tapp" in candidates:
+        plans["TAPP"] = Plan.from_dict(candidates["tapp"]["plan"])
     plans["Planned"] = Plan.from_dict(candidates[best]["plan"])
     plans["Pipelined"] = Plan.from_dict(candidates[piped]["plan"])
+    methods = [k for k in METHODS if k in plans]
     dp_choice, _ = plan_with("data_parallel", profile, planning, case.batch, a.plan_seconds, a.seed)
     config = RunConfig(
         steps=a.train_steps - a.warmup,
@@ -289,7 +295,7 @@ def model_table(
     measured: dict[str, Measurement | None] = {}
     same_as: dict[str, str] = {}
     errors: dict[str, str] = {}
-    for method in METHODS:
+    for method in methods:
         plan = plans[method]
         twin = next((k for k in measured if plans[k] == plan), None)
         if twin is not None:  # the very same plan: one run serves both rows
@@ -307,12 +313,13 @@ def model_table(
             + (f"{m.batch_time_s * 1e3:.0f} ms" if m else f"ERROR {errors[method]}")
             + f" ({time.perf_counter() - t1:.0f} s)"
         )
-    rows = [row(k, plans[k], profile, spec, measured[k], planning) for k in METHODS]
+    rows = [row(k, plans[k], profile, spec, measured[k], planning) for k in methods]
+    by_method = {r["method"]: r for r in rows}
     bsp, single = measured["BSP"], measured["SingleCPU"]
     for r in rows:
         m = measured[r["method"]]
         r["speedup_vs_bsp"] = bsp.batch_time_s / m.batch_time_s if (m and bsp) else None
-        r["predicted_speedup_vs_bsp"] = rows[2]["predicted_s"] / r["predicted_s"]
+        r["predicted_speedup_vs_bsp"] = by_method["BSP"]["predicted_s"] / r["predicted_s"]
         r["speedup_vs_single"] = single.batch_time_s / m.batch_time_s if (m and single) else None
         r["same_plan_as"] = same_as.get(r["method"])
         r["error"] = errors.get(r["method"], "")
@@ -322,7 +329,7 @@ def model_table(
         if m is not None and k not in same_as
     }
     planned, pipelined = plans["Planned"], plans["Pipelined"]
-    x, y = rows[3]["speedup_vs_bsp"], rows[4]["speedup_vs_bsp"]
+    x, y = by_method["Planned"]["speedup_vs_bsp"], by_method["Pipelined"]["speedup_vs_bsp"]
     several = len(planned.stages) > 1 or any(len(st.devices) > 1 for st in planned.stages)
     claim = {
         "stages": len(planned.stages),
