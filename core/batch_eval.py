@@ -43,11 +43,14 @@ class PlanBatch:
     bounds: (P, S+1) stage boundaries, ``bounds[:, 0] == 0``, increasing.
     microbatch: (P, S) samples per microbatch of each stage.
     devices: (P, S, R) indices into ``cluster.device_ids``; ``-1`` pads unused replica slots.
+    recompute: (P, S) whether each stage recomputes its activations (rules 2r and 9r of
+    :mod:`core.costmodel`); None: no stage does.
     """
 
     bounds: IntArray
     microbatch: IntArray
     devices: IntArray
+    recompute: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -59,7 +62,8 @@ class PlanBatch:
 
     def rows(self, which: slice | IntArray) -> PlanBatch:
         """The plans ``which`` of the population."""
-        return PlanBatch(self.bounds[which], self.microbatch[which], self.devices[which])
+        recompute = None if self.recompute is None else self.recompute[which]
+        return PlanBatch(self.bounds[which], self.microbatch[which], self.devices[which], recompute)
 
     @classmethod
     def from_plans(cls, plans: Sequence[Plan], cluster: ClusterSpec) -> PlanBatch:
@@ -80,7 +84,10 @@ class PlanBatch:
             p.validate(cluster=cluster)
             for s, st in enumerate(p.stages):
                 dev[i, s, : st.replicas] = [index[d] for d in st.devices]
-        return cls(bounds, mb, dev)
+        recompute = None
+        if any(p.recomputing for p in plans):
+            recompute = np.array([[st.recompute for st in p.stages] for p in plans], dtype=bool)
+        return cls(bounds, mb, dev, recompute)
 
     def plan(
         self, i: int, cluster: ClusterSpec, global_batch: int, schedule: Schedule = Schedule.GPIPE
@@ -91,6 +98,7 @@ class PlanBatch:
                 (int(self.bounds[i, s]), int(self.bounds[i, s + 1])),
                 tuple(ids[d] for d in self.devices[i, s] if d >= 0),
                 int(self.microbatch[i, s]),
+                self.recompute is not None and bool(self.recompute[i, s]),
             )
             for s in range(self.num_stages)
         )
@@ -158,7 +166,8 @@ class BatchEvaluator:
     ) -> list[tuple[FloatArray, FloatArray]]:
         """Rule 2: (P, S) forward and backward time of each stage, slowest replica, for a
         microbatch of each ``samples`` (P, S) count; ``r`` (P, S) replicas, replica slot ``k``
-        costed for its own share (rule 2i)."""
+        costed for its own share (rule 2i); a recomputing stage's backward (rule 2r) is each
+        replica's forward plus its backward."""
         tb = self.tables
         side = len(self.profile) + 1
         span = batch.bounds[:, :-1] * side + batch.bounds[:, 1:]
@@ -171,6 +180,8 @@ class BatchEvaluator:
             ff, fp, bf, bp = sums[..., 0], sums[..., 1], sums[..., 2], sums[..., 3]
             for i, n in enumerate(shares):
                 f, b = rules.compute_s(ff, fp, n), rules.compute_s(bf, bp, n)
+                if batch.recompute is not None:
+                    b = np.where(batch.recompute, rules.recompute_backward_s(f, b), b)
                 if k == 0:  # every stage has its first replica slot
                     out.append((f, b))
                 else:
@@ -262,7 +273,15 @@ class BatchEvaluator:
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.held_microbatches(schedule, b, B, warmups)
-        memory = rules.memory_bytes(params, tb.acts(start, end), rules.replica_share(b, r), held)
+        acts, share = tb.acts(start, end), rules.replica_share(b, r)
+        memory = rules.memory_bytes(params, acts, share, held)
+        if batch.recompute is not None:  # rule 9r
+            inputs = tb.cuts[start]
+            memory = np.where(
+                batch.recompute,
+                rules.recompute_memory_bytes(params, inputs, acts, share, held),
+                memory,
+            )
         capacity = _over_replicas(np.minimum, np.where(valid, tb.dev_capacity[dev], np.inf))
         ratio = (memory / capacity).max(-1)
         price = _over_replicas(np.add, np.where(valid, tb.dev_price[dev], 0.0)).sum(-1)
@@ -527,3 +546,8 @@ def _check_batch(batch: PlanBatch, n_layers: int, global_batch: int) -> None:
         raise PlanError(f"population.microbatch: must be in [1, global_batch {global_batch}]")
     if ((batch.devices >= 0).sum(-1) == 0).any():
         raise PlanError("population.devices: every stage needs >= 1 device")
+    if batch.recompute is not None and batch.recompute.shape != batch.microbatch.shape:
+        raise PlanError(
+            f"population.recompute: shape {batch.recompute.shape}, expected "
+            f"{batch.microbatch.shape} (one flag per plan and stage)"
+        )

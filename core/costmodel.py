@@ -77,6 +77,21 @@ every ``b_s`` dividing ``B`` (and equal ones under 1F1B) each reads exactly as b
   (:func:`core.rules.held_microbatches`).
 - Rule 10: the op time of a stage is the sum of its ops' durations, ``(M_s - 1) (F_s + Bk_s)
   + F_s(n_last) + Bk_s(n_last)``.
+
+Activation recomputation (a stage's ``recompute``, :class:`core.plan.Stage`) changes rules 2
+and 9 for that stage only; a plan without it is costed exactly as before:
+
+- **2r.** Each backward first runs the stage's forward again: a replica's backward of a
+  share lasts its forward plus its backward of that share (rules 1, 1c and 2i, call
+  overheads included), Bk_s is the maximum of that over the replicas, and rule 2b's
+  accumulation is added after (:func:`core.rules.recompute_backward_s`). The schedule and
+  the sends are unchanged; rule 10 counts the extra forward as op time.
+- **9r.** Between a microbatch's forward and its backward the stage keeps only its inputs,
+  ``X_{s-1}`` bytes per sample (rule 3's cut before it; 0 for the first stage), and during a
+  backward it holds one microbatch's activations again: memory per device ``4 x params_s +
+  (H_s / b_s) x ceil(b_s / r_s) x X_{s-1} + ceil(b_s / r_s) x acts_s``
+  (:func:`core.rules.recompute_memory_bytes`). A stage over memory without recomputation
+  that would fit with it says so in ``not_fitting``.
 """
 
 from __future__ import annotations
@@ -95,6 +110,9 @@ from pipeplan.core.schedules import one_f_one_b_warmups, stage_orders, upstream_
 from pipeplan.core.tables import CostTables
 
 EventKind = Literal["F", "B", "send", "grad", "update", "allreduce"]
+_Terms = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Rule 1's fixed and per-sample times (type x layer) and rule 1c's call overhead (per type)
+of one pass, forward or backward."""
 
 
 @dataclass(frozen=True)
@@ -203,17 +221,11 @@ class _Simulation:
             else [0] * S
         )
         self.update = [self._update(s) for s in range(S)]
-        self.fwd = [
-            self._stage_time(s, tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call)
-            for s in range(S)
-        ]
+        self.fwd = [self._stage_time(s, [self._forward_terms]) for s in range(S)]
         self.bwd = [self._backward(s, self.b[s]) for s in range(S)]
         # the last microbatch's times (the same numbers when it is a full one)
         self.fwd_last = [
-            self._stage_time(
-                s, tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call, self.n_last[s]
-            )
-            for s in range(S)
+            self._stage_time(s, [self._forward_terms], self.n_last[s]) for s in range(S)
         ]
         self.bwd_last = [self._backward(s, self.n_last[s]) for s in range(S)]
         self.x = [
@@ -228,17 +240,21 @@ class _Simulation:
         # recovered as ``end - start`` later, which loses the small durations of a long run).
         self.transfer = [0.0] * S
 
-    def _stage_time(
-        self,
-        s: int,
-        fixed: np.ndarray,
-        per_sample: np.ndarray,
-        call: np.ndarray,
-        samples: int | None = None,
-    ) -> float:
+    @property
+    def _forward_terms(self) -> _Terms:
+        tables = self.tables
+        return tables.fwd_fixed, tables.fwd_per_sample, tables.fwd_call
+
+    @property
+    def _backward_terms(self) -> _Terms:
+        tables = self.tables
+        return tables.bwd_fixed, tables.bwd_per_sample, tables.bwd_call
+
+    def _stage_time(self, s: int, passes: list[_Terms], samples: int | None = None) -> float:
         """Rule 2: max over replicas of the summed layer times for each one's share (rule 2i)
         of a microbatch of ``n`` samples (``b_s`` unless given), plus the replica type's call
-        overhead (rule 1c)."""
+        overhead (rule 1c); with several ``passes`` (rule 2r's forward then backward) a
+        replica's time is the sum of its passes, in order."""
         stage = self.plan.stages[s]
         n = stage.microbatch if samples is None else samples
         best = 0.0
@@ -246,18 +262,24 @@ class _Simulation:
             share = rules.replica_samples(n, stage.replicas, k)
             t = self.tables.type_index[self.cluster.device(d).type]
             layers = slice(stage.start, stage.end)
-            layer_sum = sum(
-                rules.compute_s(fixed[t, layers], per_sample[t, layers], share).tolist()
-            )
-            best = max(best, layer_sum + float(call[t]))
+            times = [
+                sum(rules.compute_s(fixed[t, layers], per[t, layers], share).tolist())
+                + float(call[t])
+                for fixed, per, call in passes
+            ]
+            total = times[0] if len(times) == 1 else rules.recompute_backward_s(*times)
+            best = max(best, total)
         return best
 
     def _backward(self, s: int, samples: int) -> float:
-        """Rule 2 and 2b: the backward of ``samples`` samples plus its share of accumulation."""
-        tables = self.tables
-        return self._stage_time(
-            s, tables.bwd_fixed, tables.bwd_per_sample, tables.bwd_call, samples
-        ) + rules.accumulation_s(self.update[s], self.m[s])
+        """Rule 2 and 2b: the backward of ``samples`` samples plus its share of accumulation;
+        rule 2r: a recomputing stage's forward again before it."""
+        passes = [self._backward_terms]
+        if self.plan.stages[s].recompute:
+            passes = [self._forward_terms, self._backward_terms]
+        return self._stage_time(s, passes, samples) + rules.accumulation_s(
+            self.update[s], self.m[s]
+        )
 
     def _update(self, s: int) -> float:
         """Rule 8's update on the stage's slowest replica (rule 2b charges it too)."""
@@ -347,15 +369,20 @@ class _Simulation:
             )
         )
         acts = float(self.tables.acts(st.start, st.end))
-        memory = rules.memory_bytes(
-            params, acts, rules.replica_share(st.microbatch, st.replicas), held
-        )
+        share = rules.replica_share(st.microbatch, st.replicas)
+        inputs = float(self.tables.cuts[st.start])
+        plain = rules.memory_bytes(params, acts, share, held)
+        recomputed = rules.recompute_memory_bytes(params, inputs, acts, share, held)
+        memory = recomputed if st.recompute else plain
         capacity = min(t.memory_bytes for t in types)
         for d, t in zip(st.devices, types, strict=True):
             if memory > t.memory_bytes:
+                hint = ""
+                if not st.recompute and recomputed <= t.memory_bytes:
+                    hint = f" ({recomputed / rules.GB:.3f} GB with recompute: it would fit)"
                 problems.append(
                     f"stage {s} on {d}: needs {memory / rules.GB:.3f} GB > "
-                    f"{t.memory_gb:g} GB of {t.name}"
+                    f"{t.memory_gb:g} GB of {t.name}{hint}"
                 )
         return StageEstimate(
             index=s,

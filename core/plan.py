@@ -3,6 +3,12 @@
 A stage's microbatch need not divide the global batch: the stage runs ``ceil(B / b)``
 microbatches, the last one holding the remainder (:mod:`core.schedules`). Unequal
 microbatches are allowed under both schedules.
+
+A stage may recompute its activations (``recompute``): it keeps only its inputs between a
+microbatch's forward and backward and runs the forward again, with autograd, right before
+the backward. That trades one more forward per microbatch for the memory of every
+activation inside the stage (rule 9r, :mod:`core.costmodel`). A plan document carries the
+flag only where it is on, so a plan without recomputation reads and writes as before.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from pipeplan.core.schedules import Schedule, microbatch_count, microbatch_sampl
 
 @dataclass(frozen=True)
 class Stage:
-    """Layers ``[start, end)`` on ``devices`` (replicas), ``microbatch`` samples per op."""
+    """Layers ``[start, end)`` on ``devices`` (replicas), ``microbatch`` samples per op;
+    ``recompute``: keep only the stage's inputs and rerun its forward before each backward."""
 
     layers: tuple[int, int]
     devices: tuple[DeviceId, ...]
     microbatch: int
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -44,11 +52,14 @@ class Stage:
         return len(self.devices)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "layers": list(self.layers),
             "devices": list(self.devices),
             "microbatch": self.microbatch,
         }
+        if self.recompute:
+            doc["recompute"] = True
+        return doc
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,11 @@ class Plan:
     @property
     def devices(self) -> tuple[DeviceId, ...]:
         return tuple(d for s in self.stages for d in s.devices)
+
+    @property
+    def recomputing(self) -> tuple[int, ...]:
+        """Indices of the stages that recompute their activations."""
+        return tuple(i for i, s in enumerate(self.stages) if s.recompute)
 
     def microbatches(self, s: int) -> int:
         """M_s = ceil(B / b_s)."""
@@ -151,7 +167,10 @@ def _stage_from_dict(doc: Any, where: str) -> Stage:
     mb = _io.field(doc, "microbatch", where)
     if isinstance(mb, bool) or not isinstance(mb, int):
         raise FormatError(f"{where}.microbatch: expected an integer, got {mb!r}")
-    return Stage((layers[0], layers[1]), tuple(devices), mb)
+    recompute = _io.field(doc, "recompute", where, False)
+    if not isinstance(recompute, bool):
+        raise FormatError(f"{where}.recompute: expected true or false, got {recompute!r}")
+    return Stage((layers[0], layers[1]), tuple(devices), mb, recompute)
 
 
 def _check_plan(plan: Plan) -> None:
@@ -194,6 +213,10 @@ def _check_plan(plan: Plan) -> None:
                 )
             seen[d] = i
         _check_microbatch(i, stage.microbatch, plan.global_batch)
+        if not isinstance(stage.recompute, bool):
+            raise PlanError(
+                f"stages[{i}].recompute: must be true or false, got {stage.recompute!r}"
+            )
 
 
 def _check_microbatch(i: int, mb: Any, global_batch: int) -> None:

@@ -69,6 +69,14 @@ def update_s(params_bytes: Quantity, memory_bandwidth_gbps: Quantity) -> Quantit
     return OPTIMIZER_COPIES * params_bytes / (memory_bandwidth_gbps * GB)
 
 
+def recompute_backward_s(forward_s: Quantity, backward_s: Quantity) -> Quantity:
+    """Rule 2r: a recomputing stage's backward first runs the forward again (with autograd),
+    so one replica's backward of a share lasts its forward plus its backward of that share
+    (call overheads included); the stage's Bk_s is the maximum of that over its replicas,
+    and rule 2b's accumulation is added after."""
+    return forward_s + backward_s
+
+
 def accumulation_s(update: Quantity, microbatches: Quantity) -> Quantity:
     """Rule 2b: each of a stage's ``M`` backwards carries ``(M - 1) / M`` of an update,
     for adding into the step's gradients on every microbatch but the first."""
@@ -130,6 +138,21 @@ def memory_bytes(
     ``held`` microbatches (:func:`in_flight`, :func:`held_microbatches`) of ``share``
     samples of its activations (:func:`replica_share` of ``b`` over ``r``, rule 2i)."""
     return OPTIMIZER_COPIES * params_bytes + held * share * activation_bytes
+
+
+def recompute_memory_bytes(
+    params_bytes: Quantity,
+    input_bytes: Quantity,
+    activation_bytes: Quantity,
+    share: Quantity,
+    held: Quantity,
+) -> Quantity:
+    """Rule 9r: memory per device of a recomputing stage: :data:`OPTIMIZER_COPIES` x its
+    parameters, ``held`` microbatches of ``share`` samples of its *inputs* only
+    (``input_bytes`` per sample, rule 3's bytes at its first cut; 0 for the first stage,
+    whose model input rule 9 does not count either), and one microbatch of ``share``
+    samples of all its activations, rebuilt while it recomputes for a backward."""
+    return OPTIMIZER_COPIES * params_bytes + held * share * input_bytes + share * activation_bytes
 
 
 def capacity_bytes(memory_gb: Quantity) -> Quantity:

@@ -114,7 +114,9 @@ def plans(
     num_stages: int,
     schedule: Schedule,
     batch: int,
+    recompute: bool = False,
 ) -> Plan:
+    """A valid plan of ``num_stages`` stages; ``recompute``: each stage may recompute."""
     n = len(profile)
     cuts = sorted(
         draw(st.sets(st.integers(1, n - 1), min_size=num_stages - 1, max_size=num_stages - 1))
@@ -131,5 +133,6 @@ def plans(
         extra -= r - 1
         devices, ids = ids[:r], ids[r:]
         mb = draw(st.sampled_from(sizes)) if unequal else equal_mb
-        stages.append(Stage((bounds[s], bounds[s + 1]), tuple(devices), mb))
+        again = draw(st.booleans()) if recompute else False
+        stages.append(Stage((bounds[s], bounds[s + 1]), tuple(devices), mb, again))
     return Plan(batch, tuple(stages), schedule)

@@ -22,7 +22,10 @@ def populations(draw: st.DrawFn) -> tuple:
     S = draw(st.integers(1, min(len(profile), len(cluster.device_ids), 4)))
     schedule = draw(st.sampled_from(list(Schedule)))
     batch = draw(st.sampled_from([1, 2, 4, 6, 8, 12, 16, 7, 10]))
-    pop = draw(st.lists(plans(profile, cluster, S, schedule, batch), min_size=1, max_size=6))
+    recompute = draw(st.booleans())  # some populations with recomputing stages (rules 2r, 9r)
+    pop = draw(
+        st.lists(plans(profile, cluster, S, schedule, batch, recompute), min_size=1, max_size=6)
+    )
     return profile, cluster, schedule, batch, pop
 
 
@@ -49,6 +52,22 @@ def test_plan_batch_round_trips_plans(tmp_path: object) -> None:
     p = Plan(8, (Stage((0, 2), ("n0/a:2",), 4), Stage((2, 5), ("n0/a:0", "n0/a:1"), 8)))
     batch = PlanBatch.from_plans([p], c)
     assert batch.plan(0, c, 8) == p
+    assert batch.recompute is None  # no stage recomputes: the arrays are as before
+    again = Plan(8, (p.stages[0], Stage((2, 5), ("n0/a:0", "n0/a:1"), 8, recompute=True)))
+    batch = PlanBatch.from_plans([p, again], c)
+    assert batch.recompute is not None and batch.recompute.tolist() == [[0, 0], [0, 1]]
+    assert batch.plan(1, c, 8) == again and batch.rows(slice(1, 2)).plan(0, c, 8) == again
+
+
+def test_recompute_flags_of_another_shape_are_refused() -> None:
+    from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+    from pipeplan.core.profile import LayerProfile, ModelProfile
+
+    c = ClusterSpec("c", {"a": DeviceType("a", 1e9, 1)}, (Node("n0", {"a": 1}),))
+    layers = (LayerProfile("l0", "fc", 10, 1e6, 10, (1,)), LayerProfile("l1", "fc", 10, 1e6, 10))
+    bad = PlanBatch(np.array([[0, 2]]), np.array([[2]]), np.array([[[0]]]), np.ones((1, 2), bool))
+    with pytest.raises(PlanError, match=r"population.recompute: shape \(1, 2\), expected \(1, 1\)"):
+        BatchEvaluator(ModelProfile("m", (1,), layers), c).evaluate(bad, 4)
 
 
 def test_population_must_share_the_stage_count() -> None:
