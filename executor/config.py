@@ -182,6 +182,8 @@ def unsupported(plan: Plan, meta: Mapping[str, ValueMeta], emulated: bool) -> st
     replicated = [i for i, s in enumerate(plan.stages) if s.replicas > 1]
     if replicated:
         return f"replicated stages {replicated}"
+    if plan.recomputing:
+        return f"recomputing stages {list(plan.recomputing)}"
     constants = sorted(n for n, m in meta.items() if m.kind == "constant")
     if constants:
         return f"Python constants crossing a stage boundary {constants}"

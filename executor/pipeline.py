@@ -248,6 +248,7 @@ class Pipeline:
                     timeout_s=self.config.timeout_s,
                     engine=self.config.engine,
                     feed=self.feed,
+                    recompute=stage.recompute,
                 )
                 for k, device in enumerate(stage.devices)
             ]

@@ -30,6 +30,11 @@ with the traceback. Its neighbours then wait on a receive that never comes, unti
 process group's timeout; the driver does not wait for them: it raises at the first failure
 and kills every actor of the run.
 
+**Recomputation.** A stage whose plan stage recomputes (``WorkerSpec.recompute``) runs its
+forwards without autograd and keeps only their inputs; each backward first runs the
+microbatch's forward again, from the same random state, then back-propagates through it
+(:mod:`executor.recompute`). The backward's record includes that second forward.
+
 **Metrics.** Each forward, backward and update is recorded in Ray's metrics as it ends
 (:func:`executor.metrics.stage_compute`, tagged with the stage and its device type).
 
@@ -72,7 +77,7 @@ import torch
 from pipeplan.core.cluster import parse_device_id
 from pipeplan.core.plan import Schedule
 from pipeplan.core.schedules import Op, stage_orders
-from pipeplan.executor import buckets, checkpoint, metrics, transport
+from pipeplan.executor import buckets, checkpoint, metrics, recompute, transport
 from pipeplan.executor.accelerators import local_device, synchronize
 from pipeplan.executor.buckets import Buckets
 from pipeplan.executor.data import BatchStream, DataSpec, open_stream
@@ -141,6 +146,8 @@ class WorkerSpec:
     feed: Feed | None = None
     """Set on every worker of a training run: its seed seeds the worker's random state, and
     the first and last stages read the batches themselves (the driver passes none)."""
+    recompute: bool = False
+    """The stage recomputes its activations (:mod:`executor.recompute`)."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +274,8 @@ class StageWorker:
         self._pending: list[tuple[Any, torch.Tensor]] = []
         """Sends under way (work, buffer): waited for at the end of the step."""
         self._saved: dict[int, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
+        self._replays: dict[int, recompute.Replay] = {}
+        """A recomputing stage's inputs of each microbatch between forward and backward."""
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[tuple[str, int], list[Any]] = {}
         self._buckets: Buckets | None = None
@@ -464,6 +473,7 @@ class StageWorker:
         one after this, as ``bench.idle_slowdown`` does to pause between them.)"""
         self._pending = []
         self._saved = {}
+        self._replays = {}
         self._losses = {}
         self._posted = {}
 
@@ -607,33 +617,60 @@ class StageWorker:
             for n, v in values.items()
             if s > 0 and isinstance(v, torch.Tensor) and v.is_floating_point()
         }
-        # The module gets clones: an in-place op (ReLU(inplace=True)) may not touch a leaf.
-        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
-        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
         y = None
         if self.last:
             if labels is None:
                 raise ValueError("the last stage's step needs the batch's labels")
             y = torch.from_numpy(np.array(labels[lo:hi])).to(self.device)
+        rng = recompute.RngState.capture(self.device) if self.spec.recompute else None
         synchronize(self.device)
         compute = Clock.now()
-        produced = dict(zip(self.graph.results, self.module(*args), strict=True))
-        outputs = {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
-        if y is not None:
-            terms = self.loss.terms(outputs[self.graph.outputs[0]], y)
-            self._losses[j] = batch_loss(terms, hi - lo, self.spec.global_batch)
+        with recompute.without_graph(self.spec.recompute):
+            outputs = self._apply(values, leaves)
+            if y is not None:
+                terms = self.loss.terms(outputs[self.graph.outputs[0]], y)
+                self._losses[j] = batch_loss(terms, hi - lo, self.spec.global_batch)
         synchronize(self.device)
         computed = compute.elapsed()
         if y is not None:
             losses["loss_sum"] += float(terms.loss_sum.detach())
             losses["predictions"] += terms.predictions
             losses["correct"] += terms.correct
-        self._saved[j] = (leaves, outputs)
+        self._saved[j] = (leaves, {} if rng is not None else outputs)
+        if rng is not None:  # keep the inputs only; the backward runs the forward again
+            self._replays[j] = recompute.Replay(values, y, hi - lo, rng)
         record = self._record("F", step, j, clock, computed)
         if not self.last:
             sent = [outputs[n] for n in self.wiring.sent]
             self._send(self.wiring.forward_out[(j, k)], sent, self.wiring.sent, step, j, False)
         return record
+
+    def _apply(
+        self, values: Mapping[str, Any], leaves: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """The stage's module on one microbatch's inputs: its outputs by name. The module
+        gets clones of the leaves: an in-place op (ReLU(inplace=True)) may not touch one."""
+        feed = {n: (v.clone() if n in leaves else v) for n, v in values.items()}
+        args = [feed[a] if a in feed else self.attrs[a] for a in self.graph.args]
+        produced = dict(zip(self.graph.results, self.module(*args), strict=True))
+        return {n: produced[n] if n in produced else values[n] for n in self.graph.outputs}
+
+    def _recompute(
+        self, j: int, leaves: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], tuple[float, float]]:
+        """A recomputing stage's forward of microbatch ``j`` again, with autograd and the
+        random state of its first run (its outputs, and the last stage's loss into
+        ``_losses``); returns them and its wall and CPU seconds."""
+        replay = self._replays.pop(j)
+        synchronize(self.device)
+        clock = Clock.now()
+        with recompute.replayed(replay.rng, self.device):
+            outputs = self._apply(replay.values, leaves)
+            if replay.labels is not None:
+                terms = self.loss.terms(outputs[self.graph.outputs[0]], replay.labels)
+                self._losses[j] = batch_loss(terms, replay.samples, self.spec.global_batch)
+        synchronize(self.device)
+        return outputs, clock.elapsed()
 
     def _backward(self, step: int, j: int) -> OpRecord:
         """Backward of microbatch ``j``: the next stage's gradients in, this stage's inputs'
@@ -649,6 +686,9 @@ class StageWorker:
             grads = concat_gradients(self.wiring.grads_in, links, parts, self.meta)
         clock = Clock.now()
         leaves, outputs = self._saved.pop(j)
+        rerun = (0.0, 0.0)
+        if j in self._replays:
+            outputs, rerun = self._recompute(j, leaves)
         # The backward stores fresh gradients; adding them into the step's earlier ones
         # happens after the device compute (see the module docstring: accumulation).
         earlier = {n: p.grad for n, p in self.params.items() if p.grad is not None}
@@ -672,7 +712,8 @@ class StageWorker:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         synchronize(self.device)
         wall, cpu = compute.elapsed()
-        computed = (wall - self._hooked[0], cpu - self._hooked[1])  # the adds run at full speed
+        # the adds run at full speed; a recomputing stage's second forward is device compute
+        computed = (wall - self._hooked[0] + rerun[0], cpu - self._hooked[1] + rerun[1])
         for handle in hooks:
             handle.remove()
         for n, grad in earlier.items():
