@@ -20,13 +20,17 @@ The bound ignores communication, pipeline fill and drain, updates and memory: it
 perfect split would reach, and the ratio of a plan's batch time to it says how far any
 planner could still improve (at most that factor).
 
-**Memory** (rule 9). Every device of a stage holds ``4 x params`` of it (weights, gradients,
-two Adam states) and at least one sample of its activations (1F1B; GPipe holds the whole
-batch, ``B`` samples over the stage's replicas). So no plan fits when the model's state plus
-those activations (``4 P + sum act`` under 1F1B, ``4 P + B sum act`` under GPipe) exceeds
-the cluster's total memory, or when one layer's own ``4 params + act`` exceeds the largest
-device: that layer cannot be pipelined at all and needs its tensors split across devices
-(tensor parallelism), which pipeplan does not plan.
+**Memory** (rules 9 and 9r). Every device of a stage holds ``4 x params`` of it (weights,
+gradients, two Adam states) and at least one sample of its activations, under either
+schedule: GPipe holds the whole batch of them, but a stage that recomputes holds only its
+inputs of the batch and one microbatch of activations, of one sample at microbatch 1. So no
+plan fits when the model's state plus one sample of every layer's activations (``4 P + sum
+act``) exceeds the cluster's total memory, or when one layer's own ``4 params + act``
+exceeds the largest device: that layer cannot be pipelined at all, even at microbatch 1
+with recomputation, and needs its tensors split across devices (tensor parallelism), which
+pipeplan does not plan; a tensor-parallel group described as one device type (its
+members' memory and FLOP/s summed) can hold it, and pipeplan then plans the pipeline over
+such groups.
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ class OversizedLayer:
     def message(self) -> str:
         return (
             f"layers[{self.index}] ({self.name!r}) needs {self.needs_bytes / rules.GB:,.1f} GB "
-            f"on one device (4 x its parameters + one sample's activations), the largest "
-            f"device type ({self.largest_type}) holds {self.largest_bytes / rules.GB:,.1f} GB: "
-            "it needs tensor parallelism, which pipeplan does not plan"
+            f"on one device (4 x its parameters + one sample's activations, even at microbatch "
+            f"1 with recompute), the largest device type ({self.largest_type}) holds "
+            f"{self.largest_bytes / rules.GB:,.1f} GB: it needs tensor parallelism, which "
+            "pipeplan does not plan; describe a tensor-parallel group as one device type (its "
+            "devices' memory and FLOP/s summed) to plan the pipeline over such groups"
         )
 
 
@@ -77,7 +83,8 @@ class Bound:
     total_flops: float
     """The cluster's FLOP/s, every device summed."""
     min_memory_bytes: float
-    """The least memory a plan holds, devices summed: state plus the fewest activations."""
+    """The least memory a plan holds, devices summed: state plus one sample of every
+    layer's activations (recomputing, at microbatch 1)."""
     capacity_bytes: float
     """The cluster's memory, every device summed."""
     oversized: tuple[OversizedLayer, ...]
@@ -142,16 +149,17 @@ def lower_bound(
         compute_s=compute,
         step_overhead_s=overhead,
         total_flops=total_flops,
-        min_memory_bytes=_min_memory(profile, global_batch, schedule),
+        min_memory_bytes=_min_memory(profile),
         capacity_bytes=float(np.sum(tables.dev_capacity)),
         oversized=_oversized(profile, cluster),
     )
 
 
-def _min_memory(profile: ModelProfile, global_batch: int, schedule: Schedule) -> float:
-    held = global_batch if schedule is Schedule.GPIPE else 1
+def _min_memory(profile: ModelProfile) -> float:
+    """``4 P + sum act``: every stage holds one sample of its activations at least, under
+    GPipe too once it recomputes (rule 9r) at microbatch 1."""
     acts = float(sum(x.activation_bytes for x in profile.layers))
-    return float(rules.memory_bytes(profile.params_bytes, acts, 1, held))
+    return float(rules.memory_bytes(profile.params_bytes, acts, 1, 1))
 
 
 def _oversized(profile: ModelProfile, cluster: ClusterSpec) -> tuple[OversizedLayer, ...]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeplan.agents import Budget, InfeasibleError, Problem, make_planner
-from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig
+from pipeplan.agents.baselines.genetic.context import Context, GeneticConfig, with_recompute
 from pipeplan.agents.baselines.genetic.feasible import (
     fits,
     greedy_seeds,
@@ -56,8 +56,9 @@ def context(p: Problem) -> Context:
 
 
 def plans_fit(ctx: Context, g: Genomes) -> list[bool]:
-    """Whether each individual fits by the cost model's simulation (the judge)."""
-    p, batch = ctx.problem, decode(g, ctx.sizes, ctx.n_layers)
+    """Whether each individual fits by the cost model's simulation (the judge), as the
+    fitness decodes it (recomputing on the stages that fit only so)."""
+    p, batch = ctx.problem, with_recompute(ctx, decode(g, ctx.sizes, ctx.n_layers))
     return [
         simulate(batch.plan(i, p.cluster, p.global_batch, p.schedule), p.profile, p.cluster).fits
         for i in range(batch.size)

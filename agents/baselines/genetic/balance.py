@@ -25,12 +25,16 @@ def stage_fits(ctx: Context, devices: IntArray, b: float, warmup: int) -> np.nda
     """(L+1, L+1): whether layers ``[a, e)`` fit on every one of ``devices`` as one stage of
     microbatch ``b`` with ``warmup`` 1F1B warm-up forwards (ignored under GPipe): the cost
     model's memory rule (weights, gradients and optimizer state, plus the microbatches it
-    holds of its replica share of the activations) against the smallest capacity."""
+    holds of its replica share of the activations) against the smallest capacity, or rule
+    9r's when the stage recomputes its activations (a decoded plan does where it must)."""
     tb, p = ctx.tables, ctx.problem
     held = rules.held_microbatches(p.schedule, b, p.global_batch, warmup)
     share = rules.replica_share(b, devices.size)
     need = rules.memory_bytes(tb.params_range, tb.acts_range, share, held)
-    return np.asarray(need <= tb.dev_capacity[devices].min())
+    again = rules.recompute_memory_bytes(
+        tb.params_range, tb.cuts[:, None], tb.acts_range, share, held
+    )
+    return np.asarray(np.minimum(need, again) <= tb.dev_capacity[devices].min())
 
 
 def stage_cost(

@@ -6,6 +6,10 @@ the population), split only by the power of two of the largest microbatch count,
 simulation's cost grows with it and not with the population size. A genome is never costed
 twice (the cache). Infeasible plans get a :func:`violation` (how far they miss memory or the
 throughput target), so that selection can rank them instead of discarding them.
+
+Recomputation is not a gene: a decoded plan recomputes the activations of exactly the stages
+that are over memory without it and hold less with it (:func:`with_recompute`), so a plan
+that fits is costed as it always was, and one that fits only by recomputing is not lost.
 """
 
 from __future__ import annotations
@@ -195,7 +199,7 @@ class Context:
             yield rows[bucket == b]
 
     def _cost(self, g: Genomes) -> tuple[FloatArray, FloatArray]:
-        batch = decode(g, self.sizes, self.n_layers)
+        batch = with_recompute(self, decode(g, self.sizes, self.n_layers))
         value = self.search.evaluate(batch)
         viol = np.zeros(g.size)
         bad = ~np.isfinite(value)
@@ -205,12 +209,32 @@ class Context:
 
 
 def _rows(batch: PlanBatch, mask: np.ndarray) -> PlanBatch:
-    return PlanBatch(batch.bounds[mask], batch.microbatch[mask], batch.devices[mask])
+    return batch.rows(mask)
 
 
 def memory_ratio(ctx: Context, batch: PlanBatch) -> FloatArray:
     """(P, S): each stage's memory per device over its smallest device's capacity (the cost
-    model's rule 9); a plan fits when no stage is above 1."""
+    model's rule 9, and 9r for the stages ``batch`` has recompute); a plan fits when no
+    stage is above 1."""
+    return _ratios(ctx, batch)[1]
+
+
+def with_recompute(ctx: Context, batch: PlanBatch) -> PlanBatch:
+    """``batch`` with recomputation on the stages over memory without it that need less
+    with it (rule 9r); None (no stage recomputes) when there are none."""
+    plain, again = _ratios(ctx, batch, np.ones(batch.microbatch.shape, dtype=bool))
+    recompute = (plain > 1.0) & (again < plain)
+    return PlanBatch(
+        batch.bounds, batch.microbatch, batch.devices, recompute if recompute.any() else None
+    )
+
+
+def _ratios(
+    ctx: Context, batch: PlanBatch, recompute: np.ndarray | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """(P, S) memory ratios without recomputation, and with it where ``recompute`` (default
+    ``batch.recompute``; with neither, the same array twice)."""
+    recompute = batch.recompute if recompute is None else recompute
     tb, problem = ctx.tables, ctx.problem
     B = problem.global_batch
     start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
@@ -225,9 +249,13 @@ def memory_ratio(ctx: Context, batch: PlanBatch) -> FloatArray:
     )
     held = rules.held_microbatches(problem.schedule, b, B, warmups)
     share = rules.replica_share(b, r)
-    memory = rules.memory_bytes(tb.params_range[start, end], tb.acts_range[start, end], share, held)
+    params, acts = tb.params_range[start, end], tb.acts_range[start, end]
     capacity = np.where(valid, tb.dev_capacity[dev], np.inf).min(-1)
-    return np.asarray(memory / capacity)
+    plain = np.asarray(rules.memory_bytes(params, acts, share, held) / capacity)
+    if recompute is None:
+        return plain, plain
+    again = rules.recompute_memory_bytes(params, tb.cuts[start], acts, share, held) / capacity
+    return plain, np.where(recompute, again, plain)
 
 
 def violation(ctx: Context, batch: PlanBatch) -> FloatArray:

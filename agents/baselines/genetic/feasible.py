@@ -10,14 +10,18 @@ ranking infeasible plans. Two kinds of seed fit by construction:
   fastest types first -- and a min-max dynamic program chooses which groups serve as stages
   and where the stages' boundaries fall, so that each stage's weights, optimizer state and
   activations fit the memory of its group's devices (the cost model's rule 9, through
-  :func:`~agents.baselines.genetic.balance.stage_fits`) at each microbatch size;
+  :func:`~agents.baselines.genetic.balance.stage_fits`) at each microbatch size, a stage
+  recomputing its activations where only that makes it fit (rule 9r);
 - **greedy's plan** (:func:`greedy_seeds`): :func:`agents.baselines.greedy.climb` within a
   share of the budget, at every microbatch size.
 
 :func:`repair_memory` keeps children within memory: a child over memory has its boundaries
 re-balanced within memory, then gains replicas from the unused devices with the most memory,
 then tries nearby microbatch sizes; one that still does not fit is replaced by a fitting
-parent (already costed, so no evaluation is spent on it), unless the island has none.
+parent (already costed, so no evaluation is spent on it), unless the island has none. Every
+step counts a stage as fitting when it fits with recomputation: a decoded plan recomputes
+on exactly the stages that need it (:func:`~agents.baselines.genetic.context.with_recompute`),
+the cheapest memory to win, since it costs one forward per microbatch and no device.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pipeplan.agents.baselines.genetic.balance import (
     stage_cost,
     stage_fits,
 )
-from pipeplan.agents.baselines.genetic.context import Context, memory_ratio
+from pipeplan.agents.baselines.genetic.context import Context, memory_ratio, with_recompute
 from pipeplan.agents.baselines.genetic.genome import Genomes, IntArray, canonical, decode
 from pipeplan.agents.baselines.greedy import climb
 from pipeplan.core.schedules import microbatch_count
@@ -209,10 +213,16 @@ def greedy_seeds(ctx: Context) -> Genomes | None:
 
 
 def fits(ctx: Context, g: Genomes) -> np.ndarray:
-    """Whether each individual fits in memory (rule 9), without simulating it."""
+    """Whether each individual fits in memory (rule 9; 9r on the stages that recompute),
+    without simulating it."""
     if g.size == 0:
         return np.zeros(0, dtype=bool)
-    return np.asarray(memory_ratio(ctx, decode(g, ctx.sizes, ctx.n_layers)).max(-1) <= 1.0)
+    return np.asarray(_ratio(ctx, g).max(-1) <= 1.0)
+
+
+def _ratio(ctx: Context, g: Genomes) -> np.ndarray:
+    """(P, S) memory over capacity of each stage, recomputing where that fits it."""
+    return memory_ratio(ctx, with_recompute(ctx, decode(g, ctx.sizes, ctx.n_layers)))
 
 
 def repair_memory(ctx: Context, g: Genomes, fallback: Genomes) -> Genomes:
@@ -240,7 +250,7 @@ def _repair_one(ctx: Context, g: Genomes) -> Genomes | None:
     assign = g.assign[0].copy()
     for _ in range(REPLICA_STEPS):  # replicas for the fullest stage, its boundaries kept
         now = Genomes(g.cuts, assign[None], g.mb)
-        ratio = memory_ratio(ctx, decode(now, ctx.sizes, ctx.n_layers))[0]
+        ratio = _ratio(ctx, now)[0]
         free = np.flatnonzero(assign < 0)
         if ratio.max() <= 1.0 or free.size == 0:
             break
