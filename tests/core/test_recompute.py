@@ -4,9 +4,13 @@ cases worked out by hand; the population evaluator's agreement is in ``test_batc
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
+from pipeplan.core.bounds import lower_bound
+from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.errors import FormatError, PlanError
 from pipeplan.core.plan import Plan, Schedule, Stage
@@ -115,3 +119,25 @@ def test_a_stage_over_memory_says_when_recompute_would_fit() -> None:
     assert simulate(fixed, model, cluster(gb=17)).fits
     tight = simulate(plan, model, cluster(gb=16.5))  # 16.8 GB would not fit either
     assert tight.not_fitting == ("stage 0 on n0/a:0: needs 19.200 GB > 16.5 GB of a",)
+
+
+# --- a tensor-parallel group as one device type (docs/concepts/cost-model.md) -----------------
+
+
+def test_the_documented_tensor_parallel_group_holds_a_layer_no_gpu_does() -> None:
+    page = (Path(__file__).parents[2] / "docs/concepts/cost-model.md").read_text()
+    section = page.split("## Where tensor parallelism is needed", 1)[1]
+    snippet = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    groups = ClusterSpec.from_dict(yaml.safe_load(snippet))
+    assert groups.device_types["a100x8"].memory_gb == 8 * 80
+    one = ClusterSpec.from_dict(
+        {"name": "a100", "device_types": {"a100": {"flops": 2.5e14, "memory_gb": 80}},
+         "nodes": [{"name": "n0", "devices": {"a100": 8}}]}
+    )  # fmt: skip
+    layer = LayerProfile("big", "fc", 100_000_000_000, 1e12, 10_000_000)  # 400 GB of state
+    profile = ModelProfile("m", (8,), (layer,))
+    (oversized,) = lower_bound(profile, one, 8).oversized
+    assert "tensor parallelism" in oversized.message()
+    assert lower_bound(profile, groups, 8).fits
+    plan = Plan(8, (Stage((0, 1), (groups.device_ids[0],), 1, recompute=True),))
+    assert simulate(plan, profile, groups).fits
