@@ -27,7 +27,7 @@ PLANNERS: dict[str, str] = {
     "brute": "pipeplan.agents.baselines.brute:BrutePlanner",
     "genetic": "pipeplan.agents.provision.genetic_kinds:GeneticPlanner",  # kind-level on catalogues
     "bayes": "pipeplan.agents.baselines.bayes:BayesPlanner",
-    "tapp": "pipeplan.agents.provision.tapp_kinds:TAPPPlanner",  # kind-level on catalogues
+    "tapp": "pipeplan.agents.tapp.scale:TAPPPlanner",  # kind-level on clusters with counts
     "ppo": "pipeplan.agents.rllib_ppo:PPOPlanner",
     "provision_dp": "pipeplan.agents.provision.exact:ProvisionDPPlanner",
     "heterps_cpu_gpu": "pipeplan.agents.provision.cpu_gpu:CpuGpuPlanner",

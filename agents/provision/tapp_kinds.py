@@ -73,12 +73,19 @@ def option_features(space: KindGenetic) -> Tensor:
 class KindPolicy(nn.Module):
     """Partition MLP, attention allocation over options, slack and microbatch heads."""
 
-    def __init__(self, n_layer_feats: int, n_opt_feats: int, n_sizes: int, config: TAPPConfig):
+    def __init__(
+        self,
+        n_layer_feats: int,
+        n_opt_feats: int,
+        n_sizes: int,
+        config: TAPPConfig,
+        cut_bias: float = CUT_BIAS,
+    ):
         super().__init__()
         h, d = config.hidden, config.attention_dim
         last = nn.Linear(h, 1)
         nn.init.zeros_(last.weight)
-        nn.init.constant_(last.bias, CUT_BIAS)
+        nn.init.constant_(last.bias, cut_bias)
         self.partition = nn.Sequential(nn.Linear(n_layer_feats, h), nn.Tanh(), last)
         self.query = nn.Sequential(nn.Linear(n_layer_feats + 1, h), nn.Tanh(), nn.Linear(h, d))
         self.key = nn.Sequential(nn.Linear(n_opt_feats, h), nn.Tanh(), nn.Linear(h, d))
@@ -96,6 +103,8 @@ class TAPPKinds:
         self.L = self.space.L
         cap = self.space.max_stages
         self.max_stages = cap if config.max_groups is None else min(cap, config.max_groups)
+        self.cut_bias = CUT_BIAS
+        """The partition network's initial boundary logit."""
 
     def sample(
         self, policy: KindPolicy, layers: Tensor, opts: Tensor, n: int, gen: torch.Generator
@@ -115,20 +124,7 @@ class TAPPKinds:
         logp = bern.log_prob(cut.float()).sum(1)
         ent = bern.entropy().mean()
         bounds = [(0, *(int(i) + 1 for i in torch.nonzero(row)[:, 0]), L) for row in cut]
-        pool, pos, owner = [], [], []
-        for r, bd in enumerate(bounds):
-            S = len(bd) - 1
-            for k in range(S):
-                w = np.zeros(L, dtype=np.float32)
-                w[bd[k] : bd[k + 1]] = 1.0 / (bd[k + 1] - bd[k])
-                pool.append(w)
-                pos.append(k / S)
-                owner.append(r)
-        q_in = torch.cat(
-            [torch.as_tensor(np.array(pool)) @ layers, torch.tensor(pos)[:, None]], dim=1
-        )
-        scores = policy.query(q_in) @ policy.key(opts).T / math.sqrt(policy.d) / temp
-        alloc = torch.distributions.Categorical(logits=scores)
+        alloc, owner = self.allocation(policy, layers, opts, bounds)
         options = torch.multinomial(alloc.probs.detach(), 1, generator=gen)[:, 0]
         who = torch.as_tensor(owner)
         logp = logp.index_add(0, who, alloc.log_prob(options))
@@ -154,6 +150,28 @@ class TAPPKinds:
             plans.append(got)
         return plans, logp, ent
 
+    def allocation(
+        self, policy: KindPolicy, layers: Tensor, opts: Tensor, bounds: list[tuple[int, ...]]
+    ) -> tuple[torch.distributions.Categorical, list[int]]:
+        """The allocation network's distribution over options for every stage of every
+        partition (stages in order, partitions after each other), and each stage's
+        partition."""
+        pool, pos, owner = [], [], []
+        for r, bd in enumerate(bounds):
+            S = len(bd) - 1
+            for k in range(S):
+                w = np.zeros(self.L, dtype=np.float32)
+                w[bd[k] : bd[k + 1]] = 1.0 / (bd[k + 1] - bd[k])
+                pool.append(w)
+                pos.append(k / S)
+                owner.append(r)
+        q_in = torch.cat(
+            [torch.as_tensor(np.array(pool)) @ layers, torch.tensor(pos)[:, None]], dim=1
+        )
+        temp = self.config.temperature
+        scores = policy.query(q_in) @ policy.key(opts).T / math.sqrt(policy.d) / temp
+        return torch.distributions.Categorical(logits=scores), owner
+
     def run(self) -> None:
         c, space = self.config, self.space
         with torch.random.fork_rng(devices=[]):
@@ -161,7 +179,7 @@ class TAPPKinds:
             cuts = self.search.evaluator.tables.cuts
             layers = layer_features(self.problem, cuts)
             opts = option_features(space)
-            policy = KindPolicy(layers.shape[1], opts.shape[1], len(space.sizes), c)
+            policy = KindPolicy(layers.shape[1], opts.shape[1], len(space.sizes), c, self.cut_bias)
             optim = torch.optim.Adam(policy.parameters(), lr=c.learning_rate)
             gen = torch.Generator().manual_seed(self.problem.seed)
             baseline: float | None = None
