@@ -9,6 +9,7 @@ Their Ray metrics (executor.metrics) are read back from the nodes' metrics expor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -172,6 +173,31 @@ def test_adam_with_1f1b_matches_single_process_in_float64(digits_pipe: Pipeline)
     plan = digits_plan(16, (8, 8, 8), Schedule.ONE_F_ONE_B)
     digits_pipe.reconfigure(plan, config, model=source)
     assert train_and_compare(digits_pipe, source, config.optimizer) < 1e-12
+
+
+def recomputing(plan: Plan, stages: tuple[int, ...]) -> Plan:
+    """``plan`` with activation recomputation on ``stages``."""
+    return Plan(
+        plan.global_batch,
+        tuple(dataclasses.replace(st, recompute=s in stages) for s, st in enumerate(plan.stages)),
+        plan.schedule,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_gpipe_with_recomputing_stages_matches_single_process(digits_pipe: Pipeline) -> None:
+    # stages 0 and 2 (replicated) rerun their forwards before each backward
+    digits_pipe.reconfigure(recomputing(digits_plan(16, (4, 4, 4)), (0, 2)), CONFIG)
+    assert train_and_compare(digits_pipe, DIGITS, CONFIG.optimizer) < TOLERANCE
+
+
+@pytest.mark.timeout(120)
+def test_unequal_1f1b_with_a_recomputing_stage_matches_single_process(
+    digits_pipe: Pipeline,
+) -> None:
+    plan = recomputing(digits_plan(14, (2, 5, 4), Schedule.ONE_F_ONE_B), (1,))
+    digits_pipe.reconfigure(plan, CONFIG)
+    assert train_and_compare(digits_pipe, DIGITS, CONFIG.optimizer) < TOLERANCE
 
 
 @pytest.mark.timeout(120)
