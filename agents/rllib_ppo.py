@@ -65,6 +65,17 @@ beside 6 replicas on ResNet-50, stops taking early. With ``slot_scores=True`` th
 row by one small network shared by the slots, beside the MLP's logits, so what the policy
 learns about one end holds for all.
 
+At production scale (a cluster given with counts under the time objectives,
+:func:`agents.provision.scale.at_scale`) the env is :class:`envs.kind_env.KindPlacementEnv`
+instead: an episode chooses the microbatch size, then per stage an option (a device type on
+a node kind), its node count and its end, with RLlib's action-masking module (no slot
+scorers), whatever the ``actions``, ``stage_sizes``, ``twin_opens``, ``slot_scores``,
+``microbatches`` and ``max_replicas`` options say. Its episodes are ``1 + 3 S`` steps
+however many devices there are. With ``elite_starts`` the envs get the balanced kind-level
+splits (:func:`agents.provision.scale.balanced_seeds`) as their first elites, to start
+episodes from their prefixes; those splits are not evaluated themselves, so the answer is
+an episode PPO played.
+
 Reward sources: RLlib's env runners learn from the cost model in the env whatever the
 source; the source decides which of PPO's plans is the answer. With a source that values
 plans as the env does (``simulated``, ``parallel``: :data:`COST_MODEL_SOURCES`) every episode
@@ -113,6 +124,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from pipeplan.agents.local_search import polish
 from pipeplan.agents.problem import Problem, ProblemError
+from pipeplan.agents.provision.scale import at_scale, kind_env_config
 from pipeplan.agents.registry import Planner
 from pipeplan.agents.resume import (
     CHECKPOINT_FILES,
@@ -129,6 +141,7 @@ from pipeplan.core.errors import PipeplanError
 from pipeplan.core.plan import Plan
 from pipeplan.envs import PlacementEnv
 from pipeplan.envs.config import instances_from_config
+from pipeplan.envs.kind_env import KindPlacementEnv
 from pipeplan.envs.mdp import ACTION_SPACES, GLOBAL_FEATURES, STAGES, global_offset, slot_groups
 
 DRIVER_CPUS = 1.0
@@ -560,8 +573,14 @@ class PPOPlanner(Planner):
         m = _microbatches(problem, c.microbatches)
         runners = env_runners(c)
         search.options["num_env_runners"] = runners  # the result says how many it took
-        algo = self._build(problem, m, runners)
+        if at_scale(problem):
+            env, seeds = kind_env_config(problem, search, c.elite_starts)
+            algo = self._build_kinds(problem, env, runners)
+        else:
+            algo, seeds = self._build(problem, m, runners), []
         try:
+            if seeds and resumed is None:  # balanced splits to start episodes from
+                _share_elites(algo, problem.profile.name, [(math.inf, {}, a) for a in seeds])
             restart = Restart(algo) if c.restart_after is not None else None
             progress = PPOProgress()
             if folder is not None and resumed is not None:
@@ -586,6 +605,14 @@ class PPOPlanner(Planner):
             _share_elites(algo, profile, elites)
         return PPOProgress(int(doc["iteration"]), float(doc["best"]), int(doc["stale"]))
 
+    def _build_kinds(self, problem: Problem, env: dict[str, Any], runners: int) -> Any:
+        """PPO on :class:`envs.kind_env.KindPlacementEnv` with RLlib's action-masking
+        module (no slot scorers: an episode has few, short decisions)."""
+        model = {"head_fcnet_hiddens": list(self.config.hidden)}
+        model["fcnet_hiddens"] = list(self.config.hidden)
+        spec = RLModuleSpec(module_class=ActionMaskingTorchRLModule, model_config=model)
+        return self._algorithm(problem, KindPlacementEnv, env, spec, runners)
+
     def _build(self, problem: Problem, microbatches: int | None, runners: int) -> Any:
         c = self.config
         env = env_config(
@@ -607,9 +634,17 @@ class PPOPlanner(Planner):
         if c.uses_slot_scores:
             module = SlotScoringModule
             model.update(slot_model_config(env))
+        spec = RLModuleSpec(module_class=module, model_config=model)
+        return self._algorithm(problem, PlacementEnv, env, spec, runners)
+
+    def _algorithm(
+        self, problem: Problem, env_class: type, env: dict[str, Any], spec: Any, runners: int
+    ) -> Any:
+        """RLlib's PPO on ``env_class`` built from ``env``, with the module ``spec``."""
+        c = self.config
         config = (
             PPOConfig()
-            .environment(PlacementEnv, env_config=env)
+            .environment(env_class, env_config=env)
             .env_runners(num_env_runners=runners, num_envs_per_env_runner=c.envs_per_runner)
             .learners(num_learners=0)
             .training(
@@ -622,7 +657,7 @@ class PPOPlanner(Planner):
                 lambda_=c.lambda_,
                 clip_param=c.clip_param,
             )
-            .rl_module(rl_module_spec=RLModuleSpec(module_class=module, model_config=model))
+            .rl_module(rl_module_spec=spec)
             .callbacks(BestPlan)
             .debugging(seed=problem.seed, log_level="ERROR")
         )

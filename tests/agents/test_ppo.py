@@ -241,3 +241,38 @@ def _sampler_weights(algo: Any) -> list[torch.Tensor]:
         local_env_runner=False,
     )
     return list(weights)
+
+
+@pytest.mark.rllib
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_on_a_cluster_with_counts_ppo_plans_by_kind(ray_local) -> None:  # type: ignore[no-untyped-def]
+    """Nodes given with counts: the episodes are the kind-level MDP's (options, node counts,
+    ends), started from the balanced splits; the answer takes whole nodes of one kind per
+    stage, the first free ones."""
+    cluster = ClusterSpec.from_dict(
+        {
+            "name": "owned",
+            "device_types": {
+                "a": {"flops": 2e13, "memory_gb": 16},
+                "b": {"flops": 5e12, "memory_gb": 32},
+            },
+            "nodes": [
+                {"name": "na", "devices": {"a": 2}, "count": 2},
+                {"name": "nb", "devices": {"b": 1}, "count": 3},
+            ],
+        }
+    )
+    problem = Problem(chain(), cluster, global_batch=8, seed=1, budget=Budget(None, None))
+    options = {"iterations": 1, "num_env_runners": 1, "train_batch": 60, "minibatch": 30}
+    result = make_planner("ppo", epochs=1, **options).plan(problem)
+    result.plan.validate(problem.profile, cluster)
+    assert result.estimate.fits and result.evaluations >= 60 // (1 + 3 * 6)
+    taken = {"na": 0, "nb": 0}
+    for stage in result.plan.stages:
+        nodes = list(dict.fromkeys(d.split("/")[0] for d in stage.devices))
+        kind = nodes[0].rsplit("-", 1)[0]
+        assert nodes == [f"{kind}-{k}" for k in range(taken[kind], taken[kind] + len(nodes))]
+        per_node = {"na": 2, "nb": 1}[kind]
+        assert len(stage.devices) == per_node * len(nodes)
+        taken[kind] += len(nodes)

@@ -103,7 +103,7 @@ def test_the_balanced_split_fits_and_spreads_the_layers() -> None:
     plan = balanced_split(space, 8, [big])
     assert plan is not None
     assert plan.bounds[0] == 0 and plan.bounds[-1] == 12 and len(plan.stages) == 3
-    assert max(b - a for a, b in zip(plan.bounds, plan.bounds[1:])) == 4
+    assert max(b - a for a, b in zip(plan.bounds, plan.bounds[1:], strict=False)) == 4
     concrete = found_batch(space.cat, [plan.found()]).plan(0, p.cluster, 64, p.schedule)
     assert simulate(concrete, p.profile, p.cluster).fits
     small = next(o for o, opt in enumerate(space.cat.options) if opt.type == "small")
