@@ -53,6 +53,8 @@ class Rewards:
     """(P,) whether each plan fits in memory"""
     memory_ratio: FloatArray | None = None
     """(P,) worst memory / capacity over each plan's devices"""
+    recompute_ratio: FloatArray | None = None
+    """(P,) the same with each stage recomputing or not, whichever holds less (rule 9r)"""
     throughput: FloatArray | None = None
     """(P,) samples per second"""
     errors: tuple[str, ...] = ()
@@ -106,6 +108,7 @@ def simulated_rewards(evaluator: BatchEvaluator, problem: Problem, batch: PlanBa
         values=problem.score(res.batch_time_s, res.fits, res.cost_per_hour),
         fits=res.fits,
         memory_ratio=res.memory_ratio,
+        recompute_ratio=res.recompute_ratio,
         throughput=res.throughput,
     )
 

@@ -62,6 +62,7 @@ class Search:
         self.best_plan: Plan | None = None
         self.history: list[HistoryPoint] = []
         self._min_memory_ratio: float | None = None  # None: the source does not say
+        self._min_recompute_ratio: float | None = None  # the same, recomputing where it helps
         self._best_fitting_throughput = 0.0
         self._errors: dict[str, None] = {}  # reasons of failed evaluations, first seen first
 
@@ -144,6 +145,10 @@ class Search:
             least = float(rewards.memory_ratio.min())
             known = self._min_memory_ratio
             self._min_memory_ratio = least if known is None else min(known, least)
+        if rewards.recompute_ratio is not None and rewards.recompute_ratio.size:
+            least = float(rewards.recompute_ratio.min())
+            known = self._min_recompute_ratio
+            self._min_recompute_ratio = least if known is None else min(known, least)
         if rewards.fits is not None and rewards.throughput is not None and rewards.fits.any():
             tp = float(rewards.throughput[rewards.fits].max())
             self._best_fitting_throughput = max(self._best_fitting_throughput, tp)
@@ -162,6 +167,7 @@ class Search:
             "history": [[h.evaluations, h.seconds, h.best] for h in self.history],
             "elapsed_s": self.elapsed,
             "min_memory_ratio": self._min_memory_ratio,
+            "min_recompute_ratio": self._min_recompute_ratio,
             "best_fitting_throughput": self._best_fitting_throughput,
             "errors": list(self._errors),
         }
@@ -177,8 +183,22 @@ class Search:
         self.start = time.perf_counter() - float(state["elapsed_s"])
         ratio = state["min_memory_ratio"]
         self._min_memory_ratio = None if ratio is None else float(ratio)
+        ratio = state.get("min_recompute_ratio")  # absent from checkpoints before it
+        self._min_recompute_ratio = None if ratio is None else float(ratio)
         self._best_fitting_throughput = float(state["best_fitting_throughput"])
         self._errors = dict.fromkeys(str(e) for e in state["errors"])
+
+    def _recompute_hint(self) -> str:
+        """What recomputation would do for the plans seen, when the source says."""
+        ratio = self._min_recompute_ratio
+        if ratio is None or ratio >= (self._min_memory_ratio or 0.0):
+            return ""
+        if ratio <= 1.0:
+            return (
+                f"; recompute: true on the stages over memory would make one fit ({ratio:.2f}x "
+                "a device's memory): the genetic planner recomputes where it must"
+            )
+        return f"; recompute: true on the stages over memory would need {ratio:.2f}x"
 
     # --- the answer ----------------------------------------------------------------------
 
@@ -219,7 +239,7 @@ class Search:
             return (
                 f"{where}: no plan fits in memory among {self.evaluations} evaluated; the "
                 f"smallest needs {self._min_memory_ratio:.2f}x a device's memory "
-                "(use more stages/devices or smaller microbatches)"
+                f"(use more stages/devices or smaller microbatches{self._recompute_hint()})"
             )
         if p.objective is Objective.COST and p.min_throughput:
             return (

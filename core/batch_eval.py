@@ -114,6 +114,9 @@ class BatchResult:
     memory_ratio: FloatArray  # worst memory / capacity over the plan's devices
     cost_per_hour: FloatArray
     global_batch: int
+    recompute_ratio: FloatArray | None = None
+    """The worst memory / capacity with each stage recomputing or not, whichever holds less
+    (rules 9 and 9r): at most 1 where recomputation would make the plan fit."""
 
     @property
     def throughput(self) -> FloatArray:
@@ -226,6 +229,7 @@ class BatchEvaluator:
             np.concatenate([p.memory_ratio for p in parts]),
             np.concatenate([p.cost_per_hour for p in parts]),
             global_batch,
+            np.concatenate([p.recompute_ratio for p in parts if p.recompute_ratio is not None]),
         )
 
     def _evaluate(self, batch: PlanBatch, global_batch: int, schedule: Schedule) -> BatchResult:
@@ -274,18 +278,16 @@ class BatchEvaluator:
         batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.held_microbatches(schedule, b, B, warmups)
         acts, share = tb.acts(start, end), rules.replica_share(b, r)
-        memory = rules.memory_bytes(params, acts, share, held)
+        plain = memory = rules.memory_bytes(params, acts, share, held)
+        recomputed = rules.recompute_memory_bytes(params, tb.cuts[start], acts, share, held)
         if batch.recompute is not None:  # rule 9r
-            inputs = tb.cuts[start]
-            memory = np.where(
-                batch.recompute,
-                rules.recompute_memory_bytes(params, inputs, acts, share, held),
-                memory,
-            )
+            memory = np.where(batch.recompute, recomputed, plain)
         capacity = _over_replicas(np.minimum, np.where(valid, tb.dev_capacity[dev], np.inf))
         ratio = (memory / capacity).max(-1)
+        least = (np.minimum(plain, recomputed) / capacity).max(-1)
         price = _over_replicas(np.add, np.where(valid, tb.dev_price[dev], 0.0)).sum(-1)
-        return BatchResult(batch_time, (memory <= capacity).all(-1), ratio, price, global_batch)
+        fits = (memory <= capacity).all(-1)
+        return BatchResult(batch_time, fits, ratio, price, global_batch, least)
 
 
 def _over_replicas(op: np.ufunc, a: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ def evaluate_chunk(problem: Problem, batch: PlanBatch) -> tuple[Rewards | None, 
 
 
 def _rows(batch: PlanBatch, rows: np.ndarray) -> PlanBatch:
-    return PlanBatch(batch.bounds[rows], batch.microbatch[rows], batch.devices[rows])
+    return batch.rows(rows)
 
 
 def _join(field: str, parts: Sequence[Rewards]) -> np.ndarray | None:
@@ -86,6 +86,7 @@ class ParallelReward:
             values=np.concatenate([r.values for r in parts]),
             fits=_join("fits", parts),
             memory_ratio=_join("memory_ratio", parts),
+            recompute_ratio=_join("recompute_ratio", parts),
             throughput=_join("throughput", parts),
         )
 

@@ -5,9 +5,12 @@ fits by the cost model's own simulation."""
 
 from __future__ import annotations
 
-import numpy as np
+import re
 
-from pipeplan.agents import Budget, Problem, make_planner
+import numpy as np
+import pytest
+
+from pipeplan.agents import Budget, InfeasibleError, Problem, make_planner
 from pipeplan.agents.baselines.genetic.context import (
     Context,
     GeneticConfig,
@@ -80,3 +83,25 @@ def test_genetic_answers_with_recomputing_stages() -> None:
     result = make_planner("genetic", population=16, generations=10).plan(p)
     assert result.estimate.fits and result.plan.recomputing
     assert simulate(result.plan, p.profile, p.cluster).fits
+
+
+def test_a_planner_without_recomputation_says_it_would_fit() -> None:
+    """greedy does not recompute: its refusal says that recomputing would fit, and where to
+    turn. The hint is part of a search's checkpoint, and an older one without it loads."""
+    with pytest.raises(InfeasibleError) as refused:
+        make_planner("greedy").plan(problem())
+    message = str(refused.value)
+    assert re.search(r"no plan fits in memory .* the smallest needs \d\.\d\dx", message)
+    assert re.search(
+        r"recompute: true on the stages over memory would make one fit \(0\.\d\dx a device's "
+        r"memory\): the genetic planner recomputes where it must",
+        message,
+    )
+    ctx, search = context(problem()), Search(problem(), "greedy", {})
+    search.evaluate(decode(group_seeds(ctx)[0], ctx.sizes, ctx.n_layers))  # none recomputing
+    state = search.state_dict()
+    assert 0 < state["min_recompute_ratio"] < 1 < state["min_memory_ratio"]
+    del state["min_recompute_ratio"]
+    again = Search(problem(), "greedy", {})
+    again.load_state_dict(state)
+    assert "recompute" not in again.why_infeasible()

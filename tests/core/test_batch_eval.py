@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -43,6 +45,20 @@ def test_batch_eval_matches_simulate(case: tuple) -> None:
         assert result.cost_per_hour[i] == pytest.approx(est.cost_per_hour, rel=1e-12)
         worst = max(st.memory_bytes / st.memory_capacity_bytes for st in est.stages)
         assert result.memory_ratio[i] == pytest.approx(worst, rel=1e-9)
+        # recomputing or not, whichever holds less, stage by stage (rules 9 and 9r)
+        plain, again = (simulate(recomputing(plan, f), profile, cluster).stages for f in (0, 1))
+        least = max(
+            min(a.memory_bytes, b.memory_bytes) / a.memory_capacity_bytes
+            for a, b in zip(plain, again, strict=True)
+        )
+        assert result.recompute_ratio is not None
+        assert result.recompute_ratio[i] == pytest.approx(least, rel=1e-9)
+
+
+def recomputing(plan: Plan, on: int) -> Plan:
+    """``plan`` with every stage recomputing (``on``) or none."""
+    stages = tuple(dataclasses.replace(s, recompute=bool(on)) for s in plan.stages)
+    return Plan(plan.global_batch, stages, plan.schedule)
 
 
 def test_plan_batch_round_trips_plans(tmp_path: object) -> None:

@@ -18,7 +18,7 @@ from pipeplan.core.formats.pipedream import load_pipedream
 from pipeplan.core.plan import Plan, Stage
 from pipeplan.executor import runtime
 from pipeplan.executor.errors import ExecutorError
-from pipeplan.executor.parallel_reward import ParallelReward, evaluate_chunk
+from pipeplan.executor.parallel_reward import ParallelReward, _rows, evaluate_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,8 +51,24 @@ def test_a_chunk_is_costed_as_in_process_and_failures_come_back_as_text() -> Non
     assert there.values.tolist() == here.values.tolist()
     assert there.memory_ratio is not None and here.memory_ratio is not None
     assert there.memory_ratio.tolist() == here.memory_ratio.tolist()
+    assert there.recompute_ratio is not None and here.recompute_ratio is not None
+    assert there.recompute_ratio.tolist() == here.recompute_ratio.tolist()
     none, error = evaluate_chunk(p, None)  # type: ignore[arg-type]
     assert none is None and "Traceback" in error
+
+
+def test_a_chunk_keeps_its_plans_recompute_flags() -> None:
+    p = problem()
+    batch = population(p)
+    flags = np.zeros(batch.microbatch.shape, dtype=bool)
+    flags[::2, 1] = True
+    chunk = _rows(
+        PlanBatch(batch.bounds, batch.microbatch, batch.devices, flags), np.arange(0, 27, 3)
+    )
+    assert chunk.recompute is not None and chunk.recompute.tolist() == flags[::3].tolist()
+    there, _ = evaluate_chunk(p, chunk)
+    assert there is not None
+    assert there.values.tolist() == SimulatedReward().evaluate(p, chunk).values.tolist()
 
 
 def test_bad_workers_are_refused() -> None:
