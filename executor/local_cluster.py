@@ -160,6 +160,16 @@ class LocalCluster:
             raise ExecutorError(f"node {name!r}: the head node (the driver's) cannot be removed")
         self._cluster.remove_node(self._nodes.pop(name))
 
+    def add_node(self, node: Node) -> None:
+        """Start one more Ray node for ``node`` (its devices and marker), as a machine that
+        joins the cluster would; it is stopped with the others. For elastic tests."""
+        if self._cluster is None:
+            raise ExecutorError(f"cluster {self.spec.name!r}: not started")
+        if node.name in self._nodes:
+            raise ExecutorError(f"node {node.name!r}: already running")
+        self._nodes[node.name] = self._cluster.add_node(**self._node_args(node))
+        self._cluster.wait_for_nodes()
+
 
 def _remember_address_file() -> tuple[Path, str | None]:
     """``ray.cluster_utils`` overwrites, then deletes, Ray's "current cluster" file, which

@@ -16,6 +16,11 @@ command resumed runs only what was left), the data streams at the checkpoint's p
 Under the plan that wrote it, each replica also gets back its random state, so a resumed
 run computes bit for bit what the uninterrupted one would have. Under another plan the
 weights and optimizer state are re-sharded by parameter name.
+
+**Hooks for a caller that changes plans** (:mod:`executor.elastic`): ``on_started`` gets
+the seconds it took to deploy the plan and restore the checkpoint (what a switch of plans
+costs), and ``stop_after_checkpoint``, asked after each checkpoint, may end the run there
+(the result says ``stopped``); the caller then resumes that checkpoint under another plan.
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ class TrainResult:
     checkpoint: Path | None
     """The last checkpoint it wrote."""
     resumed_from: Path | None = None
+    startup_s: float = 0.0
+    """Seconds from the start to the first step: deploying the plan, restoring a checkpoint."""
+    stopped: bool = False
+    """Ended early at ``checkpoint``, because ``stop_after_checkpoint`` asked."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +85,8 @@ class TrainResult:
 
 StepHook = Callable[[TrainStep], None]
 CheckpointHook = Callable[[int, Path], None]
+StartHook = Callable[[float], None]
+StopHook = Callable[[int, Path], bool]
 
 
 def model_reference(model: ModelSource) -> dict[str, Any]:
@@ -98,6 +109,8 @@ def train(
     config: TrainConfig,
     on_step: StepHook | None = None,
     on_checkpoint: CheckpointHook | None = None,
+    on_started: StartHook | None = None,
+    stop_after_checkpoint: StopHook | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``plan`` for ``config.steps`` steps (module docstring)."""
     resumed = _resumable(config, plan) if config.resume is not None else None
@@ -109,12 +122,16 @@ def train(
     feed = Feed(config.data, config.seed, config.loss)
     done: list[TrainStep] = []
     last: Path | None = None
+    started = time.perf_counter()
     with Pipeline(plan, model, cluster, config.run_config(), feed) as pipe:
         if resumed is not None:
             folder, manifest = resumed
             same_plan = manifest.plan == json.loads(json.dumps(plan.to_dict()))
             pipe.load_checkpoint(folder, restore_rng=same_plan)
             pipe.seek_data(manifest.data_position, manifest.step)
+        startup_s = time.perf_counter() - started
+        if on_started is not None:
+            on_started(startup_s)
         for t in range(first, config.steps):
             t0 = time.perf_counter()
             result = pipe.step()
@@ -129,7 +146,25 @@ def train(
                 last = _save(pipe, plan, model, config, t + 1)
                 if on_checkpoint is not None:
                     on_checkpoint(t + 1, last)
-    return TrainResult(tuple(done), first, last, resumed[0] if resumed else None)
+                if (
+                    t + 1 < config.steps
+                    and stop_after_checkpoint is not None
+                    and stop_after_checkpoint(t + 1, last)
+                ):
+                    return _result(done, first, last, resumed, startup_s, stopped=True)
+    return _result(done, first, last, resumed, startup_s, stopped=False)
+
+
+def _result(
+    done: list[TrainStep],
+    first: int,
+    last: Path | None,
+    resumed: tuple[Path, Manifest] | None,
+    startup_s: float,
+    stopped: bool,
+) -> TrainResult:
+    resumed_from = resumed[0] if resumed else None
+    return TrainResult(tuple(done), first, last, resumed_from, startup_s, stopped)
 
 
 def steps_for_epochs(
