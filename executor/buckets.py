@@ -11,7 +11,9 @@ with no copy.
 
 Replicas that share a host sum through shared memory instead (:mod:`executor.shared_sum`):
 then a full bucket is only noted, and :meth:`Buckets.finish` sums every bucket, in the same
-order, once the backward is over.
+order, once the backward is over. Where the shared segment holds the replicas' gradients,
+:meth:`Buckets.ready` writes each one into its place there (the accumulation's add has an
+output anyway) and :meth:`Buckets.finish` sums the regions in place: no buckets, no copies.
 
 Every replica of a stage runs the same graph, so the same gradients become ready in the same
 order and the replicas start the same collectives in the same order. A parameter that gets
@@ -71,13 +73,28 @@ class Buckets:
         parameter summed in place; the names), in start order."""
         self.launched: set[int] = set()
 
-    def ready(self, name: str, grad: torch.Tensor) -> None:
-        """Parameter ``name``'s gradient of the step is final: sum its bucket once full."""
+    def ready(
+        self, name: str, grad: torch.Tensor, earlier: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Parameter ``name``'s gradient of the step is final, ``grad`` plus the step's
+        ``earlier`` one (the accumulation): sum its bucket once full. Returns the tensor that
+        is now the parameter's gradient (in the shared segment, where it holds them)."""
+        if self.shared is not None and self.shared.layout is not None:
+            view = self.shared.grad_view(name)
+            if earlier is not None:
+                torch.add(earlier, grad, out=view)
+            else:
+                view.copy_(grad)
+            self.grads[name] = view
+            return view
+        if earlier is not None:
+            grad = earlier.add_(grad)
         self.grads[name] = grad
         i = self.bucket_of[name]
         self.pending[i] -= 1
         if self.pending[i] == 0:
             self._start(i)
+        return grad
 
     def _start(self, i: int) -> None:
         self.launched.add(i)
@@ -96,7 +113,11 @@ class Buckets:
 
     def finish(self) -> None:
         """Sum what is left (buckets with a parameter that had no gradient), wait for every
-        sum, and write the flat sums back into the gradients."""
+        sum, and write the flat sums back into the gradients (where the shared segment
+        holds them: sum them in place)."""
+        if self.shared is not None and self.shared.layout is not None:
+            self.shared.sum_regions(set(self.grads))
+            return
         for i in range(len(self.buckets)):
             if i not in self.launched:
                 self._start(i)

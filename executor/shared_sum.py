@@ -24,6 +24,18 @@ creates the segment under ``/dev/shm`` with a random token in its header, the ot
 and check the token (two containers on one host do not share ``/dev/shm``), and once every
 replica has answered the first removes the file: the mappings outlive it, so nothing is left
 behind however the run ends. If any replica cannot map it, every replica keeps gloo.
+
+**Gradients kept in the segment.** Where the stage's parameters share one dtype and every
+replica's gradients fit (:data:`ARENA_SHARE` of the free shared memory), the segment holds,
+instead of the chunk buffers, one *region* per replica as large as all of its gradients
+(:class:`ArenaLayout`: each gradient at its own offset). The step's last backward writes each
+accumulated gradient straight into the replica's region (the add that accumulates it has an
+output anyway), the parameter's ``.grad`` becomes that view, and :meth:`SharedSum.sum_regions`
+sums in place: after one barrier replica ``r`` adds up the ``r``-th part of every region, in
+region order, and writes the sum into every region; after a second barrier each replica's
+gradients are the sums. No gradient is copied in or out: a two-replica sum reads and writes
+each byte of the gradients once, where the chunk buffers take three reads and two and a half
+writes, and gloo's ring the same through the kernel's socket copies.
 """
 
 from __future__ import annotations
@@ -31,7 +43,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +56,14 @@ CHUNK_BYTES = 32 * 2**20
 HEADER = 64
 """Bytes before the buffers: the token that proves the mapping is the creator's."""
 SHM_DIR = Path("/dev/shm")
+ARENA_SHARE = 0.25
+"""The most of ``/dev/shm``'s free space the replicas' gradient regions may take together
+(Ray's object store lives there too); past it the chunk buffers are used."""
+BLOCK_BYTES = 2 * 2**20
+"""A region sum's unit: one block of the sum is written to the other regions while it is
+still in the cache."""
+ALIGN_BYTES = 64
+"""Each gradient in a region starts on a cache line."""
 DISABLE_ENV = "PIPEPLAN_SHARED_SUM"
 """Set to ``0`` to sum every replicated stage with gloo's all-reduce."""
 
@@ -61,15 +82,107 @@ def host_id() -> str:
     return f"{socket.gethostname()}|{boot}"
 
 
-class SharedSum:
-    """Sums tensors over a stage's replicas through one shared segment (module docstring)."""
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Where each parameter's gradient lives in a replica's region: its element offset and
+    shape, every gradient of one dtype."""
 
-    def __init__(self, segment: torch.Tensor, index: int, count: int, group: Any) -> None:
+    dtype: torch.dtype
+    slots: dict[str, tuple[int, torch.Size]]
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _itemsize(self.dtype)
+
+    @classmethod
+    def of(cls, params: Mapping[str, torch.Tensor]) -> ArenaLayout | None:
+        """The layout of ``params``' gradients, or None where they are not all CPU tensors of
+        one floating dtype (the chunk buffers serve those)."""
+        kinds = {(p.dtype, p.device.type) for p in params.values()}
+        if len(kinds) != 1:
+            return None
+        dtype, device = kinds.pop()
+        if device != "cpu" or not dtype.is_floating_point:
+            return None
+        align = max(1, ALIGN_BYTES // _itemsize(dtype))
+        slots: dict[str, tuple[int, torch.Size]] = {}
+        offset = 0
+        for name, p in params.items():
+            slots[name] = (offset, p.shape)
+            offset += -(-p.numel() // align) * align
+        return cls(dtype, slots, offset)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class SharedSum:
+    """Sums tensors over a stage's replicas through one shared segment (module docstring);
+    with ``layout``, the segment holds every replica's gradients (:meth:`grad_view`)."""
+
+    def __init__(
+        self,
+        segment: torch.Tensor,
+        index: int,
+        count: int,
+        group: Any,
+        layout: ArenaLayout | None = None,
+    ) -> None:
         self.segment = segment
         self.index = index
         self.count = count
         self.group = group
         self.flip = 0
+        self.layout = layout
+        self.regions: list[torch.Tensor] = []
+        if layout is not None:
+            for k in range(count):
+                start = HEADER + k * _region_bytes(layout)
+                raw = segment[start : start + layout.nbytes]
+                self.regions.append(raw.view(layout.dtype))
+
+    def for_params(self, layout: ArenaLayout | None) -> SharedSum | None:
+        """The same segment for another model's gradients (a stage started over with other
+        weights, another dtype perhaps): their regions where they fit in it, else its chunk
+        buffers where those fit, else None (gloo sums). Every replica decides alike."""
+        capacity = self.segment.numel() - HEADER
+        if layout is not None and self.count * _region_bytes(layout) <= capacity:
+            return SharedSum(self.segment, self.index, self.count, self.group, layout)
+        if 2 * self.count * CHUNK_BYTES <= capacity:
+            return SharedSum(self.segment, self.index, self.count, self.group)
+        return None
+
+    def grad_view(self, name: str) -> torch.Tensor:
+        """This replica's place for parameter ``name``'s gradient (its shape)."""
+        assert self.layout is not None
+        offset, shape = self.layout.slots[name]
+        return self.regions[self.index][offset : offset + shape.numel()].view(shape)
+
+    def sum_regions(self, written: set[str]) -> None:
+        """Sum every replica's region in place (module docstring). ``written``: the
+        parameters whose gradient this step wrote into the region; the others' places are
+        zeroed first, so that a gradient no replica had (the same graph everywhere) sums no
+        stale values."""
+        assert self.layout is not None
+        mine = self.regions[self.index]
+        for name, (offset, shape) in self.layout.slots.items():
+            if name not in written:
+                mine[offset : offset + shape.numel()].zero_()
+        dist.barrier(group=self.group)
+        n = self.layout.numel
+        lo, hi = n * self.index // self.count, n * (self.index + 1) // self.count
+        block = max(1, BLOCK_BYTES // _itemsize(self.layout.dtype))
+        first, rest = self.regions[0], self.regions[1:]
+        for start in range(lo, hi, block):
+            end = min(start + block, hi)
+            acc = first[start:end]
+            for other in rest:
+                acc.add_(other[start:end])
+            for other in rest:
+                other[start:end].copy_(acc)
+        dist.barrier(group=self.group)
 
     def _slot(self, buffer: int, k: int) -> torch.Tensor:
         start = HEADER + (buffer * self.count + k) * CHUNK_BYTES
@@ -100,28 +213,38 @@ class SharedSum:
 
 
 def open_shared_sum(
-    group: Any, ranks: Sequence[int], rank: int, node: str, name: str
+    group: Any,
+    ranks: Sequence[int],
+    rank: int,
+    node: str,
+    name: str,
+    layout: ArenaLayout | None = None,
 ) -> SharedSum | None:
     """The replicas' :class:`SharedSum`, or None where gloo must sum (module docstring).
     Collective over ``group`` (the stage's subgroup, ranks ``ranks``); ``node``: this
-    replica's plan node; ``name``: the segment's file name, unique on the host."""
+    replica's plan node; ``name``: the segment's file name, unique on the host; ``layout``:
+    the stage's gradients, kept in the segment where they fit (every replica passes the
+    same)."""
     index = list(ranks).index(rank)
     seen: list[Any] = [None] * len(ranks)
     dist.all_gather_object(seen, (host_id(), node), group=group)
     if len(set(seen)) != 1:
         return None
-    size = HEADER + 2 * len(ranks) * CHUNK_BYTES
     path = SHM_DIR / name
     token = secrets.token_hex(16) if index == 0 else ""
+    regions = False
     if index == 0:
+        regions = layout is not None and _regions_fit(layout, len(ranks))
+        size = _segment_bytes(layout if regions else None, len(ranks))
         try:
             segment = _map(path, size, create=True)
             segment[:32].copy_(torch.frombuffer(bytearray(token.encode()), dtype=torch.uint8))
         except (OSError, RuntimeError):
             segment, token = None, ""
-    shared = [token]
+    shared: list[Any] = [(token, regions)]
     dist.broadcast_object_list(shared, src=ranks[0], group=group)
-    token = shared[0]
+    token, regions = shared[0]
+    size = _segment_bytes(layout if regions else None, len(ranks))
     if index != 0:
         segment = None
         if token:
@@ -137,7 +260,27 @@ def open_shared_sum(
         path.unlink(missing_ok=True)
     if not all(answers) or segment is None:
         return None
-    return SharedSum(segment, index, len(ranks), group)
+    return SharedSum(segment, index, len(ranks), group, layout if regions else None)
+
+
+def _region_bytes(layout: ArenaLayout) -> int:
+    return -(-layout.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def _segment_bytes(layout: ArenaLayout | None, count: int) -> int:
+    if layout is None:
+        return HEADER + 2 * count * CHUNK_BYTES
+    return HEADER + count * _region_bytes(layout)
+
+
+def _regions_fit(layout: ArenaLayout, count: int) -> bool:
+    """Whether ``count`` regions of ``layout`` fit in :data:`ARENA_SHARE` of the free
+    shared memory."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return False
+    return count * _region_bytes(layout) <= ARENA_SHARE * st.f_bavail * st.f_frsize
 
 
 def _map(path: Path, size: int, create: bool) -> torch.Tensor:

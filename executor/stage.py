@@ -88,7 +88,7 @@ from pipeplan.executor.microbatch import Layout
 from pipeplan.executor.model import ModelSource, OptimizerConfig, batch_loss, disable_dropout
 from pipeplan.executor.partition import ValueMeta, fetch_attr, partition
 from pipeplan.executor.payloads import Payload, concat_gradients, concat_inputs
-from pipeplan.executor.shared_sum import SharedSum, open_shared_sum
+from pipeplan.executor.shared_sum import ArenaLayout, SharedSum, open_shared_sum
 from pipeplan.executor.torch_engine import Engine, StageModule, TorchStage
 from pipeplan.executor.transport import GroupSpec, Link
 
@@ -370,6 +370,8 @@ class StageWorker:
         if spec.stage != self.spec.stage or spec.bounds != self.spec.bounds:
             raise ValueError(f"reset: stage {spec.stage} {spec.bounds} is not this worker's")
         self._build(spec)
+        if self.shared is not None:  # the new model's gradients: another dtype or size
+            self.shared = self.shared.for_params(ArenaLayout.of(self.params))
         return self.ready()
 
     def ready(self) -> WorkerInfo:
@@ -398,7 +400,8 @@ class StageWorker:
             row = group.ranks[self.spec.stage]
             node = group.nodes[group.rank] if group.nodes else ""
             name = f"pipeplan-{group.address}-{group.port}-s{self.spec.stage}"
-            self.shared = open_shared_sum(self.subgroup, row, group.rank, node, name)
+            layout = ArenaLayout.of(self.params)
+            self.shared = open_shared_sum(self.subgroup, row, group.rank, node, name, layout)
         if self.spec.engine == "torch-pipelining":
             self._torch_stage()
         return group.rank
@@ -743,9 +746,7 @@ class StageWorker:
             def ready(p: torch.Tensor) -> None:
                 clock = Clock.now()
                 assert p.grad is not None
-                if name in earlier:
-                    p.grad = earlier.pop(name).add_(p.grad)
-                sums.ready(name, p.grad)
+                p.grad = sums.ready(name, p.grad, earlier.pop(name, None))
                 wall, cpu = clock.elapsed()
                 self._hooked[0] += wall
                 self._hooked[1] += cpu

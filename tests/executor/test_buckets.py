@@ -80,6 +80,8 @@ def test_a_parameter_without_a_gradient_is_left_out_after_the_backward(summed: l
 class Doubling:
     """A shared-memory sum over two identical replicas, logging what it sums."""
 
+    layout = None  # the chunk buffers: no gradient kept in the segment
+
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
@@ -104,3 +106,40 @@ def test_shared_memory_sums_every_bucket_in_order_once_the_backward_is_over(
     assert summed == ["shared 8", "shared 5"]  # in the order the buckets filled
     for g in (g2, g1, g0):
         assert torch.equal(g, torch.full_like(g, 2.0))
+
+
+class Regions:
+    """A segment that keeps the gradients (its ``layout`` set): doubles them in place."""
+
+    def __init__(self, params: dict[str, torch.Tensor], log: list[str]) -> None:
+        self.layout = object()
+        self.views = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.log = log
+
+    def grad_view(self, name: str) -> torch.Tensor:
+        return self.views[name]
+
+    def sum_regions(self, written: set[str]) -> None:
+        for n in written:
+            self.views[n].mul_(2)
+        self.log.append(f"regions {sorted(written)}")
+
+
+def test_gradients_kept_in_the_segment_are_written_there_and_summed_in_place(
+    summed: list[str],
+) -> None:
+    params = {"p0": torch.zeros(4, 2), "p1": torch.zeros(3), "p2": torch.zeros(2)}
+    shared = Regions(params, summed)
+    b = Buckets([["p2", "p1"], ["p0"]], group=None, shared=shared)  # type: ignore[arg-type]
+    earlier = torch.full((3,), 5.0)
+    got = {
+        "p2": b.ready("p2", torch.ones(2)),
+        "p1": b.ready("p1", torch.ones(3), earlier),  # the accumulation lands in the segment
+    }
+    assert all(got[n] is shared.views[n] for n in got)
+    assert torch.equal(earlier, torch.full((3,), 5.0))  # the step's earlier gradient is kept
+    assert summed == []
+    b.finish()  # p0 had no gradient: not written, so not summed
+    assert summed == ["regions ['p1', 'p2']"]
+    assert torch.equal(got["p1"], torch.full((3,), 12.0))
+    assert torch.equal(got["p2"], torch.full((2,), 2.0))
