@@ -31,6 +31,13 @@ one slow replica -- ``brute`` finds those); equal microbatches only; the table g
 product of the class sizes, so clusters of many distinct (node, type) classes are out of
 reach (e.g. 9 classes of 2 devices: P = 19683).
 
+Beyond ``max_states`` (clusters of many nodes, e.g. catalogues of identical nodes) ``dp``
+searches by node kind and count instead (:mod:`agents.baselines.dp_kinds`: node-exclusive
+stages of whole nodes, each kind's stages consecutive; exact for the ``overlap`` bottleneck
+there), costs its candidates by kind and names the space it searched in the result's
+options (``searched``); ``space: devices`` refuses such instances instead, ``space: kinds``
+searches by kind on any cluster.
+
 So ``dp`` equals ``brute`` except where ``brute``'s optimum has a mixed-type stage, or where
 the bottleneck optimum is not the simulated optimum (then ``brute``'s plan has a bottleneck
 no better than the DP's in every model). :func:`explain_gap` says which applies to a given
@@ -43,8 +50,19 @@ from __future__ import annotations
 import numpy as np
 
 from pipeplan.agents.baselines.brute import DeviceClass, device_classes
-from pipeplan.agents.baselines.dp_table import BottleneckDP, Candidate, DPConfig, StageModel
+from pipeplan.agents.baselines.dp_kinds import Space as KindSpace
+from pipeplan.agents.baselines.dp_kinds import search_kinds
+from pipeplan.agents.baselines.dp_table import (
+    BottleneckDP,
+    Candidate,
+    DPConfig,
+    Space,
+    StageModel,
+    table_size,
+)
 from pipeplan.agents.problem import InfeasibleError, Objective, Problem
+from pipeplan.agents.provision.exact import evaluate_found
+from pipeplan.agents.provision.kinds import Catalogue
 from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
 from pipeplan.core import rules
@@ -138,6 +156,12 @@ class DPPlanner(Planner):
         return out
 
     def search(self, problem: Problem, search: Search) -> None:
+        space = self.config.space
+        if space is Space.KINDS or (
+            space is Space.AUTO and table_size(problem) > self.config.max_states
+        ):
+            self.search_kinds(problem, search)
+            return
         cands = self.solve(problem, search.evaluator)
         if not cands:
             raise InfeasibleError(
@@ -165,6 +189,24 @@ class DPPlanner(Planner):
             search.evaluate(_batch(by_stages[S]))
             if search.exhausted():
                 return
+
+    def search_kinds(self, problem: Problem, search: Search) -> None:
+        """The kind-level search (:mod:`agents.baselines.dp_kinds`); its best plans by
+        kind-level cost are made concrete and evaluated."""
+        tables = search.evaluator.tables
+        catalogue = Catalogue.of(problem.cluster, tables)
+        sizes = tuple(problem.microbatch_sizes())
+        searched = KindSpace(len(catalogue.options), len(catalogue.kinds), sizes)
+        search.options["searched"] = searched.describe()
+        ranked = search_kinds(problem, tables, catalogue, self.config.max_states)
+        if not ranked:
+            raise InfeasibleError(
+                f"dp on {problem.profile.name!r} / cluster {problem.cluster.name!r}, by kind: "
+                "no plan of node-exclusive one-type stages on whole nodes fits in memory for "
+                f"any microbatch size {list(sizes)}"
+                + memory_hint(problem, device_classes(problem.cluster))
+            )
+        evaluate_found(search, catalogue, [f for _, f in ranked[: self.config.simulated]])
 
 
 def _ranked(problem: Problem, cands: list[Candidate]) -> list[Candidate]:

@@ -38,6 +38,14 @@ from pipeplan.core.tables import INTER, INTRA, CostTables
 FloatArray = np.ndarray
 
 
+class Space(StrEnum):
+    """Which table ``dp`` fills."""
+
+    AUTO = "auto"  # the device-level table when it has at most max_states entries, else kinds
+    DEVICES = "devices"  # the device-level table (refused beyond max_states)
+    KINDS = "kinds"  # node kinds and counts (agents.baselines.dp_kinds)
+
+
 class StageModel(StrEnum):
     """How a stage's time counts its transfers (see the module docstring)."""
 
@@ -55,6 +63,11 @@ class DPConfig:
     """At most this many devices per stage; None: no cap."""
     models: tuple[StageModel, ...] = (StageModel.OVERLAP, StageModel.SERIAL)
     """Bottleneck models to optimise; the candidates of all are simulated."""
+    space: Space = Space.AUTO
+    """The device-level table, or node kinds and counts (``auto``: kinds only where the
+    device-level table has more than ``max_states`` entries)."""
+    simulated: int = 16
+    """Kind-level search: its best plans by kind-level cost made concrete and evaluated."""
 
     def __post_init__(self) -> None:
         try:
@@ -67,6 +80,14 @@ class DPConfig:
         if not models:
             raise ProblemError("dp.models: empty; name at least one bottleneck model")
         object.__setattr__(self, "models", models)
+        try:
+            object.__setattr__(self, "space", Space(self.space))
+        except ValueError:
+            raise ProblemError(
+                f"dp.space: expected one of {[m.value for m in Space]}, got {self.space!r}"
+            ) from None
+        if self.simulated < 1:
+            raise ProblemError(f"dp.simulated: must be >= 1, got {self.simulated}")
         if self.max_states < 1:
             raise ProblemError(f"dp.max_states: must be >= 1, got {self.max_states}")
         if self.max_replicas is not None and self.max_replicas < 1:
@@ -95,6 +116,16 @@ class Candidate:
     microbatch: int
 
 
+def table_size(problem: Problem) -> int:
+    """Entries of the device-level table of ``problem`` (module docstring), counted without
+    building anything."""
+    cluster = problem.cluster
+    L = len(problem.profile)
+    P = math.prod(c.count + 1 for c in device_classes(cluster))
+    Q = min(L, len(cluster.device_ids)) + 1
+    return (L + 1) * P * (len(cluster.nodes) + 2) * Q * len(problem.microbatch_sizes())
+
+
 class BottleneckDP:
     """The table and its candidates for one problem (see the module docstring)."""
 
@@ -113,15 +144,15 @@ class BottleneckDP:
         self.M = problem.global_batch / self.sizes
         radix = [c.count + 1 for c in self.classes]
         self.P = math.prod(radix)  # counted before anything is built: a catalogue's is huge
-        self.states = (self.L + 1) * self.P * self.G * self.Q * len(self.sizes)
+        self.states = table_size(problem)
         if self.states > config.max_states:
             raise ProblemError(
                 f"dp: the table for {problem.profile.name!r} ({self.L} layers) on cluster "
                 f"{cluster.name!r} has {self.states:,} entries ({self.L + 1} layer prefixes x "
                 f"{self.P:,} device-count vectors x {self.G} node states x {self.Q} stage counts "
                 f"x {len(self.sizes)} microbatch sizes), more than max_states "
-                f"{config.max_states:,}: fix the microbatch count, use fewer layers, or raise "
-                "max_states"
+                f"{config.max_states:,}: fix the microbatch count, use fewer layers, raise "
+                "max_states, or search by kind (space: kinds)"
             )
         self.used = np.array(list(product(*(range(r) for r in radix))), dtype=np.int64)
         self.stride = np.array(

@@ -197,13 +197,14 @@ def test_brute_refuses_a_large_space_and_says_how_large() -> None:
 
 def test_brute_and_dp_refuse_a_catalogue_at_once() -> None:
     """Counting a catalogue's whole space (or building dp's table) would never end: brute
-    stops counting past the limit, dp counts its table before building it."""
+    stops counting past the limit, dp counts its table before building it (and, unless told
+    to keep to devices, searches by kind instead: tests/agents/test_dp_kinds.py)."""
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "cloud-catalogue.yaml")
     problem = Problem(chain(12), cluster, global_batch=64)
     with pytest.raises(ProblemError, match=r"at least [\d,]+ candidate plans.*not counted"):
         make_planner("brute").plan(problem)
     with pytest.raises(ProblemError, match=r"device-count vectors.*more than max_states"):
-        make_planner("dp").plan(problem)
+        make_planner("dp", space="devices").plan(problem)
 
 
 def test_brute_unequal_under_1f1b() -> None:
@@ -329,7 +330,7 @@ def test_dp_refuses_a_table_over_max_states() -> None:
     cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "cloud-mix.yaml")
     problem = Problem(chain(6), cluster, global_batch=8)
     with pytest.raises(ProblemError, match=r"entries .* more than max_states 100"):
-        make_planner("dp", max_states=100).plan(problem)
+        make_planner("dp", max_states=100, space="devices").plan(problem)
 
 
 # --- pipedream_dp ----------------------------------------------------------------------------

@@ -1,0 +1,198 @@
+"""``dp`` by node kind (agents.baselines.dp_kinds): exact for the bottleneck in its space,
+costed by kind as the cost model costs the concrete plan, chosen only beyond max_states."""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import product
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeplan.agents import InfeasibleError, Problem, ProblemError, make_planner
+from pipeplan.agents.baselines.dp_kinds import KindDP, rank, search_kinds
+from pipeplan.agents.baselines.dp_table import table_size
+from pipeplan.agents.provision.exact import Found, found_batch
+from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.core.batch_eval import BatchEvaluator
+from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.plan import Schedule
+from pipeplan.core.tables import CostTables
+from tests.agents.test_exact import chain
+from tests.core.strategies import TYPES, clusters, profiles
+
+
+@st.composite
+def kind_problems(draw: st.DrawFn) -> Problem:
+    """A small profile on a cluster of one to three node kinds (``count: N``)."""
+    profile = draw(profiles(min_layers=2, max_layers=5))
+    base = draw(clusters())
+    kinds = []
+    for k in range(draw(st.integers(1, 3))):
+        types = draw(st.sets(st.sampled_from(TYPES), min_size=1, max_size=2))
+        devices = {t: draw(st.integers(1, 3)) for t in sorted(types)}
+        kinds.append(Node(f"k{k}", devices, count=draw(st.integers(1, 3))))
+    cluster = dataclasses.replace(base, nodes=tuple(kinds))
+    batch = draw(st.sampled_from((4, 6, 8)))
+    return Problem(profile, cluster, global_batch=batch, microbatches=draw(st.sampled_from((1, 2))))
+
+
+def brute_bottleneck(dp: KindDP) -> float:
+    """The least bottleneck over every kind-block plan of whole nodes, by enumeration."""
+    L, cat = dp.L, dp.catalogue
+    best = np.inf
+    for cuts in product((False, True), repeat=L - 1):
+        bounds = [0, *(j for j in range(1, L) if cuts[j - 1]), L]
+        S = len(bounds) - 1
+        links = max((float(dp.link[j]) for j in bounds[1:-1]), default=0.0)
+        for opts in product(range(len(cat.options)), repeat=S):
+            kinds = [cat.options[o].kind for o in opts]
+            blocks = [k for n, k in enumerate(kinds) if n == 0 or kinds[n - 1] != k]
+            if len(blocks) != len(set(blocks)):
+                continue  # a kind's stages not consecutive: outside the space
+            ranges = [range(1, cat.available[k] + 1) for k in kinds]
+            for ms in product(*ranges):
+                used = np.bincount(kinds, weights=ms, minlength=len(cat.kinds))
+                if (used > np.array(cat.available)).any():
+                    continue
+                w = max(
+                    dp.W[o, bounds[s], bounds[s + 1], m - 1]
+                    for s, (o, m) in enumerate(zip(opts, ms, strict=True))
+                )
+                best = min(best, max(float(w), links))
+    return best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind_problems())
+def test_kind_dp_finds_the_least_bottleneck_of_its_space(problem: Problem) -> None:
+    """The bisection's least feasible target equals enumeration's least bottleneck, and the
+    plan it builds has that bottleneck and respects every kind's count."""
+    tables = CostTables.of(problem.profile, problem.cluster)
+    cat = Catalogue.of(problem.cluster, tables)
+    b = problem.microbatch_sizes()[0]
+    dp = KindDP(problem, cat, StageCosts(problem, tables, cat, b))
+    values = dp.targets()
+    at = dp.least_target(values)
+    want = brute_bottleneck(dp)
+    if at is None:
+        assert np.isinf(want)
+        return
+    T = float(values[at])
+    assert want == pytest.approx(T, rel=1e-12)
+    made = dp.plan(T)
+    assert made is not None
+    bounds, stages = made
+    got = max(
+        max(float(dp.W[o, bounds[s], bounds[s + 1], m - 1]) for s, (o, m) in enumerate(stages)),
+        max((float(dp.link[j]) for j in bounds[1:-1]), default=0.0),
+    )
+    assert got == pytest.approx(T, rel=1e-12)
+    used = np.zeros(len(cat.kinds))
+    for o, m in stages:
+        used[cat.options[o].kind] += m
+    assert (used <= np.array(cat.available)).all()
+
+
+def scale_cluster(count: int) -> ClusterSpec:
+    return ClusterSpec.from_dict(
+        {
+            "name": f"kinds-{count}",
+            "device_types": {
+                "big": {"flops": 4e12, "memory_gb": 16, "memory_bandwidth_gbps": 900},
+                "small": {"flops": 1e12, "memory_gb": 8, "memory_bandwidth_gbps": 300},
+            },
+            "nodes": [
+                {"name": "bigx4", "devices": {"big": 4}, "count": count},
+                {"name": "smallx2", "devices": {"small": 2}, "count": count},
+            ],
+            "network": {
+                "intra_node": {"bandwidth_gbps": 300, "latency_us": 5},
+                "inter_node": {"bandwidth_gbps": 25, "latency_us": 20},
+            },
+        }
+    )
+
+
+def test_dp_searches_by_kind_beyond_max_states_and_says_so() -> None:
+    """Past max_states dp answers by kind, names its space, and its plan's simulated value is
+    the kind-level cost of the best candidate (made concrete on the first free nodes)."""
+    problem = Problem(chain(12), scale_cluster(6), global_batch=64)
+    assert table_size(problem) > 4_000_000
+    result = make_planner("dp").plan(problem)
+    assert result.options["searched"].startswith("kinds: node-exclusive stages")
+    tables = CostTables.of(problem.profile, problem.cluster)
+    cat = Catalogue.of(problem.cluster, tables)
+    ranked = search_kinds(problem, tables, cat, 4_000_000)
+    assert result.value == pytest.approx(ranked[0][0], rel=1e-9)
+    assert result.estimate.batch_time_s == pytest.approx(ranked[0][0], rel=1e-9)
+
+
+def test_kind_costs_rank_as_the_cost_model_on_the_concrete_plans() -> None:
+    problem = Problem(chain(8), scale_cluster(3), global_batch=32)
+    tables = CostTables.of(problem.profile, problem.cluster)
+    cat = Catalogue.of(problem.cluster, tables)
+    found = [
+        Found(0.0, 0.0, 0.0, (0, 3, 8), ((0, 2), (1, 3)), 4),
+        Found(0.0, 0.0, 0.0, (0, 5, 8), ((1, 1), (0, 3)), 8),
+        Found(0.0, 0.0, 0.0, (0, 4, 8), ((0, 1), (0, 1)), 2),
+    ]
+    ranked = rank(problem, tables, cat, found)
+    ev = BatchEvaluator(problem.profile, problem.cluster)
+    for value, f in ranked:
+        res = ev.evaluate(found_batch(cat, [f]), problem.global_batch, problem.schedule)
+        assert value == pytest.approx(float(res.batch_time_s[0]), rel=1e-9)
+    assert [v for v, _ in ranked] == sorted(v for v, _ in ranked)
+
+
+def test_small_clusters_keep_the_device_table() -> None:
+    """Within max_states dp fills the device-level table as before (no ``searched`` note)."""
+    problem = Problem(chain(4), scale_cluster(1), global_batch=8)
+    assert table_size(problem) <= 4_000_000
+    assert "searched" not in make_planner("dp").plan(problem).options
+    by_kind = make_planner("dp", space="kinds").plan(problem)
+    assert by_kind.options["searched"].startswith("kinds:")
+
+
+def test_kind_search_refuses_too_many_kinds_naming_the_bound() -> None:
+    """Plain nodes are kinds of their own: the subsets of 12 of them are over the bound."""
+    nodes = [{"name": f"n{k}", "devices": {"big": 1}} for k in range(12)]
+    doc = {**scale_cluster(1).to_dict(), "name": "plain", "nodes": nodes}
+    problem = Problem(chain(4), ClusterSpec.from_dict(doc), global_batch=8)
+    with pytest.raises(ProblemError, match=r"12 node kinds; .* 1,228,800 steps .* max_states"):
+        make_planner("dp", space="kinds", max_states=1_000_000).plan(problem)
+
+
+def test_space_devices_refuses_beyond_max_states() -> None:
+    problem = Problem(chain(12), scale_cluster(6), global_batch=64)
+    with pytest.raises(ProblemError, match=r"more than max_states .* search by kind"):
+        make_planner("dp", space="devices").plan(problem)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"space": "nodes"},
+            r"dp.space: expected one of \['auto', 'devices', 'kinds'\], got 'nodes'",
+        ),
+        ({"simulated": 0}, r"dp.simulated: must be >= 1, got 0"),
+    ],
+)
+def test_bad_kind_options_are_refused(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ProblemError, match=message):
+        make_planner("dp", **options)
+
+
+def test_kind_search_says_memory_binds_when_nothing_fits() -> None:
+    """A layer larger than every device: the refusal names the layer and the microbatch."""
+    huge = dataclasses.replace(
+        chain(3), layers=tuple(dataclasses.replace(x, params_bytes=10**11) for x in chain(3).layers)
+    )
+    problem = Problem(huge, scale_cluster(2), global_batch=8, schedule=Schedule.GPIPE)
+    with pytest.raises(
+        InfeasibleError, match=r"by kind: no plan .* fits in memory.*layer 'l0' alone needs"
+    ):
+        make_planner("dp", space="kinds").plan(problem)
