@@ -144,11 +144,15 @@ class StageEstimate:
     memory_bytes: float
     memory_capacity_bytes: float
     fits: bool
+    recompute: bool = False
+    """The stage recomputes its activations (rules 2r and 9r); in the document only when on."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["layers"] = list(self.layers)
         d["devices"] = list(self.devices)
+        if not self.recompute:
+            del d["recompute"]
         return d
 
 
@@ -401,6 +405,7 @@ class _Simulation:
             memory_bytes=memory,
             memory_capacity_bytes=capacity,
             fits=memory <= capacity,
+            recompute=st.recompute,
         )
 
     def _compute(self, s: int) -> float:

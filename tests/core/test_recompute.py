@@ -72,6 +72,8 @@ def test_two_stage_gpipe_with_the_last_stage_recomputing_on_paper() -> None:
     assert est.stages[1].end_s == pytest.approx(0.03605016 + 4 * a, rel=1e-12)
     assert est.batch_time_s == pytest.approx(0.04410032 + 5 * a, rel=1e-12)
     assert est.stages[1].compute_s == pytest.approx(2 * (0.004 + 0.012 + a), rel=1e-12)
+    doc = est.to_dict()["stages"]
+    assert [d.get("recompute") for d in doc] == [None, True]  # written only where on
 
 
 def test_each_replica_reruns_its_own_forward() -> None:
