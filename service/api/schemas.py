@@ -184,6 +184,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "evaluations": Bound(1),
     "seconds": Bound(0, open_low=True),
     "retries": Bound(0, MAX_RETRIES),
+    "replan_threshold": Bound(0, 1),
 }
 """The range of every number field of a job's spec (and of its ``budget``), by field name:
 stated in the OpenAPI document and enforced by :func:`service.api.validation.check_limits`
@@ -447,6 +448,8 @@ class TrainJobResult(ResultDoc):
     loss_curve: list[float | None]
     measured_step_s: float | None
     predicted_step_s: float | None
+    replans: list[dict[str, Any]] = []
+    """Elastic training's re-plans, as their ``replan`` events carry them."""
 
 
 def result_schemas() -> dict[str, Any]:

@@ -31,6 +31,7 @@ from pipeplan.service.tasks.progress import Reporter
 from pipeplan.service.tasks.requests import ClusterRef, Document
 
 if TYPE_CHECKING:  # the executor imports torch, which a client command does without
+    from pipeplan.executor.elastic import Replanned
     from pipeplan.executor.train import TrainStep
 
 err = Console(stderr=True)
@@ -135,6 +136,9 @@ class ConsoleReporter(Reporter):
 
     def checkpointed(self, step: int, path: Path) -> None:
         say(f"checkpoint after step {step}: {path}")
+
+    def replanned(self, event: Replanned) -> None:
+        say(event.text())
 
     @contextmanager
     def search(self, label: str, total: int | None) -> Iterator[SearchProgress]:

@@ -418,6 +418,18 @@ TimeoutOpt = Annotated[float, typer.Option(help="longest wait for one step, seco
 EngineOpt = Annotated[EngineKind, typer.Option(help="who runs the stages")]
 EmulateOpt = Annotated[bool, typer.Option(help="emulate slower device types (sleeps)")]
 DeterministicOpt = Annotated[bool, typer.Option(help="disable dropout")]
+ElasticOpt = Annotated[
+    bool, typer.Option(help="re-plan and resume after a lost node; use nodes that join")
+]
+ReplanThresholdOpt = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        help="switch to a plan on joined nodes when its predicted gain, less the switch "
+        "cost's share of what is left, is above this",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -442,6 +454,8 @@ class TrainFlags:
     engine: EngineOpt = EngineKind.PIPEPLAN
     emulate: EmulateOpt = True
     deterministic: DeterministicOpt = False
+    elastic: ElasticOpt = True
+    replan_threshold: ReplanThresholdOpt = 0.10
 
     def fields(self) -> dict[str, Any]:
         """The training fields of a ``TrainRequest`` (the plan document read)."""
@@ -463,6 +477,8 @@ class TrainFlags:
             "engine": self.engine,
             "emulate": self.emulate,
             "deterministic": self.deterministic,
+            "elastic": self.elastic,
+            "replan_threshold": self.replan_threshold,
         }
 
 

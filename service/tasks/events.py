@@ -59,6 +59,7 @@ from pipeplan.service.tasks.observations import OBSERVATION_KEY
 from pipeplan.service.tasks.progress import Reporter
 
 if TYPE_CHECKING:  # the executor imports torch; the reporter only reads its steps
+    from pipeplan.executor.elastic import Replanned
     from pipeplan.executor.reservation import Waiting
     from pipeplan.executor.train import TrainStep
 
@@ -351,6 +352,10 @@ class EventReporter(Reporter):
     def checkpointed(self, step: int, path: Path) -> None:
         self.echo(f"checkpoint after step {step}: {path}")
         self.channel.emit("checkpoint", {"step": step, "path": str(path)})
+
+    def replanned(self, event: Replanned) -> None:
+        self.echo(event.text())
+        self.channel.emit("replan", event.to_dict())
 
     def waiting(self, waiting: Waiting) -> None:
         """The job waits for devices others hold: it shows ``queued`` with the reason."""

@@ -21,6 +21,7 @@ from pipeplan.agents.rewards import Population
 from pipeplan.agents.search import Progress
 
 if TYPE_CHECKING:  # the executor imports torch; a reporter does not need it
+    from pipeplan.executor.elastic import Replanned
     from pipeplan.executor.train import TrainStep
 
 
@@ -62,6 +63,10 @@ class Reporter:
 
     def checkpointed(self, step: int, path: Path) -> None:
         """A training run wrote a checkpoint after ``step`` steps into ``path``."""
+
+    def replanned(self, event: Replanned) -> None:
+        """Elastic training planned again: after a lost node or actor (it goes on with
+        the new plan), or a joined node (switched or not, and why)."""
 
 
 QUIET = Reporter()

@@ -375,6 +375,12 @@ class TrainRequest(ProblemRequest):
     engine: EngineKind = EngineKind.PIPEPLAN
     emulate: bool = True
     deterministic: bool = False
+    elastic: bool = True
+    """Re-plan and resume when a node is lost; put joined nodes to use
+    (:mod:`executor.elastic`)."""
+    replan_threshold: float = 0.10
+    """Switch to a plan on joined devices when its predicted gain, less the measured switch
+    cost's share of the remaining training, is above this (0 to 1)."""
 
 
 def check_train_fields(request: TrainRequest) -> None:
@@ -395,6 +401,8 @@ def check_train_fields(request: TrainRequest) -> None:
         raise RequestError("checkpoint_every: needs checkpoint_dir")
     if request.optimizer not in OPTIMIZERS:
         raise RequestError(f"optimizer: one of {list(OPTIMIZERS)}, got {request.optimizer!r}")
+    if not 0.0 <= request.replan_threshold <= 1.0:
+        raise RequestError(f"replan_threshold: must be in [0, 1], got {request.replan_threshold!r}")
 
 
 def train_config(

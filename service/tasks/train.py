@@ -7,6 +7,13 @@ first (simulated reward: the cost model). Training runs on the live cluster
 (``reporter.trained``), every checkpoint too (``reporter.checkpointed``). The answer holds
 the loss curve, the last checkpoint, and the measured step time beside the cost model's
 prediction when a profile is at hand (the planner's, or a ``profile`` document).
+
+With ``elastic`` (the default) training goes through :func:`executor.elastic.elastic_train`:
+a lost node re-plans on the devices left with ``dp`` on the request's objective, and a
+joined node is put to use at the next checkpoint when the net gain clears
+``replan_threshold``; each re-plan is reported (``reporter.replanned``) and listed in the
+answer. The re-plan's profile is the one at hand, else the model profiled analytically when
+a re-plan first needs it.
 """
 
 from __future__ import annotations
@@ -16,16 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Plan
 from pipeplan.core.profile import ModelProfile
 from pipeplan.executor.data import DataSpec
+from pipeplan.executor.elastic import ElasticConfig, PlannerReplanner, Replanned, elastic_train
 from pipeplan.executor.live_cluster import live_nodes
 from pipeplan.executor.loss import LossSpec
+from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pinning import check_feasible
-from pipeplan.executor.train import TrainResult, steps_for_epochs
+from pipeplan.executor.train import TrainConfig, TrainResult, steps_for_epochs
 from pipeplan.executor.train import train as train_plan
-from pipeplan.service.tasks.common import cluster_spec
+from pipeplan.service.tasks.common import cluster_spec, zoo_profile
 from pipeplan.service.tasks.live import live_cluster, source_of
 from pipeplan.service.tasks.plan import PlanRequest, plan
 from pipeplan.service.tasks.progress import QUIET, Reporter
@@ -43,8 +53,11 @@ class Trained:
     """A training run's answer."""
 
     plan: Plan
+    """The plan trained on (the last one, after re-plans)."""
     result: TrainResult
     predicted_step_s: float | None
+    """The cost model's step time of the first plan (each re-plan carries its own)."""
+    replans: tuple[Replanned, ...] = ()
 
     @property
     def measured_step_s(self) -> float | None:
@@ -58,6 +71,7 @@ class Trained:
             "loss_curve": [s.loss for s in self.result.steps],
             "measured_step_s": self.measured_step_s,
             "predicted_step_s": self.predicted_step_s,
+            "replans": [r.to_dict() for r in self.replans],
         }
 
 
@@ -105,12 +119,53 @@ def train(request: TrainRequest, reporter: Reporter = QUIET) -> Trained:
         check_feasible(the_plan, live_nodes())
         predicted = simulate(the_plan, prof, live).batch_time_s if prof is not None else None
         with reporter.step(f"training {source.name} for {steps} steps"):
-            result = train_plan(
-                the_plan,
-                source,
-                live,
-                config,
-                on_step=reporter.trained,
-                on_checkpoint=reporter.checkpointed,
-            )
-    return Trained(the_plan, result, predicted)
+            if not request.elastic:
+                result = train_plan(
+                    the_plan,
+                    source,
+                    live,
+                    config,
+                    on_step=reporter.trained,
+                    on_checkpoint=reporter.checkpointed,
+                )
+                return Trained(the_plan, result, predicted)
+            return _elastic(request, the_plan, prof, source, live, config, predicted, reporter)
+
+
+def _elastic(
+    request: TrainRequest,
+    the_plan: Plan,
+    prof: ModelProfile | None,
+    source: ModelSource,
+    live: ClusterSpec,
+    config: TrainConfig,
+    predicted: float | None,
+    reporter: Reporter,
+) -> Trained:
+    """Train through :func:`executor.elastic.elastic_train` (module docstring)."""
+    model = request.model
+
+    def profile() -> ModelProfile:
+        assert model is not None  # a request without a model has its profile document
+        return zoo_profile(model, request.input_size, reporter, request)
+
+    replanner = PlannerReplanner(
+        prof if prof is not None else profile,
+        request.objective,
+        the_plan.global_batch,
+        the_plan.schedule,
+        seed=request.seed,
+        min_throughput=request.min_throughput,
+    )
+    done = elastic_train(
+        the_plan,
+        source,
+        live,
+        config,
+        replanner,
+        ElasticConfig(replan_threshold=request.replan_threshold),
+        on_step=reporter.trained,
+        on_checkpoint=reporter.checkpointed,
+        on_replan=reporter.replanned,
+    )
+    return Trained(done.plan, done.result, predicted, done.replans)

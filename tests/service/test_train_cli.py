@@ -35,6 +35,7 @@ def plan_file(tmp_path: Path) -> Path:
         (("--epochs", "1"), "epochs: data 'synthetic' has no length; give steps instead"),
         (("--data", "nowhere:x y"), "data: 'nowhere:x y'"),
         (("--loss", "mse"), "loss: 'mse' is neither 'cross-entropy' nor a package.module"),
+        (("--replan-threshold", "2"), "'--replan-threshold': Input should be less than or equal"),
     ],
 )
 def test_bad_flags_are_one_line_naming_them(

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from pipeplan.core.cluster import ClusterSpec, Node
 from pipeplan.core.plan import Plan
+from pipeplan.executor.elastic import Replanned
 from pipeplan.executor.train import TrainResult, TrainStep
 from pipeplan.service.api.app import create_app
 from pipeplan.service.api.calibration_fit import FitWorker
@@ -154,6 +155,7 @@ def test_a_train_jobs_result_is_the_use_cases_document(done: dict[str, Any]) -> 
         "loss_curve",
         "measured_step_s",
         "predicted_step_s",
+        "replans",
     }
     assert result["plan"] == Plan.from_dict(PLAN).to_dict()
     assert result["loss_curve"] == list(LOSSES)
@@ -161,6 +163,46 @@ def test_a_train_jobs_result_is_the_use_cases_document(done: dict[str, Any]) -> 
     assert result["checkpoint"].endswith("step-3")
     assert result["measured_step_s"] == pytest.approx((8 / 1000 + 8 / 1200) / 2)  # steps 2, 3
     assert result["predicted_step_s"] == 0.007
+
+
+def test_a_replan_is_a_replan_event_and_listed_in_the_result(
+    client: TestClient, fake_backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elastic training's re-plan (a lost node here) posts a ``replan`` event with its
+    reason, nodes, new plan, prediction and steps redone; the result lists it too."""
+    old = Plan.from_dict(PLAN)
+    new = Plan.from_dict(
+        PLAN | {"stages": [{"layers": [0, 8], "devices": ["n2/slow:0"], "microbatch": 4}]}
+    )
+    lost = Replanned(
+        reason="node_lost",
+        step=2,
+        nodes=("n0",),
+        plan=new,
+        predicted_step_s=0.02,
+        previous_plan=old,
+        previous_predicted_step_s=0.007,
+        switched=True,
+        steps_redone=1,
+        cause="step 3: the actor and its node died",
+    )
+
+    def elastic_fake(request: TrainRequest, reporter: EventReporter) -> Trained:
+        reporter.replanned(lost)
+        done = fake_train(request, reporter)
+        return Trained(new, done.result, done.predicted_step_s, (lost,))
+
+    monkeypatch.setattr(job_entry, "train", elastic_fake)
+    job_id = run_train_job(client, fake_backend, SPEC)
+    events = client.get(f"/v1/jobs/{job_id}/events").json()
+    (replan,) = [e["data"] for e in events if e["type"] == "replan"]
+    assert replan == lost.to_dict()
+    assert replan["reason"] == "node_lost" and replan["nodes"] == ["n0"]
+    assert replan["plan"] == new.to_dict() and replan["steps_redone"] == 1
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "succeeded", job["error"]
+    assert job["result"]["replans"] == [lost.to_dict()]
+    assert job["result"]["plan"] == new.to_dict()
 
 
 def test_jobs_show_prints_a_train_jobs_step_loss_samples_and_result(
