@@ -30,7 +30,7 @@ def dropout_net() -> ModelSource:
     return ModelSource.custom(model, torch.zeros(1, 16), name="dropout_net")
 
 
-def one_stage(recompute: bool, source: ModelSource) -> StageWorker:
+def one_stage(recompute: bool, source: ModelSource, accelerator: str | None = None) -> StageWorker:
     bounds = (0, count_layers(source.build()[0]))
     spec = WorkerSpec(
         0,
@@ -43,6 +43,7 @@ def one_stage(recompute: bool, source: ModelSource) -> StageWorker:
         OptimizerConfig(),
         shape=((MICRO, 1),),
         recompute=recompute,
+        accelerator=accelerator,
     )
     worker = StageWorker(spec)
     worker.group = GroupSpec("127.0.0.1", 0, 0, ((0,),), "gloo", 10.0)  # one rank: no messages
@@ -58,24 +59,39 @@ def batch() -> tuple[dict[str, np.ndarray], np.ndarray]:
 def step(worker: StageWorker, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
     x, y = batch()
     (name,) = worker.graph.inputs
-    torch.manual_seed(seed)  # the dropout masks
+    torch.manual_seed(seed)  # the dropout masks (CPU and every GPU)
     out = worker.run_step(0, {name: x["input"]}, y)
     assert isinstance(out, StepOutput), out
     assert out.loss is not None
-    grads = {n: p.grad.clone() for n, p in worker.params.items() if p.grad is not None}
+    grads = {n: p.grad.to("cpu", copy=True) for n, p in worker.params.items() if p.grad is not None}
     return float(out.loss["loss_sum"]), grads
 
 
-def test_recompute_gives_the_same_losses_and_gradients_with_dropout() -> None:
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        None,
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_recompute_gives_the_same_losses_and_gradients_with_dropout(
+    accelerator: str | None,
+) -> None:
     source = dropout_net()
-    loss, grads = step(one_stage(False, source), seed=5)
-    again_loss, again = step(one_stage(True, source), seed=5)
+    loss, grads = step(one_stage(False, source, accelerator), seed=5)
+    again_loss, again = step(one_stage(True, source, accelerator), seed=5)
     assert again_loss == pytest.approx(loss, rel=1e-6)
     assert sorted(again) == sorted(grads) and grads
     for n in grads:
         assert torch.allclose(again[n], grads[n], atol=1e-6), n
     # the dropout is live: other masks give other gradients, so equality above is the replay
-    _, other = step(one_stage(True, source), seed=6)
+    _, other = step(one_stage(True, source, accelerator), seed=6)
     assert any(not torch.allclose(other[n], grads[n], atol=1e-6) for n in grads)
 
 
