@@ -11,7 +11,8 @@ which comes back unchanged) by the live cluster: the loop waits up to
 the devices left (:func:`live_spec`) are planned again (:class:`Replanner`), and training
 resumes the last checkpoint under the new plan, up to the same total steps: the steps
 trained after that checkpoint are trained again (``steps_redone``). An actor that died on a
-node that is still there resumes under the same plan. If what is left cannot hold the
+node that is still there resumes under the same plan; a timeout with every node there ends
+the run as before. If what is left cannot hold the
 model, :class:`ElasticError` names the lost nodes, what is left and what is missing.
 
 **A node joined.** After each checkpoint the loop reads the live cluster. When it holds
@@ -449,6 +450,8 @@ def _after_loss(
     run at its last checkpoint."""
     known = {n.name for n in run.spec.nodes}
     gone, waited = wait_for_loss(nodes_of(run.plan), known, elastic.notice_s)
+    if not gone and not (isinstance(error, StageFailedError) and "died" in error.cause):
+        raise error  # a timeout with every node there: not a loss
     trained = max(run.steps, default=run.checkpoint_step - 1) + 1
     redone = max(0, trained - run.checkpoint_step)
     cause = str(error).splitlines()[0]

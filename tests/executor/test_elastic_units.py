@@ -104,7 +104,9 @@ class FixedReplanner:
 def a_run(tmp_path: Path) -> elastic._Run:
     start = ClusterSpec("c", SPEC.device_types, (Node("n1", {"mid": 1}),))
     cfg = TrainConfig(steps=100, checkpoint_dir=tmp_path, checkpoint_every=5)
-    run = elastic._Run(OLD, start, 2.0, cfg, checkpoint=tmp_path / "step-00000005")
+    run = elastic._Run(
+        OLD, start, 2.0, cfg, checkpoint=tmp_path / "step-00000005", checkpoint_step=5
+    )
     run.segment = [TrainStep(t, 1.0, 0.0, 1.0, 8.0) for t in range(5)]
     run.startup_s, run.save_s = 8.0, 2.0
     return run
@@ -171,3 +173,22 @@ def test_the_replanner_plans_on_what_is_left_and_says_what_is_missing() -> None:
         f"the model's weights, gradients and optimizer state need {need:.3g} GB, the devices "
         f"left hold {0.15:.3g} GB ({need - 0.15:.3g} GB missing)"
     )
+
+
+def test_a_timeout_with_every_node_there_is_not_a_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's timeout passed but Ray still lists the plan's node: the error ends the run
+    as it is (no re-plan, no event); an actor that died there resumes on the same plan."""
+    monkeypatch.setattr(elastic, "live_nodes", lambda: [LiveNode("n1", "b", {"mid": 1}, True)])
+    run, seen = a_run(tmp_path), []
+    timeout = ExecutorTimeoutError("step 7: no answer in time")
+    fast = ElasticConfig(notice_s=0.01)
+    with pytest.raises(ExecutorTimeoutError, match="step 7"):
+        elastic._after_loss(run, timeout, SPEC, FixedReplanner(1.0, 2.0), fast, seen.append)
+    assert seen == []
+    died = StageFailedError(0, 0, "n1/mid:0", "n1", "step 7: the actor died (ActorDiedError)")
+    elastic._after_loss(run, died, SPEC, FixedReplanner(1.0, 2.0), fast, seen.append)
+    (event,) = seen
+    assert event.reason == "actor_lost" and not event.switched and run.plan == OLD
+    assert run.config.resume == tmp_path / "step-00000005" and event.step == 5
