@@ -22,6 +22,11 @@ from pipeplan.agents.provision.kinds import Catalogue
 from pipeplan.agents.search import Search
 
 Actions = tuple[int, ...]
+MAX_MICROBATCHES = 64
+"""Microbatch sizes searched at scale: those that split the batch into at most this many
+microbatches. Twice the catalogue searches' cap: a pipeline of a dozen stages or more over
+hundreds of devices pays its fill and drain ``(S - 1) / M`` in full, and on gpt-13b x dc-328
+the best kind-level plan found takes 64 microbatches (32 at most left it 13% slower)."""
 
 
 def at_scale(problem: Problem) -> bool:
@@ -36,6 +41,21 @@ def at_scale(problem: Problem) -> bool:
 
 BISECTIONS = 40
 """Halvings of the busy-time cap when a balanced split is sought."""
+
+
+def scale_space(problem: Problem, search: Search) -> KindGenetic:
+    """The kind-level space of the catalogue searches with :data:`MAX_MICROBATCHES`."""
+    space = KindGenetic(problem, search, GeneticConfig())
+    space.sizes = sizes_at_scale(problem)
+    return space
+
+
+def sizes_at_scale(problem: Problem) -> list[int]:
+    """The microbatch sizes of :func:`scale_space`, smallest first (the largest when none
+    splits the batch into few enough microbatches)."""
+    sizes = sorted(problem.microbatch_sizes())
+    few = [b for b in sizes if problem.global_batch // b <= MAX_MICROBATCHES]
+    return few or sizes[-1:]
 
 
 def balanced_split(space: KindGenetic, b: int, order: Sequence[int]) -> KindPlan | None:
@@ -106,7 +126,7 @@ def kind_env_config(
     balanced kind-level splits (:func:`agents.tapp.scale.balanced_seeds`) as action
     sequences (none without ``elite_starts``). The seeds are not evaluated: only PPO's own
     episodes are."""
-    space = KindGenetic(problem, search, GeneticConfig())
+    space = scale_space(problem, search)
     cat = space.cat
     config = {
         "profile": problem.profile,

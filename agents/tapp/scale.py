@@ -8,7 +8,7 @@ kind-level one of :mod:`agents.provision.tapp_kinds` decides stage boundaries, e
 option (a device type on a node kind) and the microbatch size, and chooses the node counts
 exactly for the structure's bottleneck (:func:`~agents.provision.counts.best_counts`), which
 is what the batch time needs too (a cost objective's price factor left out). This module
-reuses it, with three things the time objective on a large owned cluster needs:
+reuses it, with four things the time objective on a large owned cluster needs:
 
 - **Feasible seeds first.** Random boundaries on a 13B-70B model mostly leave a stage that
   fits on no node, so before the policy samples the search values the balanced kind-level
@@ -19,6 +19,9 @@ reuses it, with three things the time objective on a large owned cluster needs:
 - **Self-imitation.** Every update replays the ``elite`` best plans valued so far beside the
   samples, their decisions scored by the current policy (as the device-level TAPP's elite),
   so the policy learns the feasible region from the seeds instead of from its own rare hits.
+- **More microbatches.** The sizes searched split the batch into up to
+  :data:`agents.provision.scale.MAX_MICROBATCHES` microbatches, twice the catalogue
+  searches' cap: deep pipelines over hundreds of devices need them to fill.
 - **A stage count memory allows.** The partition network's initial boundary logit is set so
   that a sample has, in expectation, the fewest stages whose weights and optimiser state fit
   on the devices of the largest memory (:func:`stages_for_memory`), rather than one stage per
@@ -38,9 +41,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeplan.agents.problem import Problem
+from pipeplan.agents.problem import InfeasibleError, Problem
 from pipeplan.agents.provision.genetic_kinds import KindPlan
-from pipeplan.agents.provision.scale import at_scale, balanced_seeds
+from pipeplan.agents.provision.scale import at_scale, balanced_seeds, sizes_at_scale
 from pipeplan.agents.provision.tapp_kinds import KindPolicy, TAPPKinds
 from pipeplan.agents.provision.tapp_kinds import TAPPPlanner as CatalogueTAPPPlanner
 from pipeplan.agents.search import Search
@@ -69,6 +72,7 @@ class ScaleTAPP(TAPPKinds):
 
     def __init__(self, problem: Problem, search: Search, config: TAPPConfig):
         super().__init__(problem, search, config)
+        self.space.sizes = sizes_at_scale(problem)
         want = min(stages_for_memory(problem), self.max_stages)
         self.cut_bias = cut_logit(want, self.L)
 
@@ -117,6 +121,22 @@ class ScaleTAPP(TAPPKinds):
             if self.elite():
                 self.space.polish(self.elite()[0])
         super().run()
+        if self.search.best_plan is None and self.search.evaluations:
+            raise InfeasibleError(self.why_infeasible())
+
+    def why_infeasible(self) -> str:
+        """The search's reason, and what binds in the kind-level space: a stage takes whole
+        nodes, so there are at most as many stages as nodes, against the stages the
+        weights and optimiser state alone need on the largest devices."""
+        p = self.problem
+        state = rules.OPTIMIZER_COPIES * sum(x.params_bytes for x in p.profile.layers)
+        largest = max(p.cluster.device_types.values(), key=lambda t: t.memory_bytes)
+        return (
+            f"{self.search.why_infeasible()}; by kinds and counts a stage takes whole nodes, "
+            f"so at most {self.max_stages} stages on the {len(p.cluster.nodes)} nodes, and "
+            f"the weights and optimiser state ({state / rules.GB:,.0f} GB) need at least "
+            f"{stages_for_memory(p)} stages of {largest.name}'s {largest.memory_gb:g} GB"
+        )
 
 
 class TAPPPlanner(CatalogueTAPPPlanner):

@@ -121,3 +121,5 @@ def test_nothing_fits_is_refused_with_the_memory_that_binds() -> None:
     with pytest.raises(InfeasibleError) as e:
         make_planner("tapp", **SHORT).plan(p)
     assert "memory" in str(e.value)
+    assert "at most 7 stages on the 7 nodes" in str(e.value)
+    assert "(1,440 GB) need at least 18 stages of big's 80 GB" in str(e.value)

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from pipeplan.agents.baselines.genetic import GeneticConfig
 from pipeplan.agents.problem import Budget, Problem
 from pipeplan.agents.provision.exact import found_batch
-from pipeplan.agents.provision.genetic_kinds import KindGenetic, KindPlan
-from pipeplan.agents.provision.scale import kind_actions, kind_env_config
+from pipeplan.agents.provision.genetic_kinds import KindPlan
+from pipeplan.agents.provision.scale import kind_actions, kind_env_config, scale_space
 from pipeplan.agents.search import Search
 from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
@@ -83,7 +82,7 @@ def test_gymnasium_checks_pass_without_warnings() -> None:
 
 def test_actions_of_a_kind_plan_build_the_plan_the_kind_planners_make() -> None:
     p = problem()
-    space = KindGenetic(p, Search(p, "x", {}), GeneticConfig())
+    space = scale_space(p, Search(p, "x", {}))
     plan = KindPlan((0, 5, 6, 8), ((0, 1), (1, 2), (2, 1)), space.sizes[1])
     env = KindPlacementEnv(config(p))
     info = run(env, list(kind_actions(space.sizes, space.cat, plan)))
@@ -100,7 +99,7 @@ def test_phases_and_masks() -> None:
     assert phase(inst, env.state) == SIZE
     assert obs["action_mask"][: inst.option_offset].all()
     assert not obs["action_mask"][inst.option_offset :].any()
-    env.step(0)  # the smallest size
+    env.step(0)  # the smallest size, one sample
     assert phase(inst, env.state) == OPTION
     env.step(inst.option_offset + 1)  # the small GPUs: three nodes
     assert phase(inst, env.state) == NODES
@@ -134,7 +133,7 @@ def test_the_last_nodes_must_take_the_rest() -> None:
 def test_elite_starts_replay_a_prefix() -> None:
     p = problem()
     env = KindPlacementEnv({**config(p), "elite_starts": 1.0})
-    space = KindGenetic(p, Search(p, "x", {}), GeneticConfig())
+    space = scale_space(p, Search(p, "x", {}))
     plan = KindPlan((0, 5, 6, 8), ((0, 1), (1, 2), (2, 1)), space.sizes[1])
     elite = kind_actions(space.sizes, space.cat, plan)
     env.set_elites({p.profile.name: [elite]})
