@@ -112,6 +112,8 @@ def _plan_in_child(conn: Connection, name: str, problem: Problem) -> None:
             "evaluations": r.evaluations,
             "search_s": r.wall_time_s,
         }
+        if "searched" in r.options:  # a planner that narrowed its space says to which
+            doc["searched"] = r.options["searched"]
     except PipeplanError as e:
         doc = {"status": "failed", "error": _first_line(e)}
     except Exception as e:  # a planner's bug: recorded, and the sweep goes on
