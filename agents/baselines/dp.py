@@ -51,7 +51,7 @@ import numpy as np
 
 from pipeplan.agents.baselines.brute import DeviceClass, device_classes
 from pipeplan.agents.baselines.dp_kinds import Space as KindSpace
-from pipeplan.agents.baselines.dp_kinds import search_kinds
+from pipeplan.agents.baselines.dp_kinds import memory_binds, search_kinds
 from pipeplan.agents.baselines.dp_table import (
     BottleneckDP,
     Candidate,
@@ -203,8 +203,7 @@ class DPPlanner(Planner):
             raise InfeasibleError(
                 f"dp on {problem.profile.name!r} / cluster {problem.cluster.name!r}, by kind: "
                 "no plan of node-exclusive one-type stages on whole nodes fits in memory for "
-                f"any microbatch size {list(sizes)}"
-                + memory_hint(problem, device_classes(problem.cluster))
+                f"any microbatch size {list(sizes)}" + memory_binds(problem, tables, catalogue)
             )
         evaluate_found(search, catalogue, [f for _, f in ranked[: self.config.simulated]])
 

@@ -113,6 +113,16 @@ class KindDP:
         available = np.array(self.catalogue.available)
         return reachable(H, available, self.link <= T)[0]
 
+    def farthest(self) -> int:
+        """The most leading layers any plan of the space holds in memory (``L``: all)."""
+        values = self.targets()
+        if not len(values):
+            return 0
+        T = float(values[-1])  # every stage that fits in memory, every cut
+        H, _ = self.covers(T)
+        _, reach = reach_table(H, np.array(self.catalogue.available), self.link <= T)
+        return int(np.flatnonzero(reach[-1]).max())
+
     # --- the optimum and its neighbours ----------------------------------------------------
 
     def targets(self) -> FloatArray:
@@ -211,6 +221,25 @@ def kind_cover(C: FloatArray, cut_ok: np.ndarray) -> tuple[FloatArray, np.ndarra
     return H, via
 
 
+def reach_table(
+    H: FloatArray, available: np.ndarray, cut_ok: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``fits[k, i, j]``: kind ``k``'s count covers ``[i, j)`` ending at an allowed cut; and
+    ``reach[s, j]``: blocks of the kinds in subset ``s`` cover layers ``[0, j)``."""
+    K, n, _ = H.shape
+    end_ok = cut_ok.copy()
+    end_ok[n - 1] = True
+    fits = (available[:, None, None] >= H) & end_ok[None, None, :]  # (K, n, n)
+    reach = np.zeros((1 << K, n), dtype=bool)
+    reach[0, 0] = True
+    for mask in range(1, 1 << K):
+        for k in range(K):
+            if mask >> k & 1:
+                prev = reach[mask ^ (1 << k)]
+                reach[mask] |= prev | (fits[k] & prev[:, None]).any(0)
+    return fits, reach
+
+
 def reachable(
     H: FloatArray, available: np.ndarray, cut_ok: np.ndarray
 ) -> tuple[bool, list[tuple[int, int, int]]]:
@@ -220,16 +249,7 @@ def reachable(
     at, so the ``K!`` orders cost ``2^K K`` steps."""
     K, n, _ = H.shape
     L = n - 1
-    end_ok = cut_ok.copy()
-    end_ok[L] = True
-    fits = (available[:, None, None] >= H) & end_ok[None, None, :]  # (K, n, n)
-    reach = np.zeros((1 << K, n), dtype=bool)
-    reach[0, 0] = True
-    for mask in range(1, 1 << K):
-        for k in range(K):
-            if mask >> k & 1:
-                prev = reach[mask ^ (1 << k)]
-                reach[mask] |= prev | (fits[k] & prev[:, None]).any(0)
+    fits, reach = reach_table(H, available, cut_ok)
     mask = (1 << K) - 1
     if not reach[mask, L]:
         return False, []
@@ -280,6 +300,23 @@ def rank(
         values = problem.score(res.batch_time_s, res.fits, res.cost_per_hour)
         out += [(float(v), f) for v, f in zip(values, group, strict=True) if np.isfinite(v)]
     return sorted(out, key=lambda vf: vf[0])
+
+
+def memory_binds(problem: Problem, tables: CostTables, catalogue: Catalogue) -> str:
+    """Why no plan of the space fits: at the microbatch size that gets farthest, the first
+    layer the cluster's nodes cannot also hold, and the types tried."""
+    reach = {
+        b: KindDP(problem, catalogue, StageCosts(problem, tables, catalogue, b)).farthest()
+        for b in problem.microbatch_sizes()
+    }
+    b = max(reach, key=lambda k: (reach[k], -k))
+    layer = problem.profile.layers[min(reach[b], len(problem.profile) - 1)]
+    types = sorted({opt.type for opt in catalogue.options})
+    return (
+        f"; memory binds: at best (microbatch {b}) the nodes of {types} hold layers "
+        f"[0, {reach[b]}) of {len(problem.profile)}, and no stage from there on fits layer "
+        f"{layer.name!r} as well"
+    )
 
 
 def kind_table_size(problem: Problem, catalogue: Catalogue) -> int:

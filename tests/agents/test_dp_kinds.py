@@ -165,6 +165,15 @@ def test_kind_search_refuses_too_many_kinds_naming_the_bound() -> None:
         make_planner("dp", space="kinds", max_states=1_000_000).plan(problem)
 
 
+def test_kind_search_under_1f1b_answers_plans_that_fit() -> None:
+    """Under 1F1B memory is checked as for a first stage of as many stages as layers: the
+    answer fits in the cost model's memory and is its value."""
+    problem = Problem(chain(8), scale_cluster(3), global_batch=32, schedule=Schedule.ONE_F_ONE_B)
+    result = make_planner("dp", space="kinds").plan(problem)
+    assert result.estimate.fits
+    assert result.value == pytest.approx(result.estimate.batch_time_s, rel=1e-9)
+
+
 def test_space_devices_refuses_beyond_max_states() -> None:
     problem = Problem(chain(12), scale_cluster(6), global_batch=64)
     with pytest.raises(ProblemError, match=r"more than max_states .* search by kind"):
@@ -186,13 +195,19 @@ def test_bad_kind_options_are_refused(options: dict[str, object], message: str) 
         make_planner("dp", **options)
 
 
-def test_kind_search_says_memory_binds_when_nothing_fits() -> None:
-    """A layer larger than every device: the refusal names the layer and the microbatch."""
-    huge = dataclasses.replace(
-        chain(3), layers=tuple(dataclasses.replace(x, params_bytes=10**11) for x in chain(3).layers)
+@pytest.mark.parametrize(("huge", "held"), [((0, 1, 2), 0), ((2,), 2)])
+def test_kind_search_says_where_memory_binds(huge: tuple[int, ...], held: int) -> None:
+    """Layers larger than every device: the refusal names the microbatch size, how many
+    leading layers the nodes hold and the first layer they cannot."""
+    base = chain(3)
+    layers = tuple(
+        dataclasses.replace(x, params_bytes=10**11) if i in huge else x
+        for i, x in enumerate(base.layers)
     )
-    problem = Problem(huge, scale_cluster(2), global_batch=8, schedule=Schedule.GPIPE)
+    problem = Problem(dataclasses.replace(base, layers=layers), scale_cluster(2), global_batch=8)
     with pytest.raises(
-        InfeasibleError, match=r"by kind: no plan .* fits in memory.*layer 'l0' alone needs"
+        InfeasibleError,
+        match=r"by kind: no plan .* fits in memory .*; memory binds: at best \(microbatch 1\) "
+        rf"the nodes of \['big', 'small'\] hold layers \[0, {held}\) of 3, .* layer 'l{held}'",
     ):
         make_planner("dp", space="kinds").plan(problem)
