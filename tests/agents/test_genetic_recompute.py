@@ -79,8 +79,8 @@ def test_a_plan_that_fits_is_left_as_it_is() -> None:
 
 
 def test_genetic_answers_with_recomputing_stages() -> None:
-    p = problem()
-    result = make_planner("genetic", population=16, generations=10).plan(p)
+    p = problem(evaluations=120)
+    result = make_planner("genetic", population=8, generations=3).plan(p)
     assert result.estimate.fits and result.plan.recomputing
     assert simulate(result.plan, p.profile, p.cluster).fits
 
