@@ -10,7 +10,9 @@ of :class:`envs.kind_env.KindPlacementEnv` and a kind-level plan as that MDP's a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,14 @@ def at_scale(problem: Problem) -> bool:
 
 BISECTIONS = 40
 """Halvings of the busy-time cap when a balanced split is sought."""
+
+
+FIRST_MICROBATCHES = 32
+"""The microbatch count whose balanced splits :func:`balanced_seeds` tries first."""
+
+
+PPO_SEEDS = 8
+"""Balanced splits ``ppo``'s episodes may start from (:func:`kind_env_config`)."""
 
 
 def scale_space(problem: Problem, search: Search) -> KindGenetic:
@@ -105,25 +115,33 @@ def balanced_split(space: KindGenetic, b: int, order: Sequence[int]) -> KindPlan
     return plan if plan is not None else KindPlan(bounds, tuple((o, 1) for o in options), b)
 
 
-def balanced_seeds(space: KindGenetic) -> list[KindPlan]:
-    """:func:`balanced_split` for every microbatch size over the options by FLOP/s, by
-    memory, and each option alone."""
+def balanced_seeds(space: KindGenetic) -> Iterator[KindPlan]:
+    """:func:`balanced_split` over the options by FLOP/s, by memory, and each option alone,
+    each for every microbatch size, those nearest :data:`FIRST_MICROBATCHES` microbatches
+    first (a caller short of time stops early with the likeliest ones); distinct plans."""
     types = space.problem.cluster.device_types
     opts = space.cat.options
     by_flops = sorted(range(len(opts)), key=lambda o: -types[opts[o].type].flops)
     by_memory = sorted(range(len(opts)), key=lambda o: -types[opts[o].type].memory_gb)
     orders = [by_flops, by_memory, *([o] for o in range(len(opts)))]
-    found = [balanced_split(space, b, order) for b in space.sizes for order in orders]
-    return list(dict.fromkeys(p for p in found if p is not None))
+    B = space.problem.global_batch
+    sizes = sorted(space.sizes, key=lambda b: abs(math.log(B / b / FIRST_MICROBATCHES)))
+    seen: set[KindPlan] = set()
+    for order in orders:
+        for b in sizes:
+            plan = balanced_split(space, b, order)
+            if plan is not None and plan not in seen:
+                seen.add(plan)
+                yield plan
 
 
 def kind_env_config(
     problem: Problem, search: Search, elite_starts: float
 ) -> tuple[dict[str, Any], list[Actions]]:
     """The config of :class:`envs.kind_env.KindPlacementEnv` for a problem at scale
-    (:func:`agents.tapp.scale.at_scale`): the catalogue's options and nodes, and the
+    (:func:`at_scale`): the catalogue's options and nodes, and the
     microbatch sizes of the kind-level searches; and, as elites to start episodes from, the
-    balanced kind-level splits (:func:`agents.tapp.scale.balanced_seeds`) as action
+    first :data:`PPO_SEEDS` balanced kind-level splits (:func:`balanced_seeds`) as action
     sequences (none without ``elite_starts``). The seeds are not evaluated: only PPO's own
     episodes are."""
     space = scale_space(problem, search)
@@ -142,7 +160,8 @@ def kind_env_config(
     }
     if elite_starts == 0:
         return config, []
-    return config, [kind_actions(space.sizes, cat, p) for p in balanced_seeds(space)]
+    seeds = islice(balanced_seeds(space), PPO_SEEDS)
+    return config, [kind_actions(space.sizes, cat, p) for p in seeds]
 
 
 def kind_actions(sizes: Sequence[int], cat: Catalogue, plan: KindPlan) -> tuple[int, ...]:

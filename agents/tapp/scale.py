@@ -115,11 +115,15 @@ class ScaleTAPP(TAPPKinds):
         return logp + slack.log_prob(torch.zeros(len(plans), dtype=torch.int64))
 
     def run(self) -> None:
-        seeds = balanced_seeds(self.space) + self.space.seeds(self.config.batch_size)
-        if seeds and not self.search.exhausted():
-            self.space.fitness(seeds)
-            if self.elite():
-                self.space.polish(self.elite()[0])
+        space = self.space
+        for plan in balanced_seeds(space):  # each valued as it comes: the likeliest first
+            if self.search.exhausted():
+                break
+            space.fitness([plan])
+        if not self.search.exhausted():
+            space.fitness(space.seeds(self.config.batch_size))
+        if self.elite() and not self.search.exhausted():
+            space.polish(self.elite()[0])
         super().run()
         if self.search.best_plan is None and self.search.evaluations:
             raise InfeasibleError(self.why_infeasible())

@@ -52,7 +52,7 @@ def owned(counts: bool = True) -> ClusterSpec:
 
 
 def problem(cluster: ClusterSpec | None = None, **kw: object) -> Problem:
-    kw.setdefault("budget", Budget(None, 30.0))
+    kw.setdefault("budget", Budget(300, None))
     kw.setdefault("objective", Objective.TIME)
     return Problem(chain(), cluster or owned(), global_batch=64, **kw)  # type: ignore[arg-type]
 
@@ -81,14 +81,14 @@ def test_tapp_plans_by_kind_seeded_and_no_worse_than_its_seeds() -> None:
         assert nodes == [f"{kind}-{k}" for k in range(start, start + len(nodes))]
         taken[kind] = start + len(nodes)
     space = KindGenetic(p, Search(p, "x", {}), GeneticConfig())
-    seeds = balanced_seeds(space)
+    seeds = list(balanced_seeds(space))
     plans = [found_batch(space.cat, [s.found()]).plan(0, p.cluster, 64, p.schedule) for s in seeds]
     best_seed = min(simulate(q, p.profile, p.cluster).batch_time_s for q in plans)
     assert first.value <= best_seed
 
 
 def test_tapp_stays_device_level_without_counts() -> None:
-    p = problem(owned(counts=False), budget=Budget(200, None))
+    p = problem(owned(counts=False), budget=Budget(64, None))
     ours = make_planner("tapp", **SHORT).plan(p)
     theirs = DeviceTAPP(**SHORT).plan(p)
     assert ours.plan == theirs.plan and ours.value == theirs.value
