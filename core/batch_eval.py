@@ -245,35 +245,22 @@ class BatchEvaluator:
         (fwd, bwd), (fwd_last, bwd_last) = times_of[0], times_of[-1]
         lat, bps, rlat, rbps = self._links(batch, valid, dev)
         x = tb.cuts[batch.bounds[:, 1:-1]]  # (P, S-1) bytes per sample at each cut
-        b, nl = mb.astype(np.float64), n_last.astype(np.float64)
+        b = mb.astype(np.float64)
         start, end = batch.bounds[:, :-1], batch.bounds[:, 1:]
         params = tb.params(start, end)
         update = rules.update_s(
             params, _over_replicas(np.minimum, np.where(valid, tb.dev_membw[dev], np.inf))
         )
-        accumulation = rules.accumulation_s(update, m)
-        down = rules.transfer_s(x * b[:, :-1], bps, lat)
-        up = rules.transfer_s(x * b[:, 1:], bps, lat)
-        bwd = bwd + accumulation
-        times = _Times(
-            fwd=(fwd, fwd_last),
-            bwd=(bwd, bwd_last + accumulation if remainder else bwd),
-            down=(down, rules.transfer_s(x * nl[:, :-1], bps, lat) if remainder else down),
-            up=(up, rules.transfer_s(x * nl[:, 1:], bps, lat) if remainder else up),
+        last, warmups = stage_ends(
+            (fwd, fwd_last),
+            (bwd, bwd_last),
+            rules.accumulation_s(update, m),
+            (x, bps, lat),
+            mb,
+            B,
+            schedule,
+            self.over_microbatches,
         )
-        warmups = np.zeros(mb.shape, dtype=np.int64)
-        if schedule is Schedule.GPIPE:
-            if self.over_microbatches:
-                last = _gpipe_scan(times, mb, m, B, remainder)
-            else:
-                last = _gpipe(times, mb, m, B)
-        else:
-            last = np.zeros(fwd.shape)
-            sizes, group = np.unique(mb, axis=0, return_inverse=True)
-            for g, key in enumerate(sizes):
-                rows = np.flatnonzero(group.reshape(-1) == g)
-                last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
-            warmups = population_warmups(mb, B)
         batch_time = (last + update + rules.allreduce_s(params, r, rbps, rlat)).max(-1)
         batch_time = batch_time + tb.step_overhead  # rule 8c
         held = rules.held_microbatches(schedule, b, B, warmups)
@@ -288,6 +275,48 @@ class BatchEvaluator:
         price = _over_replicas(np.add, np.where(valid, tb.dev_price[dev], 0.0)).sum(-1)
         fits = (memory <= capacity).all(-1)
         return BatchResult(batch_time, fits, ratio, price, global_batch, least)
+
+
+def stage_ends(
+    fwd: Pair,
+    bwd: Pair,
+    accumulation: FloatArray,
+    cuts: tuple[FloatArray, FloatArray, FloatArray],
+    mb: IntArray,
+    B: int,
+    schedule: Schedule,
+    over_microbatches: bool = True,
+) -> tuple[FloatArray, IntArray]:
+    """Rules 2b and 4-7 over a population: (P, S) the end of each stage's last backward, and
+    (P, S) the 1F1B warm-ups (zeros under GPipe). ``fwd`` and ``bwd``: (P, S) op times of a
+    full microbatch and of each stage's last one, before rule 2b's ``accumulation``; ``cuts``:
+    (P, S-1) bytes per sample at each cut, and its link's bytes/s and latency. Shared by the
+    device-level evaluator and the kind-level one (:mod:`core.kind_tables`)."""
+    m = microbatch_count(B, mb)
+    n_last = B - (m - 1) * mb
+    remainder = bool((n_last != mb).any())
+    x, bps, lat = cuts
+    b, nl = mb.astype(np.float64), n_last.astype(np.float64)
+    down = rules.transfer_s(x * b[:, :-1], bps, lat)
+    up = rules.transfer_s(x * b[:, 1:], bps, lat)
+    full = bwd[0] + accumulation
+    times = _Times(
+        fwd=fwd,
+        bwd=(full, bwd[1] + accumulation if remainder else full),
+        down=(down, rules.transfer_s(x * nl[:, :-1], bps, lat) if remainder else down),
+        up=(up, rules.transfer_s(x * nl[:, 1:], bps, lat) if remainder else up),
+    )
+    warmups = np.zeros(mb.shape, dtype=np.int64)
+    if schedule is Schedule.GPIPE:
+        if over_microbatches:
+            return _gpipe_scan(times, mb, m, B, remainder), warmups
+        return _gpipe(times, mb, m, B), warmups
+    last = np.zeros(fwd[0].shape)
+    sizes, group = np.unique(mb, axis=0, return_inverse=True)
+    for g, key in enumerate(sizes):
+        rows = np.flatnonzero(group.reshape(-1) == g)
+        last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
+    return last, population_warmups(mb, B)
 
 
 def _over_replicas(op: np.ufunc, a: np.ndarray) -> np.ndarray:

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeplan.core import rules
-from pipeplan.core.batch_eval import BatchResult, _gpipe_scan, _one_f_one_b, _Times
+from pipeplan.core.batch_eval import BatchResult, stage_ends
 from pipeplan.core.errors import PlanError
 from pipeplan.core.plan import Schedule
-from pipeplan.core.schedules import microbatch_count, population_warmups
+from pipeplan.core.schedules import microbatch_count
 from pipeplan.core.tables import INTER, INTRA, CostTables
 
 IntArray = np.ndarray
@@ -70,38 +70,20 @@ def evaluate_kinds(
     price = np.array([cluster.device_types[t].price_per_hour for t in tables.types])
     m = microbatch_count(B, mb)
     n_last = B - (m - 1) * mb
-    remainder = bool((n_last != mb).any())
     t, start, end = batch.type_index, batch.bounds[:, :-1], batch.bounds[:, 1:]
     fwd, bwd = _op_times(tables, t, start, end, rules.replica_samples(mb, r, 0))
     fwd_last, bwd_last = _op_times(tables, t, start, end, rules.replica_samples(n_last, r, 0))
     params = tables.params(start, end)
     update = rules.update_s(params, membw[t])
+    cuts = (tables.cuts[batch.bounds[:, 1:-1]], tables.link_bps[INTER], tables.link_lat[INTER])
     accumulation = rules.accumulation_s(update, m)
-    lat, bps = tables.link_lat[INTER], tables.link_bps[INTER]
-    x = tables.cuts[batch.bounds[:, 1:-1]]
-    b, nl = mb.astype(np.float64), n_last.astype(np.float64)
-    down = rules.transfer_s(x * b[:, :-1], bps, lat)
-    up = rules.transfer_s(x * b[:, 1:], bps, lat)
-    bwd = bwd + accumulation
-    times = _Times(
-        fwd=(fwd, fwd_last),
-        bwd=(bwd, bwd_last + accumulation if remainder else bwd),
-        down=(down, rules.transfer_s(x * nl[:, :-1], bps, lat) if remainder else down),
-        up=(up, rules.transfer_s(x * nl[:, 1:], bps, lat) if remainder else up),
+    last, warmups = stage_ends(
+        (fwd, fwd_last), (bwd, bwd_last), accumulation, cuts, mb, B, schedule
     )
-    warmups = np.zeros(mb.shape, dtype=np.int64)
-    if schedule is Schedule.GPIPE:
-        last = _gpipe_scan(times, mb, m, B, remainder)
-    else:
-        last = np.zeros(fwd.shape)
-        sizes, group = np.unique(mb, axis=0, return_inverse=True)
-        for g, key in enumerate(sizes):
-            rows = np.flatnonzero(group.reshape(-1) == g)
-            last[rows] = _one_f_one_b(times.rows(rows), tuple(int(v) for v in key), B)
-        warmups = population_warmups(mb, B)
     ring = np.where(batch.nodes > 1, INTER, INTRA)
     allreduce = rules.allreduce_s(params, r, tables.ring_bps[ring], tables.ring_lat[ring])
     batch_time = (last + update + allreduce).max(-1) + tables.step_overhead
+    b = mb.astype(np.float64)
     held = rules.held_microbatches(schedule, b, B, warmups)
     memory = rules.memory_bytes(params, tables.acts(start, end), rules.replica_share(b, r), held)
     cap = capacity[t]

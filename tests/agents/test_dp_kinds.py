@@ -17,24 +17,18 @@ from pipeplan.agents.baselines.dp_table import table_size
 from pipeplan.agents.provision.exact import Found, found_batch
 from pipeplan.agents.provision.kinds import Catalogue, StageCosts
 from pipeplan.core.batch_eval import BatchEvaluator
-from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.plan import Schedule
 from pipeplan.core.tables import CostTables
 from tests.agents.test_exact import chain
-from tests.core.strategies import TYPES, clusters, profiles
+from tests.core.strategies import kind_clusters, profiles
 
 
 @st.composite
 def kind_problems(draw: st.DrawFn) -> Problem:
     """A small profile on a cluster of one to three node kinds (``count: N``)."""
     profile = draw(profiles(min_layers=2, max_layers=5))
-    base = draw(clusters())
-    kinds = []
-    for k in range(draw(st.integers(1, 3))):
-        types = draw(st.sets(st.sampled_from(TYPES), min_size=1, max_size=2))
-        devices = {t: draw(st.integers(1, 3)) for t in sorted(types)}
-        kinds.append(Node(f"k{k}", devices, count=draw(st.integers(1, 3))))
-    cluster = dataclasses.replace(base, nodes=tuple(kinds))
+    cluster = draw(kind_clusters(max_devices=3))
     batch = draw(st.sampled_from((4, 6, 8)))
     return Problem(profile, cluster, global_batch=batch, microbatches=draw(st.sampled_from((1, 2))))
 

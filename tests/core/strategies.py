@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from pipeplan.core.calibration import Calibration, CallOverhead
@@ -68,6 +70,19 @@ def clusters(draw: st.DrawFn) -> ClusterSpec:
         Link(draw(st.floats(0.1, 50)), draw(st.floats(0, 200)), *draw(ring_rates(0.1, 50, 200))),
     )
     return ClusterSpec("random", types, tuple(nodes), net, calibration=draw(calibrations()))
+
+
+@st.composite
+def kind_clusters(draw: st.DrawFn, max_devices: int = 4) -> ClusterSpec:
+    """A cluster of one to three node kinds (``count: N`` entries, one to three nodes each),
+    each node with one or two device types."""
+    base = draw(clusters())
+    kinds = []
+    for k in range(draw(st.integers(1, 3))):
+        types = draw(st.sets(st.sampled_from(TYPES), min_size=1, max_size=2))
+        devices = {t: draw(st.integers(1, max_devices)) for t in sorted(types)}
+        kinds.append(Node(f"k{k}", devices, count=draw(st.integers(1, 3))))
+    return dataclasses.replace(base, nodes=tuple(kinds))
 
 
 def ring_rates(

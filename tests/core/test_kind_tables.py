@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeplan.core.batch_eval import BatchEvaluator, PlanBatch
-from pipeplan.core.cluster import ClusterSpec, Node
+from pipeplan.core.cluster import ClusterSpec
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.errors import PlanError
 from pipeplan.core.kind_tables import KindBatch, evaluate_kinds
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import LayerProfile, ModelProfile
 from pipeplan.core.tables import CostTables
-from tests.core.strategies import TYPES, clusters, divisors, profiles
+from tests.core.strategies import divisors, kind_clusters, profiles
 
 KindStage = tuple[str, str, int, int]  # (node kind, device type, devices per node, nodes)
 
@@ -46,24 +44,21 @@ def kind_cases(draw: st.DrawFn) -> tuple[ModelProfile, ClusterSpec, list[KindSta
     """A profile, a cluster of node kinds (``count: N``), and a node-exclusive plan on it:
     stages on part of a node, on several nodes, on different kinds."""
     profile = draw(profiles(min_layers=2, max_layers=8))
-    base = draw(clusters())
-    kinds = []
-    for k in range(draw(st.integers(1, 3))):
-        types = draw(st.sets(st.sampled_from(TYPES), min_size=1, max_size=2))
-        devices = {t: draw(st.integers(1, 4)) for t in sorted(types)}
-        kinds.append(Node(f"k{k}", devices, count=draw(st.integers(1, 3))))
-    cluster = dataclasses.replace(base, nodes=tuple(kinds))
-    left = {n.name: n.count or 1 for n in kinds}
+    cluster = draw(kind_clusters())
+    shape = {n.kind: n for n in cluster.nodes}  # a node of each kind
+    kinds = list(shape.values())
+    left = {k: sum(n.kind == k for n in cluster.nodes) for k in shape}
     S = draw(st.integers(1, min(len(profile), sum(left.values()))))
     stages: list[KindStage] = []
     for s in range(S):
-        node = draw(st.sampled_from([n for n in kinds if left[n.name]]))
+        node = draw(st.sampled_from([n for n in kinds if left[n.kind]]))
+        kind = str(node.kind)
         dtype = draw(st.sampled_from(sorted(node.devices)))
         per_node = draw(st.integers(1, node.devices[dtype]))
         spare = sum(left.values()) - (S - s)  # nodes beyond one for each stage still to place
-        nodes = draw(st.integers(1, min(left[node.name], 1 + spare)))
-        left[node.name] -= nodes
-        stages.append((node.name, dtype, per_node, nodes))
+        nodes = draw(st.integers(1, min(left[kind], 1 + spare)))
+        left[kind] -= nodes
+        stages.append((kind, dtype, per_node, nodes))
     batch = draw(st.integers(1, 24))
     sizes = draw(st.sampled_from((divisors(batch), list(range(1, batch + 1)))))
     mb = draw(st.sampled_from(sizes))
