@@ -50,8 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeplan.agents.baselines.brute import DeviceClass, device_classes
-from pipeplan.agents.baselines.dp_kinds import Space as KindSpace
-from pipeplan.agents.baselines.dp_kinds import memory_binds, search_kinds
+from pipeplan.agents.baselines.dp_kinds import Searched, memory_binds, search_kinds
 from pipeplan.agents.baselines.dp_table import (
     BottleneckDP,
     Candidate,
@@ -196,7 +195,7 @@ class DPPlanner(Planner):
         tables = search.evaluator.tables
         catalogue = Catalogue.of(problem.cluster, tables)
         sizes = tuple(problem.microbatch_sizes())
-        searched = KindSpace(len(catalogue.options), len(catalogue.kinds), sizes)
+        searched = Searched(len(catalogue.options), len(catalogue.kinds), sizes)
         search.options["searched"] = searched.describe()
         ranked = search_kinds(problem, tables, catalogue, self.config.max_states)
         if not ranked:

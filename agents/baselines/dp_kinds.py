@@ -54,7 +54,7 @@ LADDER_SPAN = 2.0
 
 
 @dataclass(frozen=True)
-class Space:
+class Searched:
     """What the kind-level search covered, for the result's options."""
 
     options: int
