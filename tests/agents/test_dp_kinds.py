@@ -59,7 +59,7 @@ def brute_bottleneck(dp: KindDP) -> float:
     return best
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind_problems())
 def test_kind_dp_finds_the_least_bottleneck_of_its_space(problem: Problem) -> None:
     """The bisection's least feasible target equals enumeration's least bottleneck, and the
