@@ -339,6 +339,7 @@ class _Run:
     plan: Plan
     spec: ClusterSpec
     predicted: float | None
+    """The plan's predicted step time, once known (the profile may be made on demand)."""
     config: TrainConfig
     steps: dict[int, TrainStep] = field(default_factory=dict)
     segment: list[TrainStep] = field(default_factory=list)
@@ -370,7 +371,7 @@ def elastic_train(
     elastic = elastic or ElasticConfig()
     spec = live_spec(cluster)
     first = _first_step(config)
-    run = _Run(plan, spec, _predict(replanner, plan, spec), config, checkpoint_step=first)
+    run = _Run(plan, spec, None, config, checkpoint_step=first)  # predicted when needed
     run.checkpoint = checkpoint.resolve(config.resume) if config.resume is not None else None
     losses = 0
     while True:
@@ -455,7 +456,10 @@ def _after_loss(
     trained = max(run.steps, default=run.checkpoint_step - 1) + 1
     redone = max(0, trained - run.checkpoint_step)
     cause = str(error).splitlines()[0]
-    previous, previous_predicted = run.plan, run.predicted
+    previous = run.plan
+    previous_predicted = run.predicted
+    if previous_predicted is None:
+        previous_predicted = run.predicted = _predict(replanner, previous, run.spec)
     t0 = time.perf_counter()
     if gone:
         reason: Reason = "node_lost"

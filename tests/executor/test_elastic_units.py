@@ -188,7 +188,9 @@ def test_a_timeout_with_every_node_there_is_not_a_loss(
         elastic._after_loss(run, timeout, SPEC, FixedReplanner(1.0, 2.0), fast, seen.append)
     assert seen == []
     died = StageFailedError(0, 0, "n1/mid:0", "n1", "step 7: the actor died (ActorDiedError)")
+    run.predicted = None  # not predicted yet: the profile is made when first needed
     elastic._after_loss(run, died, SPEC, FixedReplanner(1.0, 2.0), fast, seen.append)
     (event,) = seen
     assert event.reason == "actor_lost" and not event.switched and run.plan == OLD
+    assert event.predicted_step_s == event.previous_predicted_step_s == 2.0
     assert run.config.resume == tmp_path / "step-00000005" and event.step == 5
