@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from pipeplan.core.costmodel import simulate
 from pipeplan.envs.config import instances_from_config
 from pipeplan.envs.mdp import (
     action_mask,
@@ -18,17 +16,16 @@ from pipeplan.envs.mdp import (
     exploring_start,
     initial_state,
     is_terminal,
-    legal_action,
     observation_size,
     observe,
-    plan_value,
     reward,
     to_plan,
     transition,
 )
+from pipeplan.envs.shell import MDP, MaskedShell
 
 
-class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
+class PlacementEnv(MaskedShell):
     """Place a model's layers, one per step, into pipeline stages on a heterogeneous cluster.
 
     ## Description
@@ -161,6 +158,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+    mdp = MDP(action_mask, observe, is_terminal, transition, to_plan, reward)
     action_space: spaces.Discrete
     observation_space: spaces.Dict
 
@@ -189,10 +187,6 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
             for name, seqs in elites.items()
         }
 
-    def _obs(self) -> dict[str, np.ndarray]:
-        self.mask = action_mask(self.instance, self.state)  # step() checks the action on it
-        return {"observations": observe(self.instance, self.state), "action_mask": self.mask}
-
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -206,19 +200,3 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
             self.state, start = exploring_start(self.instance, rng)
         self.actions = list(start)
         return self._obs(), {"profile": self.instance.profile.name}
-
-    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        if is_terminal(self.instance, self.state):
-            raise RuntimeError("step() after the episode ended; call reset()")
-        chosen = legal_action(self.mask, int(action))
-        self.state = transition(self.instance, self.state, chosen)
-        self.actions.append(chosen)
-        info: dict[str, Any] = {"action": chosen, "repaired": chosen != int(action)}
-        if not is_terminal(self.instance, self.state):
-            return self._obs(), 0.0, False, False, info
-        plan = to_plan(self.instance, self.state)
-        est = simulate(plan, self.instance.profile, self.instance.cluster)
-        value = plan_value(self.instance, est)
-        info.update(plan=plan, estimate=est, value=value, feasible=bool(np.isfinite(value)))
-        info["actions"] = tuple(self.actions)
-        return self._obs(), float(reward(self.instance, value)), True, False, info

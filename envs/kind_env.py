@@ -6,26 +6,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from pipeplan.core.costmodel import simulate
 from pipeplan.envs.config import EnvConfigError
 from pipeplan.envs.kinds import (
     action_mask,
     initial_state,
     is_terminal,
-    legal_action,
     make_kind_instance,
     observation_size,
     observe,
-    plan_value,
     replay,
     reward,
     to_plan,
     transition,
 )
+from pipeplan.envs.shell import MDP, MaskedShell
 
 KEYS = (
     "profile",
@@ -42,7 +39,7 @@ KEYS = (
 )
 
 
-class KindPlacementEnv(gym.Env[dict[str, np.ndarray], int]):
+class KindPlacementEnv(MaskedShell):
     """Place a model's layers into pipeline stages on a cluster by node kinds and counts.
 
     ## Description
@@ -100,6 +97,7 @@ class KindPlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+    mdp = MDP(action_mask, observe, is_terminal, transition, to_plan, reward)
     action_space: spaces.Discrete
     observation_space: spaces.Dict
 
@@ -144,13 +142,6 @@ class KindPlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         mine = elites.get(self.instance.profile.name, ())
         self.elites = tuple(tuple(int(a) for a in seq) for seq in mine)
 
-    def _obs(self) -> dict[str, np.ndarray]:
-        self.mask = action_mask(self.instance, self.state)
-        return {
-            "observations": observe(self.instance, self.state),
-            "action_mask": self.mask.astype(np.float32),
-        }
-
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -165,20 +156,3 @@ class KindPlacementEnv(gym.Env[dict[str, np.ndarray], int]):
             if is_terminal(self.instance, self.state):  # nothing left to decide: start over
                 self.state, self.actions = initial_state(self.instance), []
         return self._obs(), {"profile": self.instance.profile.name}
-
-    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        if is_terminal(self.instance, self.state):
-            raise RuntimeError("step() after the episode ended; call reset()")
-        chosen = legal_action(self.mask, int(action))
-        self.state = transition(self.instance, self.state, chosen)
-        self.actions.append(chosen)
-        info: dict[str, Any] = {"action": chosen, "repaired": chosen != int(action)}
-        if not is_terminal(self.instance, self.state):
-            return self._obs(), 0.0, False, False, info
-        inst = self.instance
-        plan = to_plan(inst, self.state)
-        est = simulate(plan, inst.profile, inst.cluster)
-        value = plan_value(inst, est)
-        info.update(plan=plan, estimate=est, value=value, feasible=bool(np.isfinite(value)))
-        info["actions"] = tuple(self.actions)
-        return self._obs(), float(reward(inst, value)), True, False, info

@@ -27,10 +27,10 @@ import numpy as np
 
 from pipeplan.core import rules
 from pipeplan.core.cluster import ClusterSpec
-from pipeplan.core.costmodel import Estimate
-from pipeplan.core.objective import Objective, score
+from pipeplan.core.objective import Objective
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import ModelProfile
+from pipeplan.envs.mdp import legal_action
 
 PHASES = 4
 """Decision kinds, in an episode's order: size, option, node count, end."""
@@ -262,13 +262,6 @@ def transition(inst: KindInstance, state: KindState, action: int) -> KindState:
     return replace(state, layer=action - inst.end_offset + 1)
 
 
-def legal_action(mask: np.ndarray, action: int) -> int:
-    """``action`` when the mask allows it, else the first allowed one (deterministic)."""
-    if 0 <= action < len(mask) and mask[action]:
-        return action
-    return int(np.flatnonzero(mask)[0])
-
-
 def replay(
     inst: KindInstance, actions: tuple[int, ...], steps: int
 ) -> tuple[KindState, tuple[int, ...]]:
@@ -297,19 +290,6 @@ def to_plan(inst: KindInstance, state: KindState) -> Plan:
         devices = tuple(f"{name}/{opt.type}:{c}" for name in names for c in range(opt.per_node))
         stages.append(Stage((start, end), devices, inst.sizes[state.size]))
     return Plan(inst.global_batch, tuple(stages), inst.schedule)
-
-
-def plan_value(inst: KindInstance, est: Estimate) -> float:
-    """The objective value of a simulated plan (``inf`` when it is infeasible)."""
-    value = score(
-        inst.objective,
-        np.array([est.batch_time_s]),
-        np.array([est.fits]),
-        np.array([est.cost_per_hour]),
-        global_batch=inst.global_batch,
-        min_throughput=inst.min_throughput,
-    )
-    return float(value[0])
 
 
 def reward(inst: KindInstance, value: float) -> float:

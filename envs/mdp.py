@@ -36,13 +36,15 @@ those of ``brute``'s ``unequal`` option.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipeplan.core import rules
 from pipeplan.core.cluster import ClusterSpec
-from pipeplan.core.costmodel import Estimate
+from pipeplan.core.costmodel import Estimate, simulate
 from pipeplan.core.objective import Objective, score
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import ModelProfile
@@ -584,7 +586,22 @@ def to_plan(inst: Instance, state: State) -> Plan:
     return Plan(inst.global_batch, stages, inst.schedule)
 
 
-def plan_value(inst: Instance, est: Estimate) -> float:
+class Scored(Protocol):
+    """What valuing a plan reads of an instance (this MDP's and :mod:`envs.kinds`')."""
+
+    @property
+    def profile(self) -> ModelProfile: ...
+    @property
+    def cluster(self) -> ClusterSpec: ...
+    @property
+    def objective(self) -> Objective: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def min_throughput(self) -> float | None: ...
+
+
+def plan_value(inst: Scored, est: Estimate) -> float:
     """The objective value of a simulated plan (``inf`` when it is infeasible)."""
     value = score(
         inst.objective,
@@ -595,6 +612,21 @@ def plan_value(inst: Instance, est: Estimate) -> float:
         min_throughput=inst.min_throughput,
     )
     return float(value[0])
+
+
+def outcome(inst: Scored, plan: Plan, actions: Sequence[int]) -> tuple[float, dict[str, Any]]:
+    """An episode's end: the plan's value by the contract cost model, and what the terminal
+    step's ``info`` holds (``plan``, ``estimate``, ``value``, ``feasible``, ``actions``)."""
+    est = simulate(plan, inst.profile, inst.cluster)
+    value = plan_value(inst, est)
+    feasible = bool(np.isfinite(value))
+    return value, {
+        "plan": plan,
+        "estimate": est,
+        "value": value,
+        "feasible": feasible,
+        "actions": tuple(actions),
+    }
 
 
 def reward(inst: Instance, value: float) -> float:
