@@ -237,7 +237,9 @@ class ProvisionDP:
         t = np.where(used[:, None] + m[None, :] <= self.limit[k], t, np.inf)
         better = np.ones_like(t, dtype=bool)
         better[:, 1:] = t[:, 1:] < np.minimum.accumulate(t, axis=1)[:, :-1]
-        fits = ok_q[:, None] & better & (t <= self.t_max)
+        # finite: with no throughput floor t_max is infinite, and an infinite time is a
+        # stage over memory or past its kind's nodes
+        fits = ok_q[:, None] & better & np.isfinite(t) & (t <= self.t_max)
         n, mm = np.nonzero(fits)
         u = here.u[n].copy()
         u[:, o] += m[mm]

@@ -12,7 +12,7 @@ import pytest
 from pipeplan.agents.baselines.dp import bottleneck
 from pipeplan.agents.baselines.dp_table import StageModel
 from pipeplan.agents.baselines.genetic import GeneticPlanner as DeviceGenetic
-from pipeplan.agents.problem import Budget, Objective, Problem
+from pipeplan.agents.problem import Budget, InfeasibleError, Objective, Problem
 from pipeplan.agents.provision.exact import ProvisionDPConfig, solve
 from pipeplan.agents.provision.kinds import Catalogue
 from pipeplan.agents.provision.rental import rental
@@ -22,6 +22,7 @@ from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Plan, Schedule, Stage
 from pipeplan.core.profile import LayerProfile, ModelProfile
 from pipeplan.core.tables import CostTables
+from pipeplan.models.shapes import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,3 +224,12 @@ def test_genetic_and_tapp_stay_device_level_off_catalogues() -> None:
     ours = make_planner("genetic").plan(p)
     theirs = DeviceGenetic().plan(p)
     assert ours.plan == theirs.plan and ours.value == theirs.value
+
+
+def test_provision_dp_refuses_cleanly_where_no_stage_fits_without_a_floor() -> None:
+    """Under the time objective there is no throughput floor: a stage over memory, or past
+    its kind's nodes, must not count as a plan (it once asked for 5 of dc-64's 4 nodes)."""
+    cluster = ClusterSpec.load(ROOT / "examples/clusters/scale/dc-64.yaml")
+    p = Problem(generate("gpt-13b"), cluster, Objective.TIME, global_batch=512, microbatches=256)
+    with pytest.raises(InfeasibleError, match="no plan fits in memory"):
+        make_planner("provision_dp").plan(p)
