@@ -13,9 +13,11 @@ reuses it, with four things the time objective on a large owned cluster needs:
 - **Feasible seeds first.** Random boundaries on a 13B-70B model mostly leave a stage that
   fits on no node, so before the policy samples the search values the balanced kind-level
   splits (:func:`agents.provision.scale.balanced_seeds`: stages filled node by node under the
-  least busy-time cap, memory included) and the kind-level genetic search's seeds
-  (:meth:`~agents.provision.genetic_kinds.KindGenetic.seeds`), and polishes the best of them
-  by steepest descent: the answer is never worse than the best seed.
+  least busy-time cap, memory included), each as it comes; only when none fits, the
+  kind-level genetic search's seeds too
+  (:meth:`~agents.provision.genetic_kinds.KindGenetic.seeds`, whose recounts take tens of
+  seconds on 1,024 devices). The best is polished by steepest descent: the answer is never
+  worse than the best seed.
 - **Self-imitation.** Every update replays the ``elite`` best plans valued so far beside the
   samples, their decisions scored by the current policy (as the device-level TAPP's elite),
   so the policy learns the feasible region from the seeds instead of from its own rare hits.
@@ -120,7 +122,7 @@ class ScaleTAPP(TAPPKinds):
             if self.search.exhausted():
                 break
             space.fitness([plan])
-        if not self.search.exhausted():
+        if not self.elite() and not self.search.exhausted():  # costly at scale: a fallback
             space.fitness(space.seeds(self.config.batch_size))
         if self.elite() and not self.search.exhausted():
             space.polish(self.elite()[0])
