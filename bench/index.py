@@ -159,7 +159,23 @@ def scale(d: Doc) -> str:
     return line + (f"; {none} of {len(d['instances'])} instances without a plan" if none else "")
 
 
+def elastic(d: Doc) -> str:
+    s = d["summary"]
+
+    def ranged(part: str, way: str, scale: float = 1.0, unit: str = "") -> str:
+        r = s[part][way]
+        return f"{r['median'] * scale:.0f}{unit} ({r['min'] * scale:.0f}-{r['max'] * scale:.0f})"
+
+    return "; ".join(
+        f"{way}: resumed in {ranged('resumed_s', way, unit=' s')}, "
+        f"{ranged('after_samples_per_s', way)} samples/s after "
+        f"vs {ranged('before_samples_per_s', way)} before"
+        for way in ("elastic", "by hand")
+    )
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
+    "elastic": elastic,
     "train": train,
     "train_quick": train,
     "fidelity": fidelity,
