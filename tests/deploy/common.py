@@ -41,6 +41,9 @@ COMPOSE_SPEC = "local-hetero"
 """The preset deploy/compose is rendered for (a cluster that runs on one CPU host)."""
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's safe loader, in C where PyYAML was built with libyaml: the checks read every
+rendered manifest back, and the pure-Python parser was most of their time."""
 
 
 def tool(name: str) -> str | None:
@@ -57,8 +60,12 @@ def need_tool(name: str, package: str) -> str:
     return found
 
 
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=LOADER)
+
+
 def yaml_docs(text: str) -> list[Any]:
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+    return [d for d in yaml.load_all(text, Loader=LOADER) if d is not None]
 
 
 def ray_pod_templates(raycluster: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -136,13 +143,13 @@ def check_k8s(dep: DeploySpec, request: DeployRenderRequest, files: Mapping[str,
         for key in pod.get("nodeSelector", {}):
             assert LABEL_KEY.match(key), key
     (cm,) = yaml_docs(files["cluster-spec.yaml"])
-    assert ClusterSpec.from_dict(yaml.safe_load(cm["data"]["cluster.yaml"])) == spec
+    assert ClusterSpec.from_dict(load_yaml(cm["data"]["cluster.yaml"])) == spec
 
 
 def check_compose(dep: DeploySpec, files: Mapping[str, str]) -> None:
     """One Ray node per spec node, advertising what the executor's own local clusters do;
     the host's GPUs shared out without overlap; the file passes the compose-spec schema."""
-    doc = yaml.safe_load(files["ray-cluster.yaml"])
+    doc = load_yaml(files["ray-cluster.yaml"])
     compose_validator().validate(doc)
     services = doc["services"]
     nodes = [s for s in services if s != COMPOSE_HEAD]
@@ -158,7 +165,7 @@ def check_compose(dep: DeploySpec, files: Mapping[str, str]) -> None:
         assert len(ids) == gpus
         gpu_ids += ids
     assert gpu_ids == [str(i) for i in range(len(gpu_ids))]
-    assert ClusterSpec.from_dict(yaml.safe_load(files["cluster.yaml"])) == dep.spec
+    assert ClusterSpec.from_dict(load_yaml(files["cluster.yaml"])) == dep.spec
 
 
 def check_rendered(request: DeployRenderRequest, rendered: Rendered) -> None:
