@@ -36,11 +36,21 @@ lock: install
 # assert-rewritten modules in __pycache__ (ignored by git) where the environment turns that
 # off: otherwise each run compiles the tests and the project again and rewrites some 400
 # modules of the pytest plugins' packages (hypothesis, schemathesis, ...), 6 s of CPU.
+# The fast set (no Ray, RLlib, browser or slow test) runs on TEST_WORKERS processes
+# (pytest-xdist; `auto`: one per CPU): its tests share no cluster, port or file (each
+# database test has its own table prefix). The rest -- the tests that start Ray clusters,
+# build RLlib algorithms, drive a browser or take long -- run one at a time, as their
+# module-scoped clusters and the machine's memory require. `make test` runs both, the
+# second even when the first fails, and fails if either does.
+TEST_WORKERS ?= auto
+FAST := not ray and not rllib and not browser and not slow
 test: install
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(FAST)"; fast=$$?; \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m "not ($(FAST))"; rest=$$?; \
+	test $$fast -eq 0 -a $$rest -eq 0
 
 test-fast: install
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m "not ray and not rllib and not browser and not slow"
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) -m "$(FAST)"
 
 demo: install
 	$(VENV)/bin/pipeplan demo --model $(MODEL) --input-size $(INPUT_SIZE) --cluster $(CLUSTER) \

@@ -268,6 +268,7 @@ with tempfile.TemporaryDirectory() as tmp:
 dashboard's pages (a zoo model's plan panel included) and a job's artifacts."""
 
 
+@pytest.mark.slow
 def test_the_api_process_starts_and_serves_the_dashboard_without_torch_or_ray() -> None:
     steps = [("start", "import pipeplan.service.api.app"), ("serve", SERVE)]
     assert _loaded(*steps) == {"start": set(), "serve": set()}

@@ -29,6 +29,7 @@ def rows(models: tuple[str, ...] = ("a", "b")) -> list[Observed]:
     ]
 
 
+@pytest.mark.slow
 def test_every_plan_is_predicted_by_fits_without_its_runs() -> None:
     observed = rows()
     predicted, fits = held_out(observed, cluster())

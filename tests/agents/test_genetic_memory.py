@@ -145,6 +145,7 @@ def test_without_a_fitting_plan_an_individual_is_kept_not_dropped() -> None:
     assert not fits(ctx, out)[0] and plans_fit(ctx, out) == [False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", list(Schedule))
 def test_genetic_fits_and_is_no_worse_than_greedy(schedule: Schedule) -> None:
     p = problem(schedule, evaluations=800)

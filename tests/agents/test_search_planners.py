@@ -170,6 +170,7 @@ def test_unequal_microbatches_decode_to_valid_plans() -> None:
     check_result(problem, "genetic", unequal=True, **SMALL_GA)
 
 
+@pytest.mark.slow
 def test_unequal_microbatches_under_1f1b() -> None:
     """genetic chooses per-stage microbatches under 1F1B too (rule 5's sample-counted
     warm-ups); its plan costs what it reports."""

@@ -31,6 +31,7 @@ def populations(draw: st.DrawFn) -> tuple:
     return profile, cluster, schedule, batch, pop
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(populations())
 def test_batch_eval_matches_simulate(case: tuple) -> None:

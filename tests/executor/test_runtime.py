@@ -45,6 +45,7 @@ def test_connect_in_job_needs_the_job_address(monkeypatch: pytest.MonkeyPatch) -
         runtime.connect_in_job()
 
 
+@pytest.mark.slow
 def test_importing_the_executor_has_no_side_effect() -> None:
     env = {k: v for k, v in os.environ.items() if k != runtime.LOOPBACK_ENV}
     code = (

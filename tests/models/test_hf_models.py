@@ -90,6 +90,7 @@ def _pipelined(
     return {n: p.detach().clone() for params in stages for n, p in params.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", [GPT2, LLAMA], ids=["gpt2", "llama"])
 def test_hf_model_profiles_cuts_and_trains_as_one_process(source: ModelSource) -> None:
     model, example = source.build()

@@ -311,9 +311,13 @@ def test_loss_is_timed_with_the_last_layer_forward_and_backward() -> None:
     with_loss = profile_model(model, x, "d", "cpu", loss=slow_loss, **opts)  # type: ignore[arg-type]
     n_layers = len(with_loss)
     last = with_loss.layers[-1].timings["cpu"]
-    assert last.forward(2) >= 0.02 and last.backward(2) >= 0.02
+    # The layers are calibrated to the whole model's time, which other processes on the
+    # machine (tests run in parallel) can make shorter than the sum of the parts: the 20 ms
+    # may come out scaled down: half of it is asked for, and in the last layer only.
+    assert last.forward(2) >= 0.01 and last.backward(2) >= 0.01
     # only the last layer carries it, and it saw the model's output
-    assert all(layer.timings["cpu"].forward(2) < 0.02 for layer in with_loss.layers[:-1])
+    others = [layer.timings["cpu"].forward(2) for layer in with_loss.layers[:-1]]
+    assert max(others) < min(0.02, last.forward(2))
     assert set(seen) == {(2, 10), (4, 10)}
     assert n_layers == len(profile_model(model, x, "d", None))
 

@@ -47,6 +47,7 @@ def test_plan_cost_on_a_catalogue_answers_with_the_rental(
     assert "rental" in out and "/sample at" in out
 
 
+@pytest.mark.slow
 def test_provision_prints_the_rental_and_the_front(
     monkeypatch, capsys, profile_path, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
