@@ -174,7 +174,18 @@ def elastic(d: Doc) -> str:
     )
 
 
+def runtime(d: Doc) -> str:
+    s = d["summary"]
+    line = (
+        f"old/new step time over {s['plans']} plans: median {s['ratio_median']:.2f}x "
+        f"({s['ratio_min']:.2f}x-{s['ratio_max']:.2f}x)"
+    )
+    slower = s.get("new_slower_on") or []
+    return line + (f"; new slower on {', '.join(slower)}" if slower else "; new never slower")
+
+
 HEADLINES: dict[str, Callable[[Doc], str]] = {
+    "runtime": runtime,
     "elastic": elastic,
     "train": train,
     "train_quick": train,
