@@ -33,6 +33,7 @@ from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_p
 from pipeplan.executor.train import TrainConfig, TrainStep
 from pipeplan.models import profiler
 from tests.executor.actors import wait_no_workers
+from tests.executor.train_plans import BATCH, three_stages
 
 pytestmark = pytest.mark.ray
 
@@ -41,19 +42,6 @@ SPEC = ClusterSpec.load(ROOT / "examples/clusters/local-hetero.yaml")
 GPT = {"n_layer": 2, "d_model": 32, "n_head": 2, "n_ctx": 8, "vocab_size": 50, "dropout": 0.0}
 MODEL = ModelSource("gpt", 8, seed=2, options=GPT)
 SGD = OptimizerConfig("sgd", lr=0.1, momentum=0.9)
-BATCH = 8
-
-
-def three_stages(schedule: Schedule) -> Plan:
-    return Plan(
-        BATCH,
-        (
-            Stage((0, 10), ("n0/fast:0",), 4),
-            Stage((10, 20), ("n1/mid:0",), 2),
-            Stage((20, 30), ("n2/slow:0", "n2/slow:1"), 4),
-        ),
-        schedule,
-    )
 
 
 def config(steps: int, folder: Path, **kw: object) -> TrainConfig:

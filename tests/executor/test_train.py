@@ -31,6 +31,7 @@ from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_p
 from pipeplan.executor.train import TrainConfig, train
 from tests.executor.actors import wait_no_workers
 from tests.executor.test_export import torchrun
+from tests.executor.train_plans import BATCH, three_stages
 
 pytestmark = pytest.mark.ray
 
@@ -45,19 +46,6 @@ ADAM = OptimizerConfig("adam", lr=0.01)
 SGD = OptimizerConfig("sgd", lr=0.1, momentum=0.9)
 """Compared with single-process training: Adam's normalised step turns rounding-level
 gradient differences on near-zero gradients into lr-sized ones."""
-BATCH = 8
-
-
-def three_stages(schedule: Schedule = Schedule.GPIPE) -> Plan:
-    return Plan(
-        BATCH,
-        (
-            Stage((0, 10), ("n0/fast:0",), 4),
-            Stage((10, 20), ("n1/mid:0",), 2),
-            Stage((20, 30), ("n2/slow:0", "n2/slow:1"), 4),
-        ),
-        schedule,
-    )
 
 
 def two_stages() -> Plan:
