@@ -187,7 +187,8 @@ def recomputing(plan: Plan, stages: tuple[int, ...]) -> Plan:
 @pytest.mark.timeout(120)
 def test_gpipe_with_recomputing_stages_matches_single_process(digits_pipe: Pipeline) -> None:
     # stages 0 and 2 (replicated) rerun their forwards before each backward
-    digits_pipe.reconfigure(recomputing(digits_plan(16, (4, 4, 4)), (0, 2)), CONFIG)
+    plan = recomputing(digits_plan(16, (4, 4, 4)), (0, 2))
+    digits_pipe.reconfigure(plan, CONFIG, model=DIGITS)  # the float32 model again
     assert train_and_compare(digits_pipe, DIGITS, CONFIG.optimizer) < TOLERANCE
 
 
@@ -196,7 +197,7 @@ def test_unequal_1f1b_with_a_recomputing_stage_matches_single_process(
     digits_pipe: Pipeline,
 ) -> None:
     plan = recomputing(digits_plan(14, (2, 5, 4), Schedule.ONE_F_ONE_B), (1,))
-    digits_pipe.reconfigure(plan, CONFIG)
+    digits_pipe.reconfigure(plan, CONFIG, model=DIGITS)
     assert train_and_compare(digits_pipe, DIGITS, CONFIG.optimizer) < TOLERANCE
 
 
