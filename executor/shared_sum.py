@@ -93,7 +93,7 @@ class ArenaLayout:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _itemsize(self.dtype)
+        return self.numel * self.dtype.itemsize
 
     @classmethod
     def of(cls, params: Mapping[str, torch.Tensor]) -> ArenaLayout | None:
@@ -105,17 +105,13 @@ class ArenaLayout:
         dtype, device = kinds.pop()
         if device != "cpu" or not dtype.is_floating_point:
             return None
-        align = max(1, ALIGN_BYTES // _itemsize(dtype))
+        align = max(1, ALIGN_BYTES // dtype.itemsize)
         slots: dict[str, tuple[int, torch.Size]] = {}
         offset = 0
         for name, p in params.items():
             slots[name] = (offset, p.shape)
             offset += -(-p.numel() // align) * align
         return cls(dtype, slots, offset)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class SharedSum:
@@ -173,7 +169,7 @@ class SharedSum:
         dist.barrier(group=self.group)
         n = self.layout.numel
         lo, hi = n * self.index // self.count, n * (self.index + 1) // self.count
-        block = max(1, BLOCK_BYTES // _itemsize(self.layout.dtype))
+        block = max(1, BLOCK_BYTES // self.layout.dtype.itemsize)
         first, rest = self.regions[0], self.regions[1:]
         for start in range(lo, hi, block):
             end = min(start + block, hi)
