@@ -67,6 +67,15 @@ def cuda_devices_of(spec: ClusterSpec, node: Node) -> dict[str, int]:
     return {t: c for t, c in node.devices.items() if c > 0 and accelerator_of(spec, t) == CUDA}
 
 
+def local_gpus(spec: ClusterSpec, node: Node) -> int:
+    """How many GPUs a node of a local cluster (all nodes on this machine) tells Ray it has:
+    its CUDA devices in ``spec``, at most this machine's CUDA devices, which the nodes share.
+    None where this machine has no CUDA, so that a plan of CUDA devices is refused before any
+    actor starts."""
+    wanted = sum(cuda_devices_of(spec, node).values())
+    return min(wanted, torch.cuda.device_count()) if wanted else 0
+
+
 def torch_device(accelerator: str | None) -> torch.device:
     """The torch device a stage of a type with ``accelerator`` computes on, inside its Ray
     actor: the CPU, or the one GPU Ray gave the actor (``cuda:0`` of its

@@ -37,13 +37,12 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.split_module import split_module
 
 from pipeplan.core.code import is_code_ref
 from pipeplan.core.errors import PipeplanError, PlanError
 from pipeplan.core.plan import Plan
 from pipeplan.executor.model import ModelSource, OptimizerConfig
-from pipeplan.executor.partition import Partition, partition
+from pipeplan.executor.partition import Partition, partition, split_by_stage
 from pipeplan.executor.torch_engine import unsupported
 from pipeplan.models import zoo
 from pipeplan.models.fx_layers import layer_of_nodes
@@ -196,9 +195,7 @@ def _stage_of(model: nn.Module, plan: Plan, part: Partition) -> dict[str, int]:
     stage_of = {
         name: bisect.bisect_right(starts, layer) - 1 for name, layer in layer_of_nodes(gm).items()
     }
-    split = split_module(
-        gm, model, lambda n: stage_of[n.name], keep_original_node_name=True, tuple_return=True
-    )
+    split = split_by_stage(gm, model, lambda n: stage_of[n.name])
     for graph in part.stages:
         body = split.get_submodule(f"submod_{graph.index}")
         assert isinstance(body, fx.GraphModule)

@@ -24,6 +24,7 @@ from ray.cluster_utils import Cluster
 from pipeplan.core.cluster import ClusterSpec, Node
 from pipeplan.core.errors import PipeplanError
 from pipeplan.executor import runtime
+from pipeplan.executor.accelerators import local_gpus
 from pipeplan.executor.emulation import is_emulated, slowdown
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.executor.live_cluster import node_resources
@@ -132,6 +133,7 @@ class LocalCluster:
     def _node_args(self, node: Node) -> dict[str, Any]:
         return {
             "num_cpus": self.num_cpus,
+            "num_gpus": local_gpus(self.spec, node),
             "object_store_memory": self.object_store_mb * 2**20,
             "resources": node_resources(node),
             "dashboard_agent_listen_port": runtime.free_port(),

@@ -24,8 +24,9 @@ value that changes with the batch size, cannot cross a boundary and is refused.
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -135,9 +136,7 @@ def _partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -
         return bisect.bisect_right(bounds, layer_of[node.name]) - 1
 
     qualnames: dict[str, str] = {}
-    split = split_module(
-        gm, model, stage_of, qualnames, keep_original_node_name=True, tuple_return=True
-    )
+    split = split_by_stage(gm, model, stage_of, qualnames)
     model_inputs = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     model_output = _output_name(gm)
     raw = [_raw_stage(split, s) for s in range(n_stages)]
@@ -156,6 +155,41 @@ def _partition(model: nn.Module, example: torch.Tensor, bounds: Sequence[int]) -
     meta = _meta(gm, example, names)
     kinds = {n: m.kind for n, m in meta.items()}
     return Partition(tuple(stages), kinds, n_layers, meta)
+
+
+def split_by_stage(
+    gm: fx.GraphModule,
+    model: nn.Module,
+    stage_of: Callable[[fx.Node], int],
+    qualnames: dict[str, str] | None = None,
+) -> fx.GraphModule:
+    """``split_module`` keeping node names, with every stage's submodule returning a tuple,
+    also one result. torch releases without ``split_module``'s ``tuple_return`` (the CUDA
+    images of some clusters ship one) return a lone result bare: its output is wrapped in a
+    tuple here, and the parent graph reads item 0 of it."""
+    names = {} if qualnames is None else qualnames
+    try:
+        return split_module(
+            gm, model, stage_of, names, keep_original_node_name=True, tuple_return=True
+        )
+    except TypeError as e:
+        if "tuple_return" not in str(e):
+            raise
+    split = split_module(gm, model, stage_of, names, keep_original_node_name=True)
+    for call in [n for n in split.graph.nodes if n.op == "call_module"]:
+        body = split.get_submodule(str(call.target))
+        if not isinstance(body, fx.GraphModule):
+            continue
+        out = next(n for n in body.graph.nodes if n.op == "output")
+        if not isinstance(out.args[0], fx.Node):
+            continue
+        out.args = ((out.args[0],),)
+        body.recompile()
+        with split.graph.inserting_after(call):
+            item = split.graph.call_function(operator.getitem, (call, 0))
+        call.replace_all_uses_with(item, delete_user_cb=lambda user, it=item: user is not it)
+    split.recompile()
+    return split
 
 
 def _check_bounds(bounds: Sequence[int], n_layers: int, model: str) -> None:

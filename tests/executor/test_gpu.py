@@ -15,14 +15,22 @@ import pytest
 import torch
 
 from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
+from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Plan, Stage
 from pipeplan.executor import accelerators
-from pipeplan.executor.accelerators import check_machine, check_nodes, local_device, torch_device
+from pipeplan.executor.accelerators import (
+    check_machine,
+    check_nodes,
+    local_device,
+    local_gpus,
+    torch_device,
+)
 from pipeplan.executor.data import digits_batches
 from pipeplan.executor.emulation import is_emulated, slowdown
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.executor.live_cluster import LiveNode, device_resource, node_resource, nodes_from_ray
 from pipeplan.executor.local_cluster import LocalCluster
+from pipeplan.executor.measured_profile import measure_profile
 from pipeplan.executor.model import ModelSource, OptimizerConfig, train_single_process
 from pipeplan.executor.pinning import MARKER_SHARE, actor_options
 from pipeplan.executor.stage import StageWorker, WorkerSpec
@@ -165,6 +173,19 @@ CUDA_SPEC = ClusterSpec(
 )
 
 
+def test_a_local_node_gives_ray_its_cuda_devices_up_to_this_machines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes of a local cluster share this machine's GPUs: each tells Ray its spec's CUDA
+    devices, at most the machine's; none without CUDA (then a CUDA plan is refused early)."""
+    n0, n1 = GPU_SPEC.nodes  # n0: two a100 and a cpu; n1: a cpu
+    for machine, want in ((0, 0), (1, 1), (4, 2)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda m=machine: m)
+        assert local_gpus(GPU_SPEC, n0) == want
+        assert local_gpus(GPU_SPEC, n1) == 0
+    assert LocalCluster(GPU_SPEC)._node_args(n0)["num_gpus"] == 2
+
+
 def test_the_backend_and_where_a_message_lives() -> None:
     """gloo for CPU stages; with a CUDA stage ``cpu:gloo,cuda:nccl``: GPU to GPU over NCCL,
     anything with a CPU stage at an end through host memory over gloo."""
@@ -207,3 +228,22 @@ def test_pipelined_training_on_cuda_equals_single_process(cuda_cluster: LocalClu
     assert diff < 1e-4, f"pipelined parameters differ from single-process ones by {diff}"
     start = train_single_process(DIGITS, [], optimizer).parameters
     assert max(float((params[n] - start[n]).abs().max()) for n in start) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_cuda_type_is_profiled_on_its_gpu(cuda_cluster: LocalCluster) -> None:
+    """``profile --measure`` on a spec with a CUDA type: its profiler actor gets the GPU and
+    every layer has measured times on both types (by the wall clock, nothing emulated)."""
+    profile = measure_profile(
+        DIGITS, CUDA_SPEC, batch_sizes=(2, 8), warmup=1, repeats=3, timeout_s=180.0
+    )
+    assert set(profile.device_types) == {"gpu", "cpu"}
+    for layer in profile.layers:
+        for dtype in ("gpu", "cpu"):
+            t = layer.timings[dtype]
+            assert t.forward(8) > 0 and t.backward(8) >= 0, (layer.name, dtype)
+    assert any(layer.timings["gpu"] != layer.timings["cpu"] for layer in profile.layers)
+    plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), ("c0/cpu:0",), 8)))
+    assert simulate(plan, profile, CUDA_SPEC).batch_time_s > 0

@@ -15,6 +15,7 @@ import torch
 
 from pipeplan.core.errors import PipeplanError, PlanError
 from pipeplan.core.plan import Plan, Stage
+from pipeplan.executor import partition as partition_module
 from pipeplan.executor.emulation import emulation_sleep
 from pipeplan.executor.live_cluster import LiveNode, nodes_from_ray
 from pipeplan.executor.local.keep_awake import KeepAwake
@@ -159,6 +160,39 @@ def test_partitioned_stages_compose_to_the_model() -> None:
         for st in cut.stages:
             env.update(zip(st.results, st.module(*(env[a] for a in st.args)), strict=True))
         assert torch.equal(env[cut.model_output], model(x))
+
+
+def test_a_torch_without_split_modules_tuple_return_still_gives_tuples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Older torch releases (some CUDA images ship one) lack ``tuple_return``: a stage with
+    one result then returns it bare, and the cut wraps it, so the stages compose as before."""
+    real = partition_module.split_module
+
+    def without_tuple_return(*args: object, **kwargs: object) -> object:
+        if "tuple_return" in kwargs:
+            raise TypeError("split_module() got an unexpected keyword argument 'tuple_return'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(partition_module, "split_module", without_tuple_return)
+    model, example = ModelSource("alexnet", 64).build()
+    model.eval()
+    cut = partition(model, example, (0, 1, 6, count_layers(model)))
+    assert [len(st.results) for st in cut.stages] == [1, 1, 1]
+    x = torch.randn(3, 3, 64, 64)
+    env: dict[str, torch.Tensor] = {"x": x}
+    with torch.no_grad():
+        for st in cut.stages:
+            out = st.module(*(env[a] for a in st.args))
+            assert isinstance(out, tuple), type(out)
+            env.update(zip(st.results, out, strict=True))
+        assert torch.equal(env[cut.model_output], model(x))
+    module, skip_example = skipnet()  # several results per stage: untouched
+    assert [st.outputs for st in partition(module, skip_example, (0, 3, 5, 8)).stages] == [
+        ("relu", "c2"),
+        ("relu", "relu_1"),
+        ("fc",),
+    ]
 
 
 def test_piecewise_loss_sums_to_the_batch_mean() -> None:
