@@ -42,6 +42,7 @@ from pipeplan.executor.checkpoint import Manifest
 from pipeplan.executor.config import TrainConfig as TrainConfig
 from pipeplan.executor.data import DataSpec, open_stream
 from pipeplan.executor.loss import LossSpec
+from pipeplan.executor.measure import StepResult
 from pipeplan.executor.model import ModelSource
 from pipeplan.executor.pipeline import Pipeline
 from pipeplan.executor.stage import Feed
@@ -87,6 +88,7 @@ StepHook = Callable[[TrainStep], None]
 CheckpointHook = Callable[[int, Path], None]
 StartHook = Callable[[float], None]
 StopHook = Callable[[int, Path], bool]
+ResultHook = Callable[[StepResult], None]
 
 
 def model_reference(model: ModelSource) -> dict[str, Any]:
@@ -111,8 +113,11 @@ def train(
     on_checkpoint: CheckpointHook | None = None,
     on_started: StartHook | None = None,
     stop_after_checkpoint: StopHook | None = None,
+    on_result: ResultHook | None = None,
 ) -> TrainResult:
-    """Train ``model`` on ``plan`` for ``config.steps`` steps (module docstring)."""
+    """Train ``model`` on ``plan`` for ``config.steps`` steps (module docstring).
+    ``on_result`` gets each step's :class:`~executor.measure.StepResult` (its operations'
+    records: what each stage computed) before ``on_step``."""
     resumed = _resumable(config, plan) if config.resume is not None else None
     first = resumed[1].step if resumed else 0
     if first >= config.steps:
@@ -136,6 +141,8 @@ def train(
             t0 = time.perf_counter()
             result = pipe.step()
             elapsed = time.perf_counter() - t0
+            if on_result is not None:
+                on_result(result)
             report = TrainStep(
                 t, result.loss, result.accuracy, elapsed, plan.global_batch / elapsed
             )
