@@ -6,19 +6,22 @@ cluster (a checkpoint every ``--checkpoint-every`` steps, SGD), and node ``--kil
 killed once ``--kill-after`` steps are trained. Each run does it twice, each on a cluster
 of its own:
 
-- ``elastic``: :func:`executor.elastic.elastic_train` notices the loss, plans again on
-  what is left with ``dp`` and resumes the last checkpoint under the new plan;
+- ``elastic``: :func:`executor.elastic.elastic_train` notices the loss, chooses between
+  ``dp``'s plan on what is left and the original plan folded onto it (both predicted on the
+  profile corrected by the stage times the run measured) and resumes the last checkpoint
+  under the one predicted faster;
 - ``by hand``: what a user does today. The run ends with the error; it is restarted from
-  the last checkpoint with the original plan folded onto what is left: its cuts and
-  microbatches kept, the lost devices dropped from their stages, and a stage that lost
-  all of its devices merged into its neighbour (the one before it; the first stage into the
-  second). The person's own reaction time is not counted: the restart starts the moment
+  the last checkpoint with the original plan folded onto what is left
+  (:func:`executor.elastic.fold_plan`: its cuts and microbatches kept, the lost devices
+  dropped from their stages, and a stage that lost all of its devices merged into its
+  neighbour). The person's own reaction time is not counted: the restart starts the moment
   the error arrives.
 
 Reported per run and mode: seconds from the kill to the first step trained after it (the
 restart included), steps lost (trained after the checkpoint resumed, trained again), and
 samples/s before the loss and after it (medians, the first step of each segment left out);
-over ``--runs`` runs, the median and the range.
+over ``--runs`` runs, the median and the range. Elastic rows also record which candidate
+won (``chosen``), both predictions and the speed factors behind them.
 
     .venv/bin/python -m bench.elastic            # 3 runs
     .venv/bin/python -m bench.elastic --runs 1   # one
@@ -29,6 +32,7 @@ Writes ``bench/results/elastic/<UTC date-time>.json`` (:mod:`bench.record`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import OUT_HELP, fmt, table
-from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.plan import Plan, Schedule
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -52,29 +56,6 @@ GPT = {"n_layer": 4, "d_model": 64, "n_head": 4, "n_ctx": 16, "vocab_size": 256,
 BATCH = 32
 STORE_MB = 150
 MODES = ("elastic", "by hand")
-
-
-def folded(plan: Plan, lost: set[str]) -> Plan:
-    """``plan`` on what is left after ``lost`` nodes went: their devices dropped, and a
-    stage left without devices merged into its neighbour (module docstring)."""
-    kept = [(s, tuple(d for d in s.devices if d.split("/")[0] not in lost)) for s in plan.stages]
-    stages: list[Stage] = []
-    pending: tuple[int, int] | None = None  # layers of emptied stages before the first kept
-    for stage, devices in kept:
-        if not devices:
-            if stages:
-                last = stages[-1]
-                stages[-1] = Stage((last.layers[0], stage.layers[1]), last.devices, last.microbatch)
-            else:
-                start = pending[0] if pending else stage.layers[0]
-                pending = (start, stage.layers[1])
-            continue
-        start = pending[0] if pending else stage.layers[0]
-        pending = None
-        stages.append(Stage((start, stage.layers[1]), devices, stage.microbatch))
-    if not stages:
-        raise ValueError(f"no device of the plan is left after losing {sorted(lost)}")
-    return Plan(plan.global_batch, tuple(stages), plan.schedule)
 
 
 @dataclass
@@ -175,6 +156,10 @@ def run_elastic(
         "replan_s": event.replan_s,
         "plan_after": event.plan.to_dict(),
         "predicted_after_s": event.predicted_step_s,
+        "chosen": event.chosen,
+        "dp_predicted_s": event.dp_predicted_step_s,
+        "folded_predicted_s": event.folded_predicted_step_s,
+        "speed_factors": dict(event.speed_factors),
     }
 
 
@@ -183,6 +168,7 @@ def run_by_hand(
 ) -> dict[str, Any]:
     from pipeplan.core.costmodel import simulate
     from pipeplan.executor import checkpoint
+    from pipeplan.executor.elastic import fold_plan
     from pipeplan.executor.errors import ExecutorError
     from pipeplan.executor.local_cluster import LocalCluster
     from pipeplan.executor.model import ModelSource
@@ -190,7 +176,8 @@ def run_by_hand(
 
     timeline = Timeline()
     model = ModelSource("gpt", 16, seed=0, options=GPT)
-    after_loss = folded(plan, {a.kill})
+    left = dataclasses.replace(spec, nodes=tuple(n for n in spec.nodes if n.name != a.kill))
+    after_loss = fold_plan(plan, left)
     with LocalCluster(spec, object_store_mb=STORE_MB) as cluster:
         try:
             train(
@@ -205,13 +192,6 @@ def run_by_hand(
             failed_at = time.perf_counter()
         resumed = checkpoint.read_manifest(checkpoint.resolve(folder)).step
         train(after_loss, model, spec, train_config(a, folder, folder), on_step=timeline.record)
-    left = type(spec)(
-        spec.name,
-        spec.device_types,
-        tuple(n for n in spec.nodes if n.name != a.kill),
-        spec.network,
-        spec.emulation_headroom,
-    )
     assert timeline.killed_at is not None
     return {
         **timeline.summary(),
@@ -226,7 +206,7 @@ def render(rows: list[dict[str, Any]], note: str) -> Table:
     t = table(
         "Elastic training after a lost node (EMULATED local-pipeline)",
         ["run", "mode", "loss -> resumed s", "steps lost", "before samples/s", "after samples/s",
-         "after / before", "stages after"],
+         "after / before", "stages after", "chosen"],
         left=("mode",),
     )  # fmt: skip
     for r in rows:
@@ -238,7 +218,7 @@ def render(rows: list[dict[str, Any]], note: str) -> Table:
         t.add_row(
             str(r["run"]), r["mode"], fmt(r["resumed_s"], ".1f"), str(r["steps_lost"]),
             fmt(r["before_samples_per_s"], ".1f"), fmt(r["after_samples_per_s"], ".1f"),
-            fmt(ratio, ".2f"), str(len(r["plan_after"]["stages"])),
+            fmt(ratio, ".2f"), str(len(r["plan_after"]["stages"])), r.get("chosen") or "-",
         )  # fmt: skip
     t.caption = note
     return t

@@ -31,18 +31,31 @@ before any checkpoint starts from the same weights. Pipelined training computes 
 update as single-process training whatever the plan, so with dropout off
 (``deterministic``) the final weights are the same to rounding.
 
-**Why** ``dp`` **re-plans.** The planner a job started with may take minutes (a measured
-search, PPO); the re-plan is on the critical path of a stalled job. ``dp`` is exact for the
-steady-state bottleneck on heterogeneous devices and answers in well under a second on
-clusters of a few nodes, with the job's objective, schedule and batch
-(:class:`PlannerReplanner`).
+**Why** ``dp`` **re-plans, and what it is weighed against.** The planner a job started with
+may take minutes (a measured search, PPO); the re-plan is on the critical path of a stalled
+job. ``dp`` is exact for the steady-state bottleneck on heterogeneous devices and answers in
+well under a second on clusters of a few nodes, with the job's objective, schedule and batch
+(:class:`PlannerReplanner`). But it is exact for the profile, and a profile can be far from
+the cluster's real speeds; so ``dp``'s plan is one of two candidates (:func:`choose`), the
+other being the current plan folded onto the devices there (:func:`fold_plan`: its cuts and
+microbatches kept, the lost devices dropped, a stage left empty merged into its neighbour;
+after a join, the current plan itself). Both are predicted on the profile corrected by what
+this run measured: the segment's stage compute times (forward plus backward of the busiest
+replica, its steps' median, the first left out) over the cost model's for the same plan give
+one speed factor per device type (:func:`speed_factors`: the median over the stages on that
+type alone), and every layer time of that type is scaled by it (:func:`corrected_profile`);
+``dp`` plans again on that profile. The lower predicted step time wins (a tie: ``dp``'s);
+the event records which (``chosen``) and both predictions. A loss before any step was
+measured compares them on the profile as it is. After a join the same comparison sets the
+decision's predicted gain, so a ``dp`` plan that does not beat the current one there is
+never switched to.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -50,18 +63,21 @@ from typing import Any, Literal, Protocol
 from pipeplan.agents.problem import Budget, InfeasibleError, Objective, Problem
 from pipeplan.agents.registry import make_planner
 from pipeplan.core.cluster import ClusterSpec, parse_device_id
-from pipeplan.core.costmodel import simulate
+from pipeplan.core.costmodel import Estimate, simulate
 from pipeplan.core.errors import PipeplanError
-from pipeplan.core.plan import Plan, Schedule
-from pipeplan.core.profile import ModelProfile
+from pipeplan.core.plan import Plan, Schedule, Stage
+from pipeplan.core.profile import LayerTiming, ModelProfile
+from pipeplan.core.tables import layer_costs
 from pipeplan.executor import checkpoint
 from pipeplan.executor.config import TrainConfig
 from pipeplan.executor.errors import ExecutorError, ExecutorTimeoutError, StageFailedError
 from pipeplan.executor.live_cluster import LiveNode, discover, live_nodes
+from pipeplan.executor.measure import StepResult, summarise
 from pipeplan.executor.model import ModelSource
 from pipeplan.executor.train import CheckpointHook, StepHook, TrainResult, TrainStep, train
 
 Reason = Literal["node_lost", "actor_lost", "node_joined"]
+Candidate = Literal["dp", "folded"]
 
 REPLAN_PLANNER = "dp"
 """The planner of a re-plan (module docstring)."""
@@ -151,6 +167,17 @@ class Replanned:
     """The planner's time."""
     decision: Decision | None = None
     cause: str = ""
+    chosen: Candidate | None = None
+    """The candidate with the lower predicted step time (:func:`choose`): ``dp``'s plan or
+    the current plan folded onto the devices there; None when nothing was planned (an
+    actor lost)."""
+    dp_predicted_step_s: float | None = None
+    """``dp``'s plan's step time on the corrected profile."""
+    folded_predicted_step_s: float | None = None
+    """The folded plan's step time on the corrected profile; None when it does not fit."""
+    speed_factors: Mapping[str, float] = field(default_factory=dict)
+    """Measured over predicted compute per device type, the correction the predictions
+    used (empty: nothing measured, the profile as it is)."""
 
     def text(self) -> str:
         """One line for people."""
@@ -168,8 +195,20 @@ class Replanned:
             return f"node(s) {nodes} joined: {verb} a {stages}-stage plan{predicted}{why}"
         lost = "an actor" if self.reason == "actor_lost" else f"node(s) {nodes}"
         return (
-            f"{lost} lost: resuming step {self.step} on a {stages}-stage plan{predicted}; "
-            f"{self.steps_redone} step(s) to train again"
+            f"{lost} lost: resuming step {self.step} on a {stages}-stage plan{predicted}"
+            f"{self._candidates()}; {self.steps_redone} step(s) to train again"
+        )
+
+    def _candidates(self) -> str:
+        if self.chosen is None:
+            return ""
+
+        def s(x: float | None) -> str:
+            return "does not fit" if x is None else f"{x:.3f} s"
+
+        return (
+            f" ({self.chosen} chosen: dp {s(self.dp_predicted_step_s)}, "
+            f"folded {s(self.folded_predicted_step_s)})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +225,10 @@ class Replanned:
             "noticed_s": round(self.noticed_s, 3),
             "replan_s": round(self.replan_s, 3),
             "cause": self.cause,
+            "chosen": self.chosen,
+            "dp_predicted_step_s": self.dp_predicted_step_s,
+            "folded_predicted_step_s": self.folded_predicted_step_s,
+            "speed_factors": dict(self.speed_factors),
         }
         if self.decision is not None:
             d = self.decision
@@ -215,6 +258,15 @@ class Replanner(Protocol):
 
     def shortfall(self, cluster: ClusterSpec) -> str:
         """What ``cluster`` lacks to hold the model, in words ('' when it is not memory)."""
+        ...
+
+    def estimate(self, plan: Plan, cluster: ClusterSpec) -> Estimate:
+        """The cost model's prediction for ``plan`` on ``cluster``, stage by stage."""
+        ...
+
+    def corrected(self, factors: Mapping[str, float], cluster: ClusterSpec) -> Replanner:
+        """This replanner with every compute time on a type of ``factors`` times its factor
+        (``cluster`` describes the types)."""
         ...
 
 
@@ -257,6 +309,12 @@ class PlannerReplanner:
     def predict(self, plan: Plan, cluster: ClusterSpec) -> float:
         return simulate(plan, self._profile(), cluster).batch_time_s
 
+    def estimate(self, plan: Plan, cluster: ClusterSpec) -> Estimate:
+        return simulate(plan, self._profile(), cluster)
+
+    def corrected(self, factors: Mapping[str, float], cluster: ClusterSpec) -> PlannerReplanner:
+        return replace(self, profile=corrected_profile(self._profile(), cluster, factors))
+
     def shortfall(self, cluster: ClusterSpec) -> str:
         need = 4 * sum(layer.params_bytes for layer in self._profile().layers)
         have = sum(cluster.device_type(d).memory_gb * 1e9 for d in cluster.device_ids)
@@ -266,6 +324,133 @@ class PlannerReplanner:
             f"the model's weights, gradients and optimizer state need {need / 1e9:.3g} GB, "
             f"the devices left hold {have / 1e9:.3g} GB ({(need - have) / 1e9:.3g} GB missing)"
         )
+
+
+def fold_plan(plan: Plan, left: ClusterSpec) -> Plan:
+    """``plan`` on the devices of ``left``: its cuts and microbatches kept, the devices
+    ``left`` lacks dropped from their stages, and a stage left without devices merged into
+    its neighbour (the one before it; the first stage into the next one kept). Raises
+    :class:`ElasticError` naming the plan's devices when none of them is left."""
+    there = set(left.device_ids)
+    stages: list[Stage] = []
+    pending: int | None = None  # first layer of emptied stages before the first kept one
+    for stage in plan.stages:
+        devices = tuple(d for d in stage.devices if d in there)
+        if not devices:
+            if stages:
+                last = stages[-1]
+                stages[-1] = replace(last, layers=(last.layers[0], stage.layers[1]))
+            elif pending is None:
+                pending = stage.layers[0]
+            continue
+        start = stage.layers[0] if pending is None else pending
+        pending = None
+        stages.append(replace(stage, layers=(start, stage.layers[1]), devices=devices))
+    if not stages:
+        raise ElasticError(
+            f"fold_plan: none of the plan's devices ({', '.join(plan.devices)}) is left; "
+            f"the cluster has {', '.join(left.device_ids) or 'no devices'}"
+        )
+    return replace(plan, stages=tuple(stages))
+
+
+def stage_compute_s(plan: Plan, result: StepResult) -> tuple[float, ...]:
+    """Each stage's forward plus backward compute in one step (its busiest replica), as
+    :func:`executor.measure.summarise` reads it from the step's records."""
+    measured = summarise(plan, [result], 0, emulated=False, placement=())
+    return tuple(st.compute_s for st in measured.stages)
+
+
+def speed_factors(
+    plan: Plan, measured: Sequence[float], estimate: Estimate, cluster: ClusterSpec
+) -> dict[str, float]:
+    """Per device type: the median over ``plan``'s stages on that type alone of measured
+    over predicted compute per step (``measured``: a time per stage, as
+    :func:`stage_compute_s`; ``estimate``: the cost model's for ``plan``). A stage on
+    several types, or with a time of 0, says nothing; a type no stage says anything of is
+    left out (factor 1)."""
+    if len(measured) != len(plan.stages) or len(estimate.stages) != len(plan.stages):
+        raise PipeplanError(
+            f"measured: {len(measured)} stage times and {len(estimate.stages)} predicted for "
+            f"a plan of {len(plan.stages)} stages"
+        )
+    ratios: dict[str, list[float]] = {}
+    for stage, got, want in zip(plan.stages, measured, estimate.stages, strict=True):
+        types = {cluster.device(d).type for d in stage.devices}
+        if len(types) == 1 and got > 0 and want.compute_s > 0:
+            ratios.setdefault(types.pop(), []).append(got / want.compute_s)
+    return {t: statistics.median(xs) for t, xs in sorted(ratios.items())}
+
+
+def corrected_profile(
+    profile: ModelProfile, cluster: ClusterSpec, factors: Mapping[str, float]
+) -> ModelProfile:
+    """``profile`` with the layer timings of each type of ``factors`` times its factor: the
+    cost model's rule 1 times (measured timings, or the FLOP estimate where the profile has
+    none, :func:`core.tables.layer_costs`) written as that type's timings."""
+    for t, f in sorted(factors.items()):
+        if t not in cluster.device_types:
+            raise PipeplanError(f"speed_factors: {t!r} is not a device type of {cluster.name}")
+        if not f > 0:
+            raise PipeplanError(f"speed_factors.{t}: must be > 0, got {f!r}")
+        c = layer_costs(profile, cluster.device_types[t], scale=f)
+        timings = [
+            LayerTiming(float(fwd), float(bwd), float(fwd_fixed), float(bwd_fixed))
+            for fwd, bwd, fwd_fixed, bwd_fixed in zip(
+                c.fwd_per_sample, c.bwd_per_sample, c.fwd_fixed, c.bwd_fixed, strict=True
+            )
+        ]
+        profile = profile.with_timings(t, timings)
+    return profile
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan to go on with after a loss or a join, and the figures behind it."""
+
+    plan: Plan
+    predicted_s: float
+    chosen: Candidate
+    dp_plan: Plan
+    dp_s: float
+    folded_s: float | None
+    """None when the folded plan does not fit (or nothing of it is left)."""
+    factors: dict[str, float]
+
+
+def choose(
+    replanner: Replanner,
+    current: Plan,
+    cluster: ClusterSpec,
+    measured: Sequence[float] | None = None,
+    measured_on: ClusterSpec | None = None,
+) -> Choice:
+    """``dp``'s plan on ``cluster`` or ``current`` folded onto it (:func:`fold_plan`),
+    whichever has the lower predicted step time on the profile corrected by ``measured``
+    (``current``'s stage compute times on ``measured_on``, :func:`speed_factors`); without
+    them, on the profile as it is. A tie keeps ``dp``'s. Raises
+    :class:`~agents.problem.InfeasibleError` when ``dp`` finds no plan."""
+    factors: dict[str, float] = {}
+    if measured:
+        on = measured_on or cluster
+        try:
+            fitted = speed_factors(current, measured, replanner.estimate(current, on), on)
+        except PipeplanError:  # a plan the profile does not describe: no correction
+            fitted = {}
+        factors = {t: f for t, f in fitted.items() if t in cluster.device_types}
+    planner = replanner.corrected(factors, cluster) if factors else replanner
+    dp_plan, dp_s = planner.plan(cluster)
+    folded_s: float | None = None
+    folded = current
+    try:
+        folded = fold_plan(current, cluster)
+        est = planner.estimate(folded, cluster)
+        folded_s = est.batch_time_s if est.fits else None
+    except (PipeplanError, ElasticError):
+        folded_s = None
+    if folded_s is not None and folded_s < dp_s:
+        return Choice(folded, folded_s, "folded", dp_plan, dp_s, folded_s, factors)
+    return Choice(dp_plan, dp_s, "dp", dp_plan, dp_s, folded_s, factors)
 
 
 def live_spec(reference: ClusterSpec) -> ClusterSpec:
@@ -343,6 +528,8 @@ class _Run:
     config: TrainConfig
     steps: dict[int, TrainStep] = field(default_factory=dict)
     segment: list[TrainStep] = field(default_factory=list)
+    stage_times: list[tuple[float, ...]] = field(default_factory=list)
+    """The segment's stage compute times, step by step (:func:`stage_compute_s`)."""
     checkpoint: Path | None = None
     """The checkpoint a failure resumes: the last written, else the one resumed first."""
     checkpoint_step: int = 0
@@ -376,7 +563,7 @@ def elastic_train(
     losses = 0
     while True:
         run.plans.append(run.plan)
-        run.segment = []
+        run.segment, run.stage_times = [], []
         try:
             result = train(
                 run.plan,
@@ -386,6 +573,7 @@ def elastic_train(
                 on_step=lambda s: _stepped(run, s, on_step),
                 on_checkpoint=lambda t, p: _checkpointed(run, t, p, on_checkpoint),
                 on_started=lambda s: setattr(run, "startup_s", s),
+                on_result=lambda r: run.stage_times.append(stage_compute_s(run.plan, r)),
                 stop_after_checkpoint=lambda t, p: _joined(run, t, replanner, elastic, on_replan),
             )
         except ExecutorError as e:
@@ -422,6 +610,15 @@ def _predict(replanner: Replanner, plan: Plan, spec: ClusterSpec) -> float | Non
         return replanner.predict(plan, spec)
     except PipeplanError:  # a plan the profile does not describe: no prediction
         return None
+
+
+def measured_stage_s(stage_times: Sequence[Sequence[float]]) -> tuple[float, ...] | None:
+    """Each stage's median compute time over a segment's steps, its first step (warm-up)
+    left out when there are more; None before any step."""
+    rows = list(stage_times[1:] if len(stage_times) > 1 else stage_times)
+    if not rows:
+        return None
+    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
 
 
 def _stepped(run: _Run, step: TrainStep, hook: StepHook | None) -> None:
@@ -461,6 +658,7 @@ def _after_loss(
     if previous_predicted is None:
         previous_predicted = run.predicted = _predict(replanner, previous, run.spec)
     t0 = time.perf_counter()
+    choice: Choice | None = None
     if gone:
         reason: Reason = "node_lost"
         try:
@@ -470,7 +668,7 @@ def _after_loss(
                 f"node(s) {', '.join(gone)} lost at step {trained}: no devices are left ({e})"
             ) from error
         try:
-            new_plan, predicted = replanner.plan(spec)
+            choice = choose(replanner, run.plan, spec, measured_stage_s(run.stage_times), run.spec)
         except InfeasibleError as e:
             missing = replanner.shortfall(spec) or str(e)
             left = ", ".join(f"{n.name} {dict(n.devices)}" for n in spec.nodes)
@@ -478,7 +676,7 @@ def _after_loss(
                 f"node(s) {', '.join(gone)} lost at step {trained}: what is left ({left}) "
                 f"cannot hold the model: {missing}"
             ) from error
-        run.plan, run.spec, run.predicted = new_plan, spec, predicted
+        run.plan, run.spec, run.predicted = choice.plan, spec, choice.predicted_s
     else:
         reason = "actor_lost"
     for t in [t for t in run.steps if t >= run.checkpoint_step]:
@@ -497,6 +695,10 @@ def _after_loss(
         noticed_s=waited,
         replan_s=time.perf_counter() - t0,
         cause=cause,
+        chosen=choice.chosen if choice else None,
+        dp_predicted_step_s=choice.dp_s if choice else None,
+        folded_predicted_step_s=choice.folded_s if choice else None,
+        speed_factors=choice.factors if choice else {},
     )
     run.replans.append(event)
     if on_replan is not None:
@@ -520,11 +722,21 @@ def _joined(
     t0 = time.perf_counter()
     spec = live_spec(run.spec)
     try:
-        candidate, predicted = replanner.plan(spec)
-        old = replanner.predict(run.plan, spec)
+        # The folded current plan is the current plan itself: every device is still there.
+        choice = choose(replanner, run.plan, spec, measured_stage_s(run.stage_times), run.spec)
     except PipeplanError:
         run.spec = spec  # nothing to plan with: leave this join be
         return False
+    if choice.folded_s is None:  # the current plan on the corrected profile, fitting or not
+        planner = replanner.corrected(choice.factors, spec) if choice.factors else replanner
+        try:
+            old = planner.predict(run.plan, spec)
+        except PipeplanError:
+            run.spec = spec
+            return False
+    else:
+        old = choice.folded_s
+    candidate, predicted = choice.dp_plan, choice.dp_s
     planned_s = time.perf_counter() - t0
     measured = statistics.median(s.batch_time_s for s in run.segment) if run.segment else old
     cost = run.startup_s + (0.0 if run.config.resume is not None else run.save_s)
@@ -542,6 +754,10 @@ def _joined(
         switched=decision.switch,
         replan_s=planned_s,
         decision=decision,
+        chosen=choice.chosen,
+        dp_predicted_step_s=choice.dp_s,
+        folded_predicted_step_s=choice.folded_s,
+        speed_factors=choice.factors,
     )
     run.replans.append(event)
     if on_replan is not None:
