@@ -6,10 +6,13 @@ Two measurements, each engine in the same run:
    small GPT (2 layers, d_model 256, context 32) and VGG-16@32: a two-stage plan under GPipe
    and under 1F1B, and the same cut with its second stage replicated on two devices. Each
    plan trains ``--warmup`` + ``--steps`` batches of synthetic data without emulation (the
-   emulated sleeps would add the same seconds to both engines and hide the transport); the
-   table gives the mean step time of each engine and their ratio (old / new: above 1 means
-   the new runtime is faster), and the ratio of the steps' medians, which one step slowed by
-   another process on this 2-core machine moves less.
+   emulated sleeps would add the same seconds to both engines and hide the transport),
+   ``--rounds`` times on each engine, the engines taking turns plan by plan (old then new,
+   then new then old, ...): both engines' clusters stay up side by side, so a minute when
+   another process slows this 2-core machine falls on both engines' runs of a plan rather
+   than on one engine's. The table gives the mean step time of each engine over every
+   round's measured steps and their ratio (old / new: above 1 means the new runtime is
+   faster), and the ratio of the steps' medians, which one slowed step moves less.
 2. **One transfer.** Two probe actors on two Ray nodes pass one tensor of 0.5, 4 and 64 MB:
    the old way (the sender returns it as a numpy array, the receiver takes the object ref as
    an argument: Ray's object store) and the new way (``isend``/``irecv`` over a gloo process
@@ -56,6 +59,7 @@ DEVICES = {  # (first stage, second stage, the second stage replicated)
     "local-pipeline": ("n0/fast:0", "n1/mid:0", ("n1/mid:1", "n1/mid:2")),
     "local-hetero": ("n0/fast:0", "n1/mid:0", ("n2/slow:0", "n2/slow:1")),
 }
+PLANS = ("gpipe", "1f1b", "replicated")
 SIZES_MB = (0.5, 4.0, 64.0)
 STORE_MB = {"": 2400, "pipeplan.": 300}
 """Object store per Ray node, per engine (by its module prefix): the old runtime moved every
@@ -91,43 +95,48 @@ def _plans(m: dict[str, Any], cluster: str, layers: int, case: dict[str, Any]) -
             schedule,
         )
 
-    return [
+    return [  # in the order of PLANS
         ("gpipe", two((second,), Schedule.GPIPE)),
         ("1f1b", two((second,), Schedule.ONE_F_ONE_B)),
         ("replicated", two(pair, Schedule.GPIPE)),
     ]
 
 
-def worker(prefix: str, cluster: str, models: list[str], steps: int, warmup: int) -> list[dict]:
-    """Every plan of ``models`` on ``cluster`` with this tree's engine; a row per plan."""
+ROW = "@@row "
+"""Marks a line of a serving worker's stdout as its answer (Ray writes its own lines there)."""
+
+
+def serve(prefix: str, cluster: str, steps: int, warmup: int) -> None:
+    """Keep a local cluster of this tree's engine up and run, one by one, the plans the driver
+    names on stdin (``MODEL PLAN`` a line), each answered by a row on stdout."""
     m = _modules(prefix)
     spec = m["cluster"].ClusterSpec.load(ROOT / "examples" / "clusters" / f"{cluster}.yaml")
     config = m["pipeline"].RunConfig(
         steps=steps, warmup=warmup, emulate=False, data="synthetic", timeout_s=600
     )
-    rows = []
+    built: dict[str, tuple[Any, dict[str, Any]]] = {}
     with m["local"].LocalCluster(spec, object_store_mb=STORE_MB[prefix]):
-        for key in models:
+        print(ROW + json.dumps({"ready": cluster}), flush=True)
+        for line in sys.stdin:
+            key, label = line.split()
             case = MODELS[key]
-            source = m["model"].ModelSource(
-                case["name"], case["input_size"], options=case.get("options", {})
-            )
-            layers = m["partition"].count_layers(source.build()[0])
-            for label, plan in _plans(m, cluster, layers, case):
-                meas = m["pipeline"].run(plan, source, spec, config)
-                rows.append(
-                    {
-                        "cluster": cluster,
-                        "model": key,
-                        "plan": label,
-                        "step_s": meas.batch_time_s,
-                        "steps_s": list(meas.batch_times_s),
-                        "transfer_s": sum(st.transfer_s for st in meas.stages),
-                        "allreduce_s": sum(st.allreduce_s for st in meas.stages),
-                    }
+            if key not in built:
+                source = m["model"].ModelSource(
+                    case["name"], case["input_size"], options=case.get("options", {})
                 )
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    return rows
+                layers = m["partition"].count_layers(source.build()[0])
+                built[key] = source, dict(_plans(m, cluster, layers, case))
+            source, plans = built[key]
+            meas = m["pipeline"].run(plans[label], source, spec, config)
+            row = {
+                "cluster": cluster,
+                "model": key,
+                "plan": label,
+                "steps_s": list(meas.batch_times_s),
+                "transfer_s": sum(st.transfer_s for st in meas.stages),
+                "allreduce_s": sum(st.allreduce_s for st in meas.stages),
+            }
+            print(ROW + json.dumps(row), flush=True)
 
 
 def transfer_probe(prefix: str, repeats: int) -> list[dict]:
@@ -221,24 +230,97 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="measured steps per plan")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="times each plan runs on each engine, alternating"
+    )
     ap.add_argument("--repeats", type=int, default=5, help="transfers per size and engine")
     ap.add_argument("--baseline", default=BASELINE, help="commit of the object-ref runtime")
     ap.add_argument("--quick", action="store_true", help="AlexNet and the GPT on local-hetero")
-    ap.add_argument("--worker", choices=["plans", "transfer"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["serve", "transfer"], help=argparse.SUPPRESS)
     ap.add_argument("--prefix", default="pipeplan.", help=argparse.SUPPRESS)
     ap.add_argument("--cluster", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--models", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         sys.path.insert(0, os.getcwd())
-        if a.worker == "plans":
-            rows = worker(a.prefix, a.cluster, a.models.split(","), a.steps, a.warmup)
+        if a.worker == "serve":
+            serve(a.prefix, a.cluster, a.steps, a.warmup)
         else:
-            rows = transfer_probe(a.prefix, a.repeats)
-        Path(a.out).write_text(json.dumps(rows))
+            Path(a.out).write_text(json.dumps(transfer_probe(a.prefix, a.repeats)))
         return
     drive(a)
+
+
+class _Server:
+    """One engine's :func:`serve` worker in its own tree: a plan per call, its cluster kept up
+    in between, so the two engines' runs of a plan can alternate minute by minute."""
+
+    def __init__(self, tree: Path, prefix: str, args: list[str], env: dict[str, str]) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "serve"]
+        self.name = "new" if prefix else "old"
+        self.proc = subprocess.Popen(
+            [*cmd, "--prefix", prefix, *args],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._answer()  # the cluster is up
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(ROW):
+                row: dict[str, Any] = json.loads(line[len(ROW) :])
+                return row
+            sys.stdout.write(line)
+        raise RuntimeError(f"the {self.name} engine's worker ended (exit {self.proc.wait()})")
+
+    def run(self, model: str, plan: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{model} {plan}\n")
+        self.proc.stdin.flush()
+        row = self._answer()
+        print(json.dumps({"engine": self.name, **row}), file=sys.stderr, flush=True)
+        return row
+
+    def __enter__(self) -> _Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()  # the worker's loop ends, its cluster stops
+        try:
+            self.proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _compare(cluster: str, model: str, plan: str, got: dict[str, list[dict]]) -> dict[str, Any]:
+    """One plan's row: every measured step of every round, per engine."""
+    old = [t for row in got["old"] for t in row["steps_s"]]
+    new = [t for row in got["new"] for t in row["steps_s"]]
+
+    def mean(engine: str, what: str) -> float:
+        return statistics.mean(row[what] for row in got[engine])
+
+    return {
+        "cluster": cluster,
+        "model": model,
+        "plan": plan,
+        "old_step_s": statistics.mean(old),
+        "new_step_s": statistics.mean(new),
+        "ratio_old_over_new": statistics.mean(old) / statistics.mean(new),
+        "old_transfer_s": mean("old", "transfer_s"),
+        "new_transfer_s": mean("new", "transfer_s"),
+        "old_allreduce_s": mean("old", "allreduce_s"),
+        "new_allreduce_s": mean("new", "allreduce_s"),
+        "old_steps_s": old,
+        "new_steps_s": new,
+        "ratio_of_medians": statistics.median(old) / statistics.median(new),
+    }
 
 
 def drive(a: argparse.Namespace) -> None:
@@ -257,15 +339,21 @@ def drive(a: argparse.Namespace) -> None:
             env_old = {**os.environ, "PYTHONPATH": str(old_tree)}
             env_new = dict(os.environ)  # a PYTHONPATH of the caller's holds for this tree
             common = ["--steps", str(a.steps), "--warmup", str(a.warmup)]
-            rows: dict[str, list[dict]] = {"old": [], "new": []}
+            runs: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
             for cluster in clusters:
-                args = [*common, "--cluster", cluster, "--models", ",".join(models)]
-                for engine, tree, prefix, env in (
-                    ("old", old_tree, "", env_old),
-                    ("new", ROOT, "pipeplan.", env_new),
+                console.print(f"[bold]{cluster}[/bold]: both runtimes, {a.rounds} rounds a plan")
+                args = [*common, "--cluster", cluster]
+                with (
+                    _Server(old_tree, "", args, env_old) as old,
+                    _Server(ROOT, "pipeplan.", args, env_new) as new,
                 ):
-                    console.print(f"[bold]{cluster}[/bold]: {engine} runtime")
-                    rows[engine] += _engine(tree, prefix, "plans", args, env)
+                    for key in models:
+                        for label in PLANS:
+                            got = runs[cluster, key, label] = {"old": [], "new": []}
+                            for r in range(a.rounds):  # old first, then new first, ...
+                                pair = (("old", old), ("new", new))
+                                for engine, server in pair if r % 2 == 0 else pair[::-1]:
+                                    got[engine].append(server.run(key, label))
             console.print("[bold]transfers[/bold] (old and new, one cluster)")
             transfers = _engine(
                 ROOT, "pipeplan.", "transfer", ["--repeats", str(a.repeats)], env_new
@@ -274,31 +362,7 @@ def drive(a: argparse.Namespace) -> None:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=False
             )
-    plans = []
-    for old, new in zip(rows["old"], rows["new"], strict=True):
-        assert (old["cluster"], old["model"], old["plan"]) == (
-            new["cluster"],
-            new["model"],
-            new["plan"],
-        )
-        plans.append(
-            {
-                "cluster": old["cluster"],
-                "model": old["model"],
-                "plan": old["plan"],
-                "old_step_s": old["step_s"],
-                "new_step_s": new["step_s"],
-                "ratio_old_over_new": old["step_s"] / new["step_s"],
-                "old_transfer_s": old["transfer_s"],
-                "new_transfer_s": new["transfer_s"],
-                "old_allreduce_s": old["allreduce_s"],
-                "new_allreduce_s": new["allreduce_s"],
-                "old_steps_s": old["steps_s"],
-                "new_steps_s": new["steps_s"],
-                "ratio_of_medians": statistics.median(old["steps_s"])
-                / statistics.median(new["steps_s"]),
-            }
-        )
+    plans = [_compare(*where, got) for where, got in runs.items()]
     table = Table(
         title="step time: object-ref runtime (old) vs torch.distributed (new), no emulation"
     )
