@@ -36,7 +36,8 @@ def format_value(value: float, objective: Objective) -> str:
 
 def estimate_table(est: Estimate, title: str = "") -> Table:
     """A row per stage; its devices as :func:`~service.device_groups.stage_labels` writes
-    them (ids on a small plan, counts by node kind and type on a large one)."""
+    them (ids on a small plan, counts by node kind and type on a large one); a stage that
+    recomputes its activations says so beside its microbatch."""
     table = Table(title=title or "cost model estimate", title_justify="left")
     for col in ("stage", "devices", "layers", "microbatch", "fwd ms", "bwd ms", "compute ms",
                 "transfer ms", "memory GB", "fits"):  # fmt: skip
@@ -47,7 +48,7 @@ def estimate_table(est: Estimate, title: str = "") -> Table:
             str(st.index),
             devices,
             f"[{st.layers[0]}, {st.layers[1]})",
-            f"{st.microbatch} x{st.microbatches}",
+            f"{st.microbatch} x{st.microbatches}" + (", recompute" if st.recompute else ""),
             f"{st.forward_s * 1e3:.3f}",
             f"{st.backward_s * 1e3:.3f}",
             f"{st.compute_s * 1e3:.2f}",

@@ -4,6 +4,8 @@ table of a plan on about a hundred devices within the page's width."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from rich.console import Console
 
@@ -164,6 +166,17 @@ def test_the_cli_table_of_a_hundred_device_plan_keeps_a_line_per_stage(
     for row, label in zip(rows, SCALE_LABELS, strict=True):
         assert f"│ {label} " in row
     assert "/a100:" not in text and "/t4:" not in text
+
+
+def test_the_cli_table_says_which_stages_recompute(gpt_13b: ModelProfile) -> None:
+    plan = scale_plan(gpt_13b)
+    stages = list(plan.stages)
+    stages[1] = replace(stages[1], recompute=True)
+    est = simulate(replace(plan, stages=tuple(stages)), gpt_13b, ClusterSpec.load(SCALE_CLUSTER))
+    console = Console(width=160, record=True)
+    console.print(estimate_table(est, "genetic"))
+    rows = [line for line in console.export_text().splitlines() if line.startswith("│")]
+    assert ["recompute" in row for row in rows] == [i == 1 for i in range(plan.num_stages)]
 
 
 def test_a_run_line_names_a_large_plans_stages_by_group() -> None:

@@ -9,6 +9,7 @@ the SVG and Ray-dashboard readers behind them.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import re
@@ -445,6 +446,23 @@ def test_a_running_search_without_evaluations_says_so(
     ).json()
     panel = browser.get(f"/jobs/{job['id']}/plan").text
     assert "no plan yet" in panel and 'data-stages="0"' in panel
+
+
+def test_the_plan_panel_says_which_stages_recompute(
+    browser: TestClient, fake_backend: FakeBackend
+) -> None:
+    spec = {"profile": PROFILE, "cluster": CLUSTER_NAME, "planners": ["dp"]}
+    job = browser.post("/v1/jobs", json={"kind": "compare", "spec": spec}, headers=AUTH).json()
+    plan = copy.deepcopy(SEARCHED[5])
+    plan["stages"][1]["recompute"] = True
+    rows = [{"planner": "dp", "ok": True, "value": 0.01, "plan": plan}]
+    result = {"best": "dp", "results": rows, "objective": "time"}
+    post_events(browser, job["id"], fake_backend.token_of(job["id"]), [
+        {"type": "result", "data": result}
+    ])  # fmt: skip
+    panel = browser.get(f"/jobs/{job['id']}/plan").text
+    cells = re.findall(r'<td class="num">(\d+ × \d+[^<]*)</td>', panel)
+    assert [", recompute" in c for c in cells] == [False, True], cells
 
 
 def test_a_comparison_shows_its_best_rows_plan_and_a_profile_job_none(
