@@ -10,6 +10,7 @@ and checks that the pipeline computes what single-process training on the GPU co
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch
 from pipeplan.core.cluster import ClusterSpec, DeviceType, Node
 from pipeplan.core.costmodel import simulate
 from pipeplan.core.plan import Plan, Stage
-from pipeplan.executor import accelerators
+from pipeplan.executor import accelerators, checkpoint
 from pipeplan.executor.accelerators import (
     check_machine,
     check_nodes,
@@ -25,7 +26,7 @@ from pipeplan.executor.accelerators import (
     local_gpus,
     torch_device,
 )
-from pipeplan.executor.data import digits_batches
+from pipeplan.executor.data import digits_batches, synthetic_batches
 from pipeplan.executor.emulation import is_emulated, slowdown
 from pipeplan.executor.errors import ExecutorError
 from pipeplan.executor.live_cluster import LiveNode, device_resource, node_resource, nodes_from_ray
@@ -247,3 +248,44 @@ def test_a_cuda_type_is_profiled_on_its_gpu(cuda_cluster: LocalCluster) -> None:
     assert any(layer.timings["gpu"] != layer.timings["cpu"] for layer in profile.layers)
     plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), ("c0/cpu:0",), 8)))
     assert simulate(plan, profile, CUDA_SPEC).batch_time_s > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.ray
+@pytest.mark.timeout(400)
+def test_training_on_cuda_checkpoints_and_resumes(
+    cuda_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """``train`` on a plan with a CUDA stage: its losses and exported weights are
+    single-process training's on the GPU, and 2 steps + resume + 1 step give the weights
+    of 3 straight (the CUDA stage's checkpoint shards saved from and loaded onto the GPU)."""
+    from pipeplan.executor.train import TrainConfig, train
+
+    plan = Plan(16, (Stage((0, 3), ("g0/gpu:0",), 4), Stage((3, 8), ("c0/cpu:0",), 8)))
+    sgd = OptimizerConfig("sgd", lr=0.1, momentum=0.9)
+
+    def config(steps: int, folder: Path, **kw: object) -> TrainConfig:
+        base: dict[str, object] = {"steps": steps, "optimizer": sgd, "seed": 3,
+                                   "checkpoint_dir": folder, "emulate": False,
+                                   "deterministic": True, "timeout_s": 120}  # fmt: skip
+        return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+    straight = train(plan, DIGITS, CUDA_SPEC, config(3, tmp_path / "a"))
+    train(plan, DIGITS, CUDA_SPEC, config(2, tmp_path / "b"))
+    resumed = train(plan, DIGITS, CUDA_SPEC, config(3, tmp_path / "b", resume=tmp_path / "b"))
+    assert resumed.first_step == 2 and [s.step for s in resumed.steps] == [2]
+    assert resumed.steps[0].loss == pytest.approx(straight.steps[2].loss, abs=1e-5)
+    a = checkpoint.export_state_dict(tmp_path / "a", tmp_path / "a.pt")
+    b = checkpoint.export_state_dict(tmp_path / "b", tmp_path / "b.pt")
+    assert sorted(a) == sorted(b) and a
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-5), name
+    model, example = DIGITS.build()
+    model.eval()
+    with torch.no_grad():
+        out_shape = tuple(model(example).shape)
+    batches = synthetic_batches(example, out_shape, 16, 3, seed=3)
+    ref = train_single_process(DIGITS, batches, sgd, deterministic=True, device="cuda")
+    assert [s.loss for s in straight.steps] == pytest.approx(ref.losses, abs=1e-4)
+    for name, want in ref.parameters.items():
+        assert torch.allclose(a[name], want.cpu(), atol=1e-4), name
