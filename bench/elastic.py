@@ -58,6 +58,17 @@ STORE_MB = 150
 MODES = ("elastic", "by hand")
 
 
+def folded(plan: Plan, lost: set[str]) -> Plan:
+    """``plan`` on what is left after ``lost`` nodes went
+    (:func:`executor.elastic.fold_plan`)."""
+    from pipeplan.executor.elastic import fold_plan
+
+    left = [d for d in plan.devices if d.split("/")[0] not in lost]
+    if not left:
+        raise ValueError(f"no device of the plan is left after losing {sorted(lost)}")
+    return fold_plan(plan, left)
+
+
 @dataclass
 class Timeline:
     """Each trained step with when it ended, and when the node was killed."""
@@ -168,7 +179,6 @@ def run_by_hand(
 ) -> dict[str, Any]:
     from pipeplan.core.costmodel import simulate
     from pipeplan.executor import checkpoint
-    from pipeplan.executor.elastic import fold_plan
     from pipeplan.executor.errors import ExecutorError
     from pipeplan.executor.local_cluster import LocalCluster
     from pipeplan.executor.model import ModelSource
@@ -177,7 +187,7 @@ def run_by_hand(
     timeline = Timeline()
     model = ModelSource("gpt", 16, seed=0, options=GPT)
     left = dataclasses.replace(spec, nodes=tuple(n for n in spec.nodes if n.name != a.kill))
-    after_loss = fold_plan(plan, left)
+    after_loss = folded(plan, {a.kill})
     with LocalCluster(spec, object_store_mb=STORE_MB) as cluster:
         try:
             train(

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -326,12 +326,13 @@ class PlannerReplanner:
         )
 
 
-def fold_plan(plan: Plan, left: ClusterSpec) -> Plan:
-    """``plan`` on the devices of ``left``: its cuts and microbatches kept, the devices
-    ``left`` lacks dropped from their stages, and a stage left without devices merged into
-    its neighbour (the one before it; the first stage into the next one kept). Raises
-    :class:`ElasticError` naming the plan's devices when none of them is left."""
-    there = set(left.device_ids)
+def fold_plan(plan: Plan, left: ClusterSpec | Collection[str]) -> Plan:
+    """``plan`` on the devices ``left`` (a cluster, or device ids): its cuts and
+    microbatches kept, the devices ``left`` lacks dropped from their stages, and a stage
+    left without devices merged into its neighbour (the one before it; the first stage into
+    the next one kept). Raises :class:`ElasticError` naming the plan's devices when none of
+    them is left."""
+    there = set(left.device_ids if isinstance(left, ClusterSpec) else left)
     stages: list[Stage] = []
     pending: int | None = None  # first layer of emptied stages before the first kept one
     for stage in plan.stages:
@@ -349,7 +350,7 @@ def fold_plan(plan: Plan, left: ClusterSpec) -> Plan:
     if not stages:
         raise ElasticError(
             f"fold_plan: none of the plan's devices ({', '.join(plan.devices)}) is left; "
-            f"the cluster has {', '.join(left.device_ids) or 'no devices'}"
+            f"the cluster has {', '.join(sorted(there)) or 'no devices'}"
         )
     return replace(plan, stages=tuple(stages))
 
