@@ -14,7 +14,9 @@ concrete node-exclusive plan of those kinds (tested against :func:`core.costmode
 
 A stage's replicas are all of one type, so its slowest replica is the first one, whose share
 is the largest (rule 2i): a stage's op times are read once, not once per replica.
-Recomputation (rule 2r) is not part of a kind-level plan.
+A stage may recompute its activations (``recompute``, rules 2r and 9r): its backward is its
+first replica's forward plus backward of its share, and its memory holds its inputs per
+held microbatch and one microbatch's activations, as :mod:`core.costmodel` costs it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class KindBatch:
     type_index: (P, S) each stage's device type, into :attr:`CostTables.types`.
     replicas: (P, S) devices of each stage.
     nodes: (P, S) nodes each stage's devices sit on (``1 <= nodes <= replicas``).
+    recompute: (P, S) bool, whether each stage recomputes its activations (rules 2r and 9r);
+    ``None``: no stage does.
     """
 
     bounds: IntArray
@@ -50,6 +54,7 @@ class KindBatch:
     type_index: IntArray
     replicas: IntArray
     nodes: IntArray
+    recompute: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -73,6 +78,11 @@ def evaluate_kinds(
     t, start, end = batch.type_index, batch.bounds[:, :-1], batch.bounds[:, 1:]
     fwd, bwd = _op_times(tables, t, start, end, rules.replica_samples(mb, r, 0))
     fwd_last, bwd_last = _op_times(tables, t, start, end, rules.replica_samples(n_last, r, 0))
+    if batch.recompute is not None:  # rule 2r
+        bwd = np.where(batch.recompute, rules.recompute_backward_s(fwd, bwd), bwd)
+        bwd_last = np.where(
+            batch.recompute, rules.recompute_backward_s(fwd_last, bwd_last), bwd_last
+        )
     params = tables.params(start, end)
     update = rules.update_s(params, membw[t])
     cuts = (tables.cuts[batch.bounds[:, 1:-1]], tables.link_bps[INTER], tables.link_lat[INTER])
@@ -85,7 +95,11 @@ def evaluate_kinds(
     batch_time = (last + update + allreduce).max(-1) + tables.step_overhead
     b = mb.astype(np.float64)
     held = rules.held_microbatches(schedule, b, B, warmups)
-    memory = rules.memory_bytes(params, tables.acts(start, end), rules.replica_share(b, r), held)
+    acts, share = tables.acts(start, end), rules.replica_share(b, r)
+    plain = memory = rules.memory_bytes(params, acts, share, held)
+    recomputed = rules.recompute_memory_bytes(params, tables.cuts[start], acts, share, held)
+    if batch.recompute is not None:  # rule 9r
+        memory = np.where(batch.recompute, recomputed, plain)
     cap = capacity[t]
     return BatchResult(
         batch_time,
@@ -93,6 +107,7 @@ def evaluate_kinds(
         (memory / cap).max(-1),
         (r * price[t]).sum(-1),
         global_batch,
+        (np.minimum(plain, recomputed) / cap).max(-1),
     )
 
 
@@ -117,6 +132,13 @@ def _check(tables: CostTables, batch: KindBatch, global_batch: int) -> None:
         shape = getattr(batch, name).shape
         if shape != (P, S):
             raise PlanError(f"kind plans.{name}: shape {shape}, expected {(P, S)}")
+    if batch.recompute is not None:
+        if batch.recompute.shape != (P, S):
+            raise PlanError(
+                f"kind plans.recompute: shape {batch.recompute.shape}, expected {(P, S)}"
+            )
+        if batch.recompute.dtype != np.bool_:
+            raise PlanError(f"kind plans.recompute: expected bools, got {batch.recompute.dtype}")
     if batch.bounds.shape != (P, S + 1):
         raise PlanError(f"kind plans.bounds: shape {batch.bounds.shape}, expected {(P, S + 1)}")
     L = len(tables.profile)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,7 +44,7 @@ def concrete(cluster: ClusterSpec, stages: list[KindStage]) -> list[tuple[str, .
 @st.composite
 def kind_cases(draw: st.DrawFn) -> tuple[ModelProfile, ClusterSpec, list[KindStage], Plan]:
     """A profile, a cluster of node kinds (``count: N``), and a node-exclusive plan on it:
-    stages on part of a node, on several nodes, on different kinds."""
+    stages on part of a node, on several nodes, on different kinds, some recomputing."""
     profile = draw(profiles(min_layers=2, max_layers=8))
     cluster = draw(kind_clusters())
     shape = {n.kind: n for n in cluster.nodes}  # a node of each kind
@@ -65,10 +67,11 @@ def kind_cases(draw: st.DrawFn) -> tuple[ModelProfile, ClusterSpec, list[KindSta
     cuts = sorted(draw(st.sets(st.integers(1, len(profile) - 1), min_size=S - 1, max_size=S - 1)))
     bounds = [0, *cuts, len(profile)]
     schedule = draw(st.sampled_from(list(Schedule)))
+    recompute = draw(st.lists(st.booleans(), min_size=S, max_size=S))
     devices = concrete(cluster, stages)
     plan = Plan(
         batch,
-        tuple(Stage((bounds[s], bounds[s + 1]), devices[s], mb) for s in range(S)),
+        tuple(Stage((bounds[s], bounds[s + 1]), devices[s], mb, recompute[s]) for s in range(S)),
         schedule,
     )
     return profile, cluster, stages, plan
@@ -82,6 +85,7 @@ def kind_batch(tables: CostTables, stages: list[KindStage], plan: Plan) -> KindB
         type_index=np.array([[tables.type_index[t] for _, t, _, _ in stages]], dtype=np.int64),
         replicas=np.array([[d * n for _, _, d, n in stages]], dtype=np.int64),
         nodes=np.array([[n for _, _, _, n in stages]], dtype=np.int64),
+        recompute=np.array([[st.recompute for st in plan.stages]], dtype=bool),
     )
 
 
@@ -99,6 +103,22 @@ def test_kind_level_cost_equals_the_cost_model_on_the_concrete_plan(case: tuple)
         PlanBatch.from_plans([plan], cluster), plan.global_batch, plan.schedule
     )
     assert got.memory_ratio[0] == pytest.approx(ev.memory_ratio[0], rel=1e-12)
+    assert ev.recompute_ratio is not None and got.recompute_ratio is not None
+    assert got.recompute_ratio[0] == pytest.approx(ev.recompute_ratio[0], rel=1e-12)
+
+
+def test_without_recompute_flags_no_stage_recomputes() -> None:
+    """``recompute=None`` costs as all-false flags, and a recomputing stage costs more time
+    and holds less memory where its activations outweigh its inputs."""
+    profile = ModelProfile("toy", (3, 8, 8), tuple(_layer(i, 4) for i in range(4)))
+    cluster = _one_kind()
+    tables = CostTables.of(profile, cluster)
+    plain = dataclasses.replace(_good(), bounds=np.array([[0, 2, 4]]))
+    off = dataclasses.replace(plain, recompute=np.zeros((1, 2), dtype=bool))
+    on = dataclasses.replace(plain, recompute=np.array([[True, False]]))
+    a, b, c = (evaluate_kinds(tables, x, 8) for x in (plain, off, on))
+    assert a.batch_time_s[0] == b.batch_time_s[0] and a.memory_ratio[0] == b.memory_ratio[0]
+    assert c.batch_time_s[0] > a.batch_time_s[0]
 
 
 def test_a_population_of_kind_plans_is_costed_row_by_row() -> None:
@@ -161,6 +181,20 @@ def _layer(i: int, n: int) -> LayerProfile:
     )
 
 
+def _one_kind() -> ClusterSpec:
+    return ClusterSpec.from_dict(
+        {
+            "name": "one",
+            "device_types": {"a": {"flops": 1e12, "memory_gb": 8, "memory_bandwidth_gbps": 100}},
+            "nodes": [{"name": "n", "devices": {"a": 2}, "count": 2}],
+            "network": {
+                "intra_node": {"bandwidth_gbps": 100, "latency_us": 5},
+                "inter_node": {"bandwidth_gbps": 10, "latency_us": 20},
+            },
+        }
+    )
+
+
 def _good() -> KindBatch:
     return KindBatch(
         bounds=np.array([[0, 1, 2]]),
@@ -183,23 +217,15 @@ def _good() -> KindBatch:
         ("nodes", np.array([[0, 1]]), "kind plans.nodes: must be >= 1, got 0"),
         ("nodes", np.array([[3, 1]]), "spans more nodes than it has replicas"),
         ("type_index", np.array([[0, 7]]), "kind plans.type_index: 7 is not a type of"),
+        ("recompute", np.array([[True]]), "kind plans.recompute: shape (1, 1), expected (1, 2)"),
+        ("recompute", np.array([[1, 0]]), "kind plans.recompute: expected bools, got int64"),
     ],
 )
 def test_bad_kind_plans_are_refused_naming_the_field(
     field: str, value: np.ndarray, message: str
 ) -> None:
     profile = ModelProfile("toy", (3, 8, 8), (_layer(0, 2), _layer(1, 2)))
-    cluster = ClusterSpec.from_dict(
-        {
-            "name": "one",
-            "device_types": {"a": {"flops": 1e12, "memory_gb": 8, "memory_bandwidth_gbps": 100}},
-            "nodes": [{"name": "n", "devices": {"a": 2}, "count": 2}],
-            "network": {
-                "intra_node": {"bandwidth_gbps": 100, "latency_us": 5},
-                "inter_node": {"bandwidth_gbps": 10, "latency_us": 20},
-            },
-        }
-    )
+    cluster = _one_kind()
     tables = CostTables.of(profile, cluster)
     good = _good()
     bad = KindBatch(**{**good.__dict__, field: value})
