@@ -50,7 +50,12 @@ from __future__ import annotations
 import numpy as np
 
 from pipeplan.agents.baselines.brute import DeviceClass, device_classes
-from pipeplan.agents.baselines.dp_kinds import Searched, memory_binds, search_kinds
+from pipeplan.agents.baselines.dp_kinds import (
+    Searched,
+    evaluate_kind_found,
+    memory_binds,
+    search_kinds,
+)
 from pipeplan.agents.baselines.dp_table import (
     BottleneckDP,
     Candidate,
@@ -60,7 +65,6 @@ from pipeplan.agents.baselines.dp_table import (
     table_size,
 )
 from pipeplan.agents.problem import InfeasibleError, Objective, Problem
-from pipeplan.agents.provision.exact import evaluate_found
 from pipeplan.agents.provision.kinds import Catalogue
 from pipeplan.agents.registry import Planner
 from pipeplan.agents.search import Search
@@ -204,7 +208,7 @@ class DPPlanner(Planner):
                 "no plan of node-exclusive one-type stages on whole nodes fits in memory for "
                 f"any microbatch size {list(sizes)}" + memory_binds(problem, tables, catalogue)
             )
-        evaluate_found(search, catalogue, [f for _, f in ranked[: self.config.simulated]])
+        evaluate_kind_found(search, catalogue, [f for _, f in ranked[: self.config.simulated]])
 
 
 def _ranked(problem: Problem, cands: list[Candidate]) -> list[Candidate]:

@@ -9,10 +9,14 @@ and makes a plan concrete only at the end, each stage on the next free nodes of 
 device of one type on ``m`` whole nodes of one kind, no node holding two stages; the stages on
 one kind are consecutive (**kind blocks**, the kinds in any order, a kind possibly unused);
 equal microbatches of each size of ``Problem.microbatch_sizes()``. Every cut crosses nodes.
+A stage recomputes its activations (rules 2r and 9r) exactly where memory needs it: when it
+does not fit without and does with (:class:`~agents.provision.kinds.StageCosts`).
 
 **Exact for** the ``overlap`` bottleneck (:mod:`agents.baselines.dp`) over that space, for
-each microbatch size, under GPipe. Under 1F1B a stage's memory is checked as if it held the
-in-flight microbatches of a first stage of ``L`` (conservative: a plan it accepts fits).
+each microbatch size, under GPipe: recomputation only adds time, so recomputing where memory
+needs it and nowhere else is each stage's best choice. Under 1F1B a stage's memory is checked
+as if it held the in-flight microbatches of a first stage of ``L`` (conservative: a plan it
+accepts fits); a candidate's stages then recompute where they need it at their own place.
 
 **How.** For a target ``T`` a stage ``[i, j)`` on an option takes the least ``m`` whose busy
 time is at most ``T``; within one kind the least nodes covering ``[i, j)`` is a min-plus
@@ -28,18 +32,22 @@ distinct node kinds.
 size are kept: the optimum's, the plans of the next few larger targets (fewer nodes, often
 fewer stages), and each of those with the kind's spare nodes spread over its stages. All are
 costed by kind (:func:`core.kind_tables.evaluate_kinds`, no device named); ``dp`` makes
-the best ``simulated`` of them concrete and records them through ``search.evaluate``.
+the best ``simulated`` of them concrete, with their recomputing stages, and records them
+through ``search.evaluate`` (:func:`evaluate_kind_found`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeplan.agents.problem import Problem, ProblemError
-from pipeplan.agents.provision.exact import Found
+from pipeplan.agents.provision.exact import Found, found_batch
 from pipeplan.agents.provision.kinds import Catalogue, StageCosts
+from pipeplan.agents.search import Search
+from pipeplan.core import rules
+from pipeplan.core.batch_eval import PlanBatch
 from pipeplan.core.kind_tables import KindBatch, evaluate_kinds
 from pipeplan.core.plan import Schedule
 from pipeplan.core.tables import CostTables
@@ -65,8 +73,23 @@ class Searched:
         return (
             f"kinds: node-exclusive stages of one type on whole nodes of one kind, stages of a "
             f"kind consecutive ({self.kinds} kinds, {self.options} options), equal "
-            f"microbatches of {list(self.microbatch_sizes)}; exact for the overlap bottleneck"
+            f"microbatches of {list(self.microbatch_sizes)}, recomputing where memory needs "
+            "it; exact for the overlap bottleneck"
         )
+
+
+@dataclass(frozen=True)
+class KindFound(Found):
+    """A candidate of the kind-level search: a :class:`Found` with the stages that recompute
+    their activations (empty: none)."""
+
+    recompute: tuple[bool, ...] = ()
+
+
+def recompute_of(f: Found) -> tuple[bool, ...]:
+    """Per stage, whether it recomputes (``False`` for every stage of a plain ``Found``)."""
+    flags: tuple[bool, ...] = getattr(f, "recompute", ())
+    return tuple(flags) if flags else (False,) * len(f.stages)
 
 
 class KindDP:
@@ -177,6 +200,17 @@ class KindDP:
                 out[mine[n % len(mine)]][1] += 1
         return tuple((o, m) for o, m in out)
 
+    def recomputing(
+        self, bounds: tuple[int, ...], stages: tuple[tuple[int, int], ...]
+    ) -> tuple[bool, ...]:
+        """Per stage of a plan, whether it recomputes: it does not fit without at its own
+        place (stages from it to the end, for 1F1B's memory)."""
+        S = len(stages)
+        return tuple(
+            self.costs.recomputes(bounds[s], bounds[s + 1], o, m, S - s)
+            for s, (o, m) in enumerate(stages)
+        )
+
     def candidates(self) -> list[Found]:
         """The optimum's plan and its neighbours (module docstring), each with the target it
         was built for as its bound (its bottleneck is at most that), not yet costed."""
@@ -196,7 +230,10 @@ class KindDP:
             for st in (stages, self.spread(stages)):
                 if (bounds, st) not in seen:
                     seen.add((bounds, st))
-                    out.append(Found(0.0, float(values[p]), 0.0, bounds, st, self.costs.b))
+                    flags = self.recomputing(bounds, st)
+                    out.append(
+                        KindFound(0.0, float(values[p]), 0.0, bounds, st, self.costs.b, flags)
+                    )
         return out
 
 
@@ -282,7 +319,30 @@ def kind_batch(catalogue: Catalogue, found: list[Found]) -> KindBatch:
         type_index=np.array([opt.type_index for opt in opts])[o],
         replicas=per_node[o] * m,
         nodes=m,
+        recompute=np.array([recompute_of(f) for f in found], dtype=bool),
     )
+
+
+def concrete_batch(catalogue: Catalogue, found: list[Found]) -> PlanBatch:
+    """Plans of one stage count made concrete, each stage on the next free nodes of its kind
+    (:func:`agents.provision.exact.found_batch`), recomputing where the candidate does."""
+    flags = np.array([recompute_of(f) for f in found], dtype=bool)
+    return replace(found_batch(catalogue, found), recompute=flags)
+
+
+def evaluate_kind_found(search: Search, catalogue: Catalogue, found: list[Found]) -> None:
+    """Simulate candidates made concrete (:func:`concrete_batch`) through ``search``, one
+    population per stage count, budget allowing."""
+    left = search.remaining_evaluations
+    if left is not None:
+        found = found[:left]
+    by_stages: dict[int, list[Found]] = {}
+    for f in found:
+        by_stages.setdefault(len(f.stages), []).append(f)
+    for S in sorted(by_stages):
+        if search.exhausted():
+            return
+        search.evaluate(concrete_batch(catalogue, by_stages[S]))
 
 
 def rank(
@@ -303,10 +363,13 @@ def rank(
 
 
 def memory_binds(problem: Problem, tables: CostTables, catalogue: Catalogue) -> str:
-    """Why no plan of the space fits: at the microbatch size that gets farthest, the first
-    layer the cluster's nodes cannot also hold, and the types tried."""
+    """Why no plan of the space fits, even recomputing: at the microbatch size that gets
+    farthest, the first layer the cluster's nodes cannot also hold, and the types tried; and
+    when the parameters alone bind (:func:`parameters_bind`), so."""
     reach = {
-        b: KindDP(problem, catalogue, StageCosts(problem, tables, catalogue, b)).farthest()
+        b: KindDP(
+            problem, catalogue, StageCosts(problem, tables, catalogue, b, recompute=True)
+        ).farthest()
         for b in problem.microbatch_sizes()
     }
     b = max(reach, key=lambda k: (reach[k], -k))
@@ -315,7 +378,31 @@ def memory_binds(problem: Problem, tables: CostTables, catalogue: Catalogue) -> 
     return (
         f"; memory binds: at best (microbatch {b}) the nodes of {types} hold layers "
         f"[0, {reach[b]}) of {len(problem.profile)}, and no stage from there on fits layer "
-        f"{layer.name!r} as well"
+        f"{layer.name!r} as well, even recomputing its activations"
+    ) + parameters_bind(problem, catalogue)
+
+
+def parameters_bind(problem: Problem, catalogue: Catalogue) -> str:
+    """A note when the model's parameters alone exceed what the space can hold (empty
+    otherwise): every device of a stage holds :data:`core.rules.OPTIMIZER_COPIES` x the
+    stage's parameters whatever its replicas, and a node holds at most one stage, so the
+    nodes hold at most, each, a quarter of its largest device's memory, whatever recomputes."""
+    cluster = problem.cluster
+    per_kind = [
+        max(cluster.device_types[o.type].memory_bytes for o in catalogue.options if o.kind == k)
+        for k in range(len(catalogue.kinds))
+    ]
+    room = sum(n * c for n, c in zip(catalogue.available, per_kind, strict=True))
+    room /= rules.OPTIMIZER_COPIES
+    params = sum(x.params_bytes for x in problem.profile.layers)
+    if params <= room:
+        return ""
+    return (
+        f"; parameters bind: each device of a stage holds {rules.OPTIMIZER_COPIES} x its "
+        f"parameters (weights, gradients, two Adam states), and with one stage per node the "
+        f"{sum(catalogue.available)} nodes hold at most {room / rules.GB:.1f} GB of the "
+        f"model's {params / rules.GB:.1f} GB; it takes stages that share a node, outside "
+        "this space"
     )
 
 
@@ -340,5 +427,6 @@ def search_kinds(
         )
     found: list[Found] = []
     for b in sorted(problem.microbatch_sizes(), reverse=True):
-        found += KindDP(problem, catalogue, StageCosts(problem, tables, catalogue, b)).candidates()
+        costs = StageCosts(problem, tables, catalogue, b, recompute=True)
+        found += KindDP(problem, catalogue, costs).candidates()
     return rank(problem, tables, catalogue, found)

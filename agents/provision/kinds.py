@@ -103,10 +103,24 @@ class Catalogue:
 
 class StageCosts:
     """Busy times of stages and transfer times of cuts for one microbatch size (see the
-    module docstring), from the problem's :class:`CostTables`."""
+    module docstring), from the problem's :class:`CostTables`.
 
-    def __init__(self, problem: Problem, tables: CostTables, catalogue: Catalogue, b: int):
+    With ``recompute`` a stage that does not fit in memory as it is recomputes its
+    activations (rules 2r and 9r) where that makes it fit: its busy time is then the
+    recomputing one. Recomputation only adds time, so recomputing exactly where memory needs
+    it is each stage's best choice; :meth:`recomputes` says where that is. Off, a stage that
+    does not fit is ``inf`` (the provisioning planners' space)."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        tables: CostTables,
+        catalogue: Catalogue,
+        b: int,
+        recompute: bool = False,
+    ):
         self.problem, self.tables, self.catalogue, self.b = problem, tables, catalogue, b
+        self.recompute = recompute
         self.M = problem.global_batch // b
         self.L = len(problem.profile)
         inter = rules.transfer_s(tables.cuts * b, tables.link_bps[INTER], tables.link_lat[INTER])
@@ -116,11 +130,34 @@ class StageCosts:
     def busy(self, i: int, o: int, stages_from_here: np.ndarray) -> FloatArray:
         """(J, m_max, Q): busy time of stage ``[i, j)`` for ``j = i+1 .. L`` on ``m = 1 ..
         available`` nodes of option ``o``, at ``q`` stages from it to the end (1F1B memory);
-        ``inf`` where it does not fit in memory."""
+        ``inf`` where it does not fit in memory (recomputing, when on: the class docstring)."""
+        jj = np.arange(i + 1, self.L + 1)
+        m = np.arange(1, self.catalogue.available[self.catalogue.options[o].kind] + 1)
+        busy, fits, busy_r, fits_r = self._stage(i, jj, o, m, np.asarray(stages_from_here))
+        out = np.where(fits, busy, np.inf)
+        if self.recompute:
+            out = np.where(~fits & fits_r, busy_r, out)
+        return out
+
+    def recomputes(self, i: int, j: int, o: int, m: int, stages_from_here: int) -> bool:
+        """Whether stage ``[i, j)`` on ``m`` nodes of option ``o``, at ``stages_from_here``
+        stages from it to the end, recomputes under :meth:`busy`: recomputation is on and the
+        stage does not fit in memory without it (whether it fits with it or not)."""
+        _, fits, _, _ = self._stage(
+            i, np.array([j]), o, np.array([m]), np.array([stages_from_here])
+        )
+        return self.recompute and not bool(fits[0, 0, 0])
+
+    def _stage(
+        self, i: int, jj: np.ndarray, o: int, m: np.ndarray, q: np.ndarray
+    ) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
+        """(J, m, Q) busy time and memory fit of stage ``[i, j)`` for each ``j`` of ``jj`` on
+        each ``m`` nodes of option ``o`` at each ``q`` stages from here: as it is, then
+        recomputing (rules 2r and 9r)."""
         tb, opt, M, b = self.tables, self.catalogue.options[o], self.M, self.b
         t = opt.type_index
-        jj = np.arange(i + 1, self.L + 1)[:, None]
-        m = np.arange(1, self.catalogue.available[opt.kind] + 1)[None, :]
+        jj = jj[:, None]
+        m = m[None, :]
         r = m * opt.per_node
         n = rules.replica_share(b, r)
         f = rules.compute_s(tb.fwd_fixed_range[t, i, jj], tb.fwd_per_sample_range[t, i, jj], n)
@@ -131,11 +168,18 @@ class StageCosts:
         update = rules.update_s(params, cluster.memory_bandwidth_gbps(opt.type))
         cls = np.where(m == 1, INTRA, INTER)
         allreduce = rules.allreduce_s(params, r, tb.ring_bps[cls], tb.ring_lat[cls])
-        bk = bk + rules.accumulation_s(update, M)
-        busy = M * (f + bk) + (update + allreduce)
-        q = np.asarray(stages_from_here)[None, None, :]
+        accumulation = rules.accumulation_s(update, M)
+        busy = M * (f + (bk + accumulation)) + (update + allreduce)
+        busy_r = M * (f + (rules.recompute_backward_s(f, bk) + accumulation)) + (update + allreduce)
+        q = q[None, None, :]
         held = np.broadcast_to(rules.in_flight(self.problem.schedule, M, q), q.shape)
-        memory = rules.memory_bytes(
-            params[..., None], tb.acts(i, jj)[..., None], n[..., None], held
+        acts, share, p = tb.acts(i, jj)[..., None], n[..., None], params[..., None]
+        plain = rules.memory_bytes(p, acts, share, held)
+        recomputed = rules.recompute_memory_bytes(p, float(tb.cuts[i]), acts, share, held)
+        shape = plain.shape
+        return (
+            np.broadcast_to(busy[..., None], shape),
+            plain <= dtype.memory_bytes,
+            np.broadcast_to(busy_r[..., None], shape),
+            recomputed <= dtype.memory_bytes,
         )
-        return np.where(memory <= dtype.memory_bytes, busy[..., None], np.inf)
