@@ -76,15 +76,20 @@ class Probe:
         address, port = self.sock.getsockname()[:2]
         return str(address), int(port)
 
-    def join(self, address: str, port: int, rank: int, nodes: tuple[str, ...]) -> bool:
-        """Join the group; whether its ranks sum through shared memory (all on one node)."""
+    def join(
+        self, address: str, port: int, rank: int, nodes: tuple[str, ...], max_floats: int = 0
+    ) -> bool:
+        """Join the group; whether its ranks sum through shared memory (all on one node).
+        ``max_floats``: the largest all-reduce to come, whose gradient regions the shared
+        segment is made to hold (as a stage's holds its gradients)."""
         ranks = tuple(range(len(nodes)))
         spec = transport.GroupSpec(address, port, rank, (ranks,), "gloo", 120.0, nodes)
         transport.join(spec, getattr(self, "store", None))
         self.shared = None
         if shared_sum.enabled():
             name = f"pipeplan-links-{address}-{port}"
-            self.shared = shared_sum.open_shared_sum(None, ranks, rank, nodes[rank], name)
+            layout = _layout(max_floats) if max_floats else None
+            self.shared = shared_sum.open_shared_sum(None, ranks, rank, nodes[rank], name, layout)
         return self.shared is not None
 
     def send(self, n_bytes: int, dst: int) -> float:
@@ -100,12 +105,20 @@ class Probe:
         return time.time(), int(got.numel())
 
     def all_reduce(self, n_floats: int) -> tuple[float, float]:
-        """One all-reduce of ``n_floats`` after a barrier: its start and end."""
+        """One all-reduce of ``n_floats`` after a barrier: its start and end. Replicas of
+        one node sum as a stage's do: in place in their gradient regions of the shared
+        segment where those fit (the backward wrote the gradients there, untimed), else
+        through its chunk buffers; others with gloo's ``all_reduce``."""
         flat = torch.ones(n_floats, dtype=torch.float32)
+        shared = self.shared.for_params(_layout(n_floats)) if self.shared is not None else None
+        if shared is not None and shared.layout is not None:
+            shared.grad_view("g").copy_(flat)
         torch.distributed.barrier()
         t0 = time.time()
-        if self.shared is not None:
-            self.shared.sum_(flat)
+        if shared is not None and shared.layout is not None:
+            shared.sum_regions({"g"})
+        elif shared is not None:
+            shared.sum_(flat)
         else:
             torch.distributed.all_reduce(flat)
         return t0, time.time()
@@ -114,13 +127,22 @@ class Probe:
         transport.leave()
 
 
-def group(devices: list[str]) -> list[Any]:
-    """One probe actor per device, joined in one gloo group (rank = position)."""
+def _layout(n_floats: int) -> shared_sum.ArenaLayout:
+    """The gradient regions' layout of one float32 parameter ``g`` of ``n_floats``."""
+    shape_only = torch.empty(1, dtype=torch.float32).expand(n_floats)  # nothing allocated
+    layout = shared_sum.ArenaLayout.of({"g": shape_only})
+    assert layout is not None
+    return layout
+
+
+def group(devices: list[str], max_floats: int = 0) -> list[Any]:
+    """One probe actor per device, joined in one gloo group (rank = position);
+    ``max_floats``: the largest all-reduce the group will make (:meth:`Probe.join`)."""
     nodes = live_nodes()
     actors = [Probe.options(**actor_options(d, nodes)).remote() for d in devices]  # type: ignore[attr-defined]
     address, port = ray.get(actors[0].open.remote(len(actors)))
     where = tuple(parse_device_id(d)[0] for d in devices)
-    ray.get([a.join.remote(address, port, r, where) for r, a in enumerate(actors)])
+    ray.get([a.join.remote(address, port, r, where, max_floats) for r, a in enumerate(actors)])
     return actors
 
 
@@ -186,8 +208,8 @@ def measure_ring(devices: list[str], repeats: int) -> dict[int, list[float]]:
     """Seconds per round of an all-reduce over ``devices`` (gloo's, as the replicas of a
     stage run it), per chunk size in bytes: ``all_reduce`` of ``r`` chunks, from the latest
     start to the latest end over the replicas, divided by its ``2 (r-1)`` rounds."""
-    actors = group(devices)
-    r = len(actors)
+    r = len(devices)
+    actors = group(devices, max(RING_CHUNKS_KB) * 1024 * r // 4)
     out: dict[int, list[float]] = {}
     try:
         for kb in RING_CHUNKS_KB:
