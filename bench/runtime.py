@@ -25,7 +25,7 @@ packages were still top-level ``core``, ``executor``, ...). The **new** engine i
 checkout. Each engine gets its own local Ray cluster per preset, started and stopped here, with the
 object store it needs (:data:`STORE_MB`).
 
-    .venv/bin/python -m bench.runtime            # ~15 minutes on a 2-core machine
+    .venv/bin/python -m bench.runtime            # ~25 minutes on a 2-core machine
     .venv/bin/python -m bench.runtime --quick    # AlexNet and the GPT on local-hetero only
 
 Prints a table and writes ``bench/results/runtime/<UTC date-time>.json``.
