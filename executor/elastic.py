@@ -264,9 +264,12 @@ class Replanner(Protocol):
         """The cost model's prediction for ``plan`` on ``cluster``, stage by stage."""
         ...
 
-    def corrected(self, factors: Mapping[str, float], cluster: ClusterSpec) -> Replanner:
+    def corrected(
+        self, factors: Mapping[str, float], cluster: ClusterSpec, microbatches: int | None = None
+    ) -> Replanner:
         """This replanner with every compute time on a type of ``factors`` times its factor
-        (``cluster`` describes the types)."""
+        (``cluster`` describes the types), planning with ``microbatches`` microbatches when
+        given (:func:`measured_microbatches`)."""
         ...
 
 
@@ -286,6 +289,8 @@ class PlannerReplanner:
     planner: str = REPLAN_PLANNER
     options: dict[str, Any] = field(default_factory=dict)
     budget: Budget = field(default_factory=lambda: Budget(evaluations=20_000, seconds=10.0))
+    microbatches: int | None = None
+    """A fixed microbatch count for the planner (None: it chooses)."""
 
     def _profile(self) -> ModelProfile:
         if not isinstance(self.profile, ModelProfile):
@@ -302,6 +307,7 @@ class PlannerReplanner:
             min_throughput=self.min_throughput,
             seed=self.seed,
             budget=self.budget,
+            microbatches=self.microbatches,
         )
         found = make_planner(self.planner, **self.options).plan(problem)
         return found.plan, found.estimate.batch_time_s
@@ -312,8 +318,11 @@ class PlannerReplanner:
     def estimate(self, plan: Plan, cluster: ClusterSpec) -> Estimate:
         return simulate(plan, self._profile(), cluster)
 
-    def corrected(self, factors: Mapping[str, float], cluster: ClusterSpec) -> PlannerReplanner:
-        return replace(self, profile=corrected_profile(self._profile(), cluster, factors))
+    def corrected(
+        self, factors: Mapping[str, float], cluster: ClusterSpec, microbatches: int | None = None
+    ) -> PlannerReplanner:
+        profile = corrected_profile(self._profile(), cluster, factors)
+        return replace(self, profile=profile, microbatches=microbatches)
 
     def shortfall(self, cluster: ClusterSpec) -> str:
         need = 4 * sum(layer.params_bytes for layer in self._profile().layers)
@@ -419,6 +428,16 @@ class Choice:
     factors: dict[str, float]
 
 
+def measured_microbatches(plan: Plan) -> int | None:
+    """The microbatch count a corrected re-plan keeps: ``plan``'s, when its stages share one
+    microbatch size. A speed factor is measured at that size only; per call a stage also pays
+    a fixed overhead that one factor per type cannot tell from compute, so at smaller
+    microbatches (more calls) the corrected profile would promise steps the run does not
+    make. None (the planner chooses) when the stages' sizes differ."""
+    sizes = {st.microbatch for st in plan.stages}
+    return plan.global_batch // sizes.pop() if len(sizes) == 1 else None
+
+
 def choose(
     replanner: Replanner,
     current: Plan,
@@ -428,7 +447,8 @@ def choose(
 ) -> Choice:
     """``dp``'s plan on ``cluster`` or ``current`` folded onto it (:func:`fold_plan`),
     whichever has the lower predicted step time on the profile corrected by ``measured``
-    (``current``'s stage compute times on ``measured_on``, :func:`speed_factors`); without
+    (``current``'s stage compute times on ``measured_on``, :func:`speed_factors`), ``dp``
+    then keeping ``current``'s microbatch count (:func:`measured_microbatches`); without
     them, on the profile as it is. A tie keeps ``dp``'s. Raises
     :class:`~agents.problem.InfeasibleError` when ``dp`` finds no plan."""
     factors: dict[str, float] = {}
@@ -439,7 +459,8 @@ def choose(
         except PipeplanError:  # a plan the profile does not describe: no correction
             fitted = {}
         factors = {t: f for t, f in fitted.items() if t in cluster.device_types}
-    planner = replanner.corrected(factors, cluster) if factors else replanner
+    fixed = measured_microbatches(current)
+    planner = replanner.corrected(factors, cluster, fixed) if factors else replanner
     dp_plan, dp_s = planner.plan(cluster)
     folded_s: float | None = None
     folded = current
@@ -729,7 +750,8 @@ def _joined(
         run.spec = spec  # nothing to plan with: leave this join be
         return False
     if choice.folded_s is None:  # the current plan on the corrected profile, fitting or not
-        planner = replanner.corrected(choice.factors, spec) if choice.factors else replanner
+        fixed = measured_microbatches(run.plan)
+        planner = replanner.corrected(choice.factors, spec, fixed) if choice.factors else replanner
         try:
             old = planner.predict(run.plan, spec)
         except PipeplanError:

@@ -7,6 +7,7 @@ is left, the speed factors fitted from measured stage times, and the choice betw
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -33,6 +34,7 @@ from pipeplan.executor.elastic import (
     decide,
     fold_plan,
     may_be_a_loss,
+    measured_microbatches,
     measured_stage_s,
     speed_factors,
 )
@@ -114,7 +116,9 @@ class FixedReplanner:
         """Only what the choice reads: the step time and that it fits."""
         return cast(Estimate, SimpleNamespace(batch_time_s=self.old_s, fits=True, stages=()))
 
-    def corrected(self, factors: object, cluster: ClusterSpec) -> FixedReplanner:
+    def corrected(
+        self, factors: object, cluster: ClusterSpec, microbatches: int | None = None
+    ) -> FixedReplanner:
         return self
 
 
@@ -375,6 +379,18 @@ def test_the_choice_follows_the_measured_speeds(slower: str, chosen: str) -> Non
     assert choice.dp_s == pytest.approx(simulate(ALL_MIDS, corrected, left).batch_time_s)
     assert choice.plan == (folded if chosen == "folded" else ALL_MIDS)
     assert choice.predicted_s == min(choice.dp_s, choice.folded_s)
+
+
+def test_a_corrected_replan_keeps_the_measured_microbatch_count() -> None:
+    """The speed factors hold at the microbatch size they were measured at, so ``dp`` on
+    the corrected profile plans with the measured plan's count; a plan of mixed sizes
+    leaves it free."""
+    left = without(PIPELINE, "n2/slow:0", "n2/slow:1")
+    replanner = PlannerReplanner(PROFILE, Objective.TIME, 32, Schedule.ONE_F_ONE_B)
+    even = Plan(32, tuple(replace(st, microbatch=8) for st in THREE.stages), THREE.schedule)
+    assert measured_microbatches(even) == 4 and measured_microbatches(THREE) is None
+    choice = choose(replanner, even, left, measured_as(even, {"mid": 20.0}), PIPELINE)
+    assert choice.factors and {st.microbatch for st in choice.dp_plan.stages} == {8}
 
 
 def test_without_measurements_the_real_dp_wins_on_the_profile_as_it_is() -> None:
