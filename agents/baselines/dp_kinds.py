@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipeplan.agents.problem import Problem, ProblemError
-from pipeplan.agents.provision.exact import Found, found_batch
+from pipeplan.agents.provision.exact import Found, by_stage_count, found_batch
 from pipeplan.agents.provision.kinds import Catalogue, StageCosts
 from pipeplan.agents.search import Search
 from pipeplan.core import rules
@@ -333,12 +333,7 @@ def concrete_batch(catalogue: Catalogue, found: list[Found]) -> PlanBatch:
 def evaluate_kind_found(search: Search, catalogue: Catalogue, found: list[Found]) -> None:
     """Simulate candidates made concrete (:func:`concrete_batch`) through ``search``, one
     population per stage count, budget allowing."""
-    left = search.remaining_evaluations
-    if left is not None:
-        found = found[:left]
-    by_stages: dict[int, list[Found]] = {}
-    for f in found:
-        by_stages.setdefault(len(f.stages), []).append(f)
+    by_stages = by_stage_count(search, found)
     for S in sorted(by_stages):
         if search.exhausted():
             return

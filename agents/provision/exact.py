@@ -300,15 +300,22 @@ def found_batch(catalogue: Catalogue, found: list[Found]) -> PlanBatch:
     return PlanBatch(bounds, mb, dev)
 
 
-def evaluate_found(search: Search, catalogue: Catalogue, found: list[Found]) -> float:
-    """Simulate plans through ``search`` (one population per stage count), budget allowing;
-    the highest throughput among those that fit in memory (0 when none)."""
+def by_stage_count(search: Search, found: list[Found]) -> dict[int, list[Found]]:
+    """The plans of ``found`` that the search's evaluation budget leaves room for, grouped
+    by stage count (a population each: one batch evaluation holds one stage count)."""
     left = search.remaining_evaluations
     if left is not None:
         found = found[:left]
-    by_stages: dict[int, list[Found]] = {}
+    groups: dict[int, list[Found]] = {}
     for f in found:
-        by_stages.setdefault(len(f.stages), []).append(f)
+        groups.setdefault(len(f.stages), []).append(f)
+    return groups
+
+
+def evaluate_found(search: Search, catalogue: Catalogue, found: list[Found]) -> float:
+    """Simulate plans through ``search`` (one population per stage count), budget allowing;
+    the highest throughput among those that fit in memory (0 when none)."""
+    by_stages = by_stage_count(search, found)
     p, reached = search.problem, 0.0
     for S in sorted(by_stages):
         if search.exhausted():
