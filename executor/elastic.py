@@ -313,7 +313,7 @@ class PlannerReplanner:
         return found.plan, found.estimate.batch_time_s
 
     def predict(self, plan: Plan, cluster: ClusterSpec) -> float:
-        return simulate(plan, self._profile(), cluster).batch_time_s
+        return self.estimate(plan, cluster).batch_time_s
 
     def estimate(self, plan: Plan, cluster: ClusterSpec) -> Estimate:
         return simulate(plan, self._profile(), cluster)
